@@ -1,0 +1,61 @@
+"""ctrlrun: the execution safety layer between an AI agent's decision and the call that acts.
+
+    import ctrlrun
+
+    @ctrlrun.protect("stripe.refund", effect="refund:{payment_id}")
+    def refund(payment_id: str, amount: int) -> dict: ...
+
+    with ctrlrun.context(agent="refund-agent"):
+        refund(payment_id="txn_9", amount=50000)
+
+Importing this package configures nothing and touches no database: inside a Django project
+the app registry imports it before models are ready, and a plain script configures its
+embedded store on the first protected call.
+"""
+from __future__ import annotations
+
+from .canonical import Action, Principal, canonical_bytes
+from .errors import (
+    ActionDenied,
+    AmbiguousEffect,
+    ApprovalMismatch,
+    ApprovalRequired,
+    ApprovalTimeout,
+    CTRLRunError,
+    DuplicateEffect,
+    EffectKeyError,
+    InvalidArgument,
+    NotExecuted,
+    PolicyError,
+    StoreUnavailable,
+)
+from .protect import context, idempotency_token, protect
+from .states import Decision, EffectState, ReconcileOutcome, Result
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "protect",
+    "context",
+    "idempotency_token",
+    "ReconcileOutcome",
+    "Action",
+    "Principal",
+    "canonical_bytes",
+    "Decision",
+    "EffectState",
+    "Result",
+    "CTRLRunError",
+    "InvalidArgument",
+    "PolicyError",
+    "EffectKeyError",
+    "ActionDenied",
+    "ApprovalRequired",
+    "ApprovalTimeout",
+    "ApprovalMismatch",
+    "DuplicateEffect",
+    "AmbiguousEffect",
+    "NotExecuted",
+    "StoreUnavailable",
+    "__version__",
+]

@@ -1,0 +1,120 @@
+"""The one place that reads ctrlrun's settings.
+
+Each setting is a Django setting named ``CTRLRUN_*``; where an environment variable of the same
+purpose exists (``CTRLRUN_CONFIG``, ``CTRLRUN_ENVIRONMENT``) it is the fallback, so a plain
+script and a Django project read the same knobs. Nothing else in ctrlrun touches
+``django.conf.settings``.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from .errors import InvalidArgument
+
+__all__ = [
+    "policy_path",
+    "environment",
+    "lease",
+    "approval_ttl",
+    "database_alias",
+    "hook_modules",
+    "reconcile_backoff",
+    "now",
+    "set_clock",
+]
+
+#: Five minutes: long enough for a slow remote API call with retries inside the function,
+#: short enough that a dead worker's effect is swept to AMBIGUOUS within one coffee break.
+DEFAULT_LEASE_SECONDS = 300
+#: Fifteen minutes from the request: a human reads and answers while the agent still cares.
+DEFAULT_APPROVAL_TTL_SECONDS = 900
+#: A hook that answered "unknown" is asked again after 30 s, doubling each time...
+DEFAULT_BACKOFF_SECONDS = 30
+#: ...up to an hour, so a remote that is down for a day costs 24 calls per record, not 2,880.
+DEFAULT_BACKOFF_MAX_SECONDS = 3600
+
+
+def _setting(name: str, default: Any = None) -> Any:
+    from django.conf import settings
+
+    return getattr(settings, name, default)
+
+
+def _env(name: str) -> str | None:
+    """An environment variable, refusing one that is set but blank (a likely typo)."""
+    value = os.environ.get(name)
+    if value is not None and not value.strip():
+        raise InvalidArgument(f"{name} is set but empty; unset it or give it a value")
+    return value.strip() if value is not None else None
+
+
+def policy_path() -> Path:
+    """``CTRLRUN_POLICY`` setting, else ``$CTRLRUN_CONFIG``, else ``./ctrlrun.yaml``."""
+    configured = _setting("CTRLRUN_POLICY")
+    if configured:
+        return Path(configured)
+    from_env = _env("CTRLRUN_CONFIG")
+    return Path(from_env) if from_env else Path.cwd() / "ctrlrun.yaml"
+
+
+def environment() -> str:
+    """The environment stamped on every action (and so part of its hash)."""
+    configured = _setting("CTRLRUN_ENVIRONMENT")
+    if configured:
+        return str(configured).strip()
+    return _env("CTRLRUN_ENVIRONMENT") or "production"
+
+
+def _positive_seconds(name: str, default: int) -> dt.timedelta:
+    value = _setting(name, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise InvalidArgument(f"settings.{name} must be a positive number of seconds, got {value!r}")
+    return dt.timedelta(seconds=value)
+
+
+def lease() -> dt.timedelta:
+    return _positive_seconds("CTRLRUN_LEASE_SECONDS", DEFAULT_LEASE_SECONDS)
+
+
+def approval_ttl() -> dt.timedelta:
+    return _positive_seconds("CTRLRUN_APPROVAL_TTL_SECONDS", DEFAULT_APPROVAL_TTL_SECONDS)
+
+
+def reconcile_backoff() -> tuple[dt.timedelta, dt.timedelta]:
+    """(first delay, cap) for asking a hook again after it answered unknown or raised."""
+    return (
+        _positive_seconds("CTRLRUN_RECONCILE_BACKOFF_SECONDS", DEFAULT_BACKOFF_SECONDS),
+        _positive_seconds("CTRLRUN_RECONCILE_BACKOFF_MAX_SECONDS", DEFAULT_BACKOFF_MAX_SECONDS),
+    )
+
+
+def database_alias() -> str:
+    """Which ``DATABASES`` entry holds ctrlrun's tables (``default`` unless told otherwise)."""
+    return _setting("CTRLRUN_DATABASE", "default")
+
+
+def hook_modules() -> list[str]:
+    """Extra dotted modules to import so their reconcile hooks are found by ``reconcile``."""
+    return list(_setting("CTRLRUN_HOOK_MODULES", []))
+
+
+def _system_now() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
+
+
+_clock: Callable[[], dt.datetime] = _system_now
+
+
+def now() -> dt.datetime:
+    """The current time, aware UTC. Tests swap the clock with :func:`set_clock`."""
+    return _clock()
+
+
+def set_clock(clock: Callable[[], dt.datetime] | None) -> None:
+    """Replace the clock (``None`` restores the system clock)."""
+    global _clock
+    _clock = clock or _system_now

@@ -1,0 +1,45 @@
+"""What every ctrlrun command shares: one-line errors, never a traceback."""
+from __future__ import annotations
+
+import getpass
+import os
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError
+from django.db import DatabaseError
+
+from ..errors import CTRLRunError
+
+
+class Error(CommandError):
+    """Printed by Django as ``Error: <message>`` on stderr, with a non-zero exit."""
+
+
+def default_person() -> str:
+    """Who is at the keyboard: the operating-system user, for ``--by`` defaults."""
+    try:
+        return getpass.getuser()
+    except Exception:  # no passwd entry (some containers): still name something real
+        return f"uid:{os.getuid()}"
+
+
+class CtrlrunCommand(BaseCommand):
+    """A thin command: parse, call the store, print. Subclasses implement ``run``."""
+
+    requires_system_checks: list[str] = []  # a malformed policy must not stop reading evidence
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        try:
+            self.run(**options)
+        except CommandError:
+            raise
+        except CTRLRunError as exc:
+            raise Error(str(exc)) from None
+        except DatabaseError as exc:
+            raise Error(
+                f"the ctrlrun store could not be read ({type(exc).__name__}: {str(exc).strip()}). If its tables "
+                f"are missing, run 'python manage.py migrate'"
+            ) from None
+
+    def run(self, **options: Any) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError

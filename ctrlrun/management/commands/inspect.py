@@ -1,0 +1,98 @@
+from __future__ import annotations
+
+import json
+from argparse import ArgumentParser
+from typing import Any
+
+from ... import report, store
+from ...canonical import evidence_time
+from ..base import CtrlrunCommand, Error
+
+INSPECTION_SCHEMA = "ctrlrun.inspection/v2"
+
+
+class Command(CtrlrunCommand):
+    help = "Show one action: who asked, what, the decision, its effect, its receipts and every event."
+
+    def add_arguments(self, parser: ArgumentParser) -> None:
+        parser.add_argument("action_id", help="the act_... id (from 'receipts' or an error message)")
+        parser.add_argument("--json", action="store_true", help=f"print a {INSPECTION_SCHEMA} document")
+
+    def run(self, *, action_id: str, json: bool, **_: Any) -> None:
+        events = store.events_for_action(action_id)
+        receipts = store.receipts_for_action(action_id)
+        if not events and not receipts:
+            raise Error(f"no action {action_id}; 'receipts' lists the action ids it knows")
+        keys = sorted({e.effect_key for e in events if e.effect_key})
+        effects = [store.get_effect(k) for k in keys]
+        effects = [e for e in effects if e is not None]
+        proposed = next((e.data.get("action") for e in events if e.type == "ACTION_PROPOSED"), None) or {}
+        docs = [r.doc for r in receipts]
+        last = docs[-1] if docs else {}
+        evaluated = next((e.data for e in events if e.type == "POLICY_EVALUATED"), {})
+        summary = {
+            "name": last.get("action") or proposed.get("name"),
+            "principal": last.get("principal") or proposed.get("principal"),
+            "resource": last.get("resource", proposed.get("resource")),
+            "environment": last.get("environment") or proposed.get("environment"),
+            "arguments": last.get("arguments", proposed.get("arguments")),
+            "decision": last.get("decision") or evaluated.get("decision"),
+            "reason": last.get("decision_reason") or evaluated.get("reason"),
+        }
+        if json:
+            self._json(action_id, summary, effects, docs, events)
+        else:
+            self._text(action_id, summary, effects, receipts, events)
+
+    def _text(self, action_id: str, summary: dict[str, Any], effects: list[Any], receipts: list[Any],
+              events: list[Any]) -> None:
+        out = self.stdout.write
+        principal = summary["principal"] or {}
+        who = principal.get("agent", "-") + (f" (user {principal['user']})" if principal.get("user") else "")
+        out(f"{action_id}  {summary['name']}")
+        out("")
+        out(f"{'principal':<12}{who}")
+        out(f"{'resource':<12}{summary['resource'] or '-'}")
+        out(f"{'environment':<12}{summary['environment'] or '-'}")
+        out(f"{'arguments':<12}{json.dumps(summary['arguments'], sort_keys=True, ensure_ascii=False)}")
+        out(f"{'decision':<12}{summary['decision'] or '-'}  ({summary['reason'] or '-'})")
+        for effect in effects:
+            line = f"{'effect':<12}{effect.effect_key}  {effect.state}  attempt {effect.attempt}"
+            if effect.resolved_by:
+                line += f"  resolved by {effect.resolved_by}"
+            out(line)
+        if receipts:
+            for receipt in receipts:
+                out(f"{'receipt':<12}{receipt.receipt_id}  {receipt.doc.get('result')}")
+        else:
+            out(f"{'receipt':<12}-  (none: the call has not finished, or its worker died)")
+        out("")
+        for event in events:
+            out(report.event_line(event))
+
+    def _json(self, action_id: str, summary: dict[str, Any], effects: list[Any], docs: list[dict[str, Any]],
+              events: list[Any]) -> None:
+        document = {
+            "schema": INSPECTION_SCHEMA,
+            "action_id": action_id,
+            **summary,
+            "receipt": docs[-1] if docs else None,
+            "receipts": docs,
+            "effect": self._effect(effects[0]) if effects else None,
+            "approvals": [],
+            "events": [
+                {"event_id": e.id, "ts": evidence_time(e.ts), "type": e.type, "action_id": e.action_id,
+                 "effect_key": e.effect_key, "approval_id": e.approval_id, "data": e.data}
+                for e in events
+            ],
+        }
+        self.stdout.write(json.dumps(document, indent=2, ensure_ascii=False))
+
+    @staticmethod
+    def _effect(effect: Any) -> dict[str, Any]:
+        return {
+            "effect_key": effect.effect_key, "state": effect.state, "action_id": effect.action_id,
+            "attempt": effect.attempt, "created_at": evidence_time(effect.created_at),
+            "updated_at": evidence_time(effect.updated_at), "lease_expires_at": evidence_time(effect.lease_expires_at),
+            "error": effect.error, "resolved_by": effect.resolved_by,
+        }

@@ -1,0 +1,126 @@
+"""The rows ctrlrun keeps, and why each looks the way it does.
+
+- ``EffectRecord``: one row per effect key (``refund:txn_9``), the primary key itself. The
+  database's uniqueness on that key is the last guard against a double execution: two
+  reservations of one key can never both insert. ``state`` walks the table in ``states.py``;
+  ``attempt`` counts reservations (a retry after ``failed`` renews the row with attempt + 1);
+  ``lease_expires_at`` is set exactly while a worker holds the row (reserved/executing), a
+  check constraint says so.
+- ``Event``: the fine-grained story of every call, append-only, ordered by its autoincrement id.
+- ``Receipt``: one per finished or refused call, a ``ctrlrun.receipt/v7`` JSON document kept
+  byte for byte as written (a text column: PostgreSQL's jsonb would reorder keys), hash-chained
+  through ``seq``/``prev_hash``/``hash``.
+- ``ChainHead``: a single row holding the last ``seq`` and ``hash``. Every receipt append locks
+  it, which keeps the chain linear under concurrent writers on any host.
+- ``PolicyDocument``: every policy text that decided an action, by hash, so a receipt's
+  ``policy_hash`` can always be traced back to the exact rules that applied.
+
+Only ``store.py`` reads or writes these models.
+"""
+from __future__ import annotations
+
+from django.db import models
+from django.db.models import Q
+
+from .canonical import GENESIS_HASH, MAX_KEY_LENGTH
+from .states import EffectState, EventType, Result
+
+_STORED_STATES = [(s.value, s.value) for s in EffectState if s is not EffectState.NEW]
+_HOLDING = [EffectState.RESERVED.value, EffectState.EXECUTING.value]
+ID_LENGTH = 36  # "act_" + 32 hex characters
+HASH_LENGTH = 71  # "sha256:" + 64 hex characters
+
+
+class PolicyDocument(models.Model):
+    hash = models.CharField(primary_key=True, max_length=HASH_LENGTH)
+    schema = models.CharField(max_length=40)
+    source = models.TextField(help_text="Where the text was read from (a path, or <string>).")
+    text = models.TextField()
+    environment = models.CharField(max_length=100)
+    first_seen = models.DateTimeField()
+
+    class Meta:
+        ordering = ["-first_seen"]
+
+    def __str__(self) -> str:
+        return f"{self.hash[:19]}… from {self.source}"
+
+
+class EffectRecord(models.Model):
+    effect_key = models.CharField(primary_key=True, max_length=MAX_KEY_LENGTH)
+    action = models.CharField(max_length=200, help_text="The protected action that holds the key.")
+    state = models.CharField(max_length=12, choices=_STORED_STATES)
+    action_id = models.CharField(max_length=ID_LENGTH, help_text="The attempt that holds (or held) the key.")
+    attempt = models.PositiveIntegerField(default=1)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    result_json = models.TextField(null=True, blank=True)
+    error = models.TextField(null=True, blank=True)
+    resolved_by = models.CharField(max_length=200, null=True, blank=True)
+    reconcile_failures = models.PositiveIntegerField(
+        default=0, help_text="How many times in a row the reconcile hook could not say."
+    )
+    reconcile_after = models.DateTimeField(
+        null=True, blank=True, help_text="Deferred reconciliation leaves the record alone until then."
+    )
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        indexes = [models.Index(fields=["state", "updated_at"], name="ctrlrun_effect_state_idx")]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(state__in=_HOLDING, lease_expires_at__isnull=False)
+                | (~Q(state__in=_HOLDING) & Q(lease_expires_at__isnull=True)),
+                name="ctrlrun_effect_lease_iff_held",
+            ),
+            models.CheckConstraint(condition=Q(attempt__gte=1), name="ctrlrun_effect_attempt_positive"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.effect_key} ({self.state}, attempt {self.attempt})"
+
+
+class Event(models.Model):
+    id = models.BigAutoField(primary_key=True)
+    ts = models.DateTimeField()
+    type = models.CharField(max_length=40, choices=[(t.value, t.value) for t in EventType])
+    action_id = models.CharField(max_length=ID_LENGTH, null=True, blank=True, db_index=True)
+    effect_key = models.CharField(max_length=MAX_KEY_LENGTH, null=True, blank=True, db_index=True)
+    approval_id = models.CharField(max_length=ID_LENGTH, null=True, blank=True)
+    data = models.JSONField(default=dict)
+
+    class Meta:
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return f"{self.id} {self.type}"
+
+
+class Receipt(models.Model):
+    receipt_id = models.CharField(primary_key=True, max_length=ID_LENGTH)
+    seq = models.BigIntegerField(unique=True, null=True)
+    action_id = models.CharField(max_length=ID_LENGTH, db_index=True)
+    action = models.CharField(max_length=200)
+    agent = models.CharField(max_length=200)
+    decision = models.CharField(max_length=10)
+    result = models.CharField(max_length=12, choices=[(r.value, r.value) for r in Result])
+    effect_key = models.CharField(max_length=MAX_KEY_LENGTH, null=True, blank=True, db_index=True)
+    ts = models.DateTimeField(help_text="When the receipt was written (its finished_at).")
+    document = models.TextField(help_text="The ctrlrun.receipt/v7 JSON, byte for byte as hashed.")
+    prev_hash = models.CharField(max_length=HASH_LENGTH, null=True)
+    hash = models.CharField(max_length=HASH_LENGTH, null=True)
+
+    class Meta:
+        ordering = ["seq"]
+
+    def __str__(self) -> str:
+        return f"{self.receipt_id} {self.action} {self.result}"
+
+
+class ChainHead(models.Model):
+    id = models.PositiveSmallIntegerField(primary_key=True, default=1)
+    seq = models.BigIntegerField(default=0)
+    hash = models.CharField(max_length=HASH_LENGTH, default=GENESIS_HASH)
+
+    def __str__(self) -> str:
+        return f"chain head at seq {self.seq}"

@@ -1,0 +1,909 @@
+"""The policy file: YAML text -> a validated, immutable :class:`Policy` -> a decision per call.
+
+Pure: the standard library and PyYAML only, no Django. Three stages, each in its own section:
+
+1. **Loading** (:class:`_Loader`). A YAML *safe* load that also refuses duplicate keys and
+   remembers the line of every mapping key and list item, so that every later complaint can
+   name file, line and key. Floats, ``!!binary``, dates, sets and non-string keys are refused
+   anywhere in the document: the whole ``actions`` mapping is hashed through
+   :func:`~ctrlrun.canonical.canonical_bytes`, which has no stable form for them.
+2. **Validation** (:class:`_Reader`). Closed key sets at every level; a key that belongs to a
+   later schema is refused naming the schema it needs; documents declaring a schema this
+   version cannot read (v3 and later) are refused as a whole rather than half-read, because
+   silently ignoring e.g. an ``authority:`` section would make the policy *more* permissive
+   than its author wrote.
+3. **Evaluation** (:meth:`Policy.evaluate`). Pure and cheap: it runs on every protected call,
+   so everything that can be decided at load time (condition operators, operand checks, the
+   :class:`Evaluation` objects themselves) is decided there.
+
+Every failure is a :class:`~ctrlrun.errors.PolicyError` whose message starts with the source
+(a path or ``<string>``), then ``, line N`` when the line is known, then where in the document
+(``action 'stripe.refund' rule[0]``) and what is wrong. The raised exception also carries
+``source``, ``line`` and ``location`` attributes for callers that want them separately.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import re
+import types
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, NoReturn
+
+import yaml
+from yaml.constructor import ConstructorError
+from yaml.nodes import MappingNode, Node, SequenceNode
+
+from .canonical import DEFAULT_ENVIRONMENT, Template, canonical_bytes, sha256_hash
+from .errors import InvalidArgument, PolicyError
+from .states import Decision
+
+__all__ = [
+    "SUPPORTED_SCHEMAS",
+    "KNOWN_SCHEMAS",
+    "Condition",
+    "Rule",
+    "ActionEntry",
+    "Evaluation",
+    "Policy",
+    "parse_policy",
+    "load_policy",
+]
+
+logger = logging.getLogger("ctrlrun.policy")
+
+#: The schemas this version reads. Each is a superset of the one before.
+SUPPORTED_SCHEMAS = ("ctrlrun.policy/v1", "ctrlrun.policy/v2")
+#: Every schema of the format, including the later ones this version recognises but refuses.
+KNOWN_SCHEMAS = tuple(f"ctrlrun.policy/v{n}" for n in range(1, 9))
+_SCHEMA_VERSION = {name: number for number, name in enumerate(KNOWN_SCHEMAS, start=1)}
+_NEWEST_SUPPORTED = SUPPORTED_SCHEMAS[-1]
+
+#: What each later schema adds, so that refusing a document can say what reading it would take.
+_SCHEMA_FEATURES = {
+    3: "top-level 'environment', 'authority' and 'mode' (v3)",
+    4: "'version', the 'controls' registry with 'controls' citations on entries and rules, "
+    "and entry 'data' with the data_scope subject (v4)",
+    5: "entry 'max_attempts' (v5)",
+    6: "entry 'approvals_required', control 'approver_role' and the 'ctrlrun.policy.change' action (v6)",
+    7: "grant 'tasks' and 'budgets' (v7)",
+    8: "entry 'upstream' (v8)",
+}
+
+# Closed key sets: every key the format defines at each level, with the schema it first
+# appears in. A key missing here is unknown at any schema; a key present with a number above
+# the document's schema is refused naming that schema.
+_TOP_KEYS = {"schema": 1, "actions": 1, "environment": 3, "authority": 3, "mode": 3, "version": 4, "controls": 4}
+_ENTRY_KEYS = {
+    "decision": 1,
+    "rules": 1,
+    "effect": 2,
+    "resource": 2,
+    "mcp": 2,
+    "controls": 4,
+    "data": 4,
+    "max_attempts": 5,
+    "approvals_required": 6,
+    "upstream": 8,
+}
+_RULE_KEYS = {"when": 1, "decision": 1, "controls": 4}
+_MCP_KEYS = {"not_executed_on_error": 2}
+
+#: Action name reserved for the approved-policy flow of v6; no earlier document may use it.
+_POLICY_CHANGE_ACTION = "ctrlrun.policy.change"
+#: Effect keys starting with this are ctrlrun's own (policy changes); a user template may not mint them.
+_RESERVED_EFFECT_PREFIX = "policy:"
+
+#: Condition operators. Splitting tries the suffixes in this order, which is longest first, so
+#: ``x_neq_eq`` is (x_neq, eq) and ``amount_neq`` is (amount, neq), never (amount_n, eq).
+_SPLIT_ORDER = ("neq", "lte", "gte", "eq", "in", "lt", "gt")
+_NUMERIC_OPS = frozenset({"lt", "lte", "gt", "gte"})
+_OPS_LISTED = ", ".join(sorted(_SPLIT_ORDER))
+#: Names of Action fields. A condition is about the call's arguments only; letting ``user_eq``
+#: silently test an argument called ``user`` would read as a check on the principal.
+_RESERVED_SUBJECTS = frozenset(
+    {"action_id", "agent", "claims", "environment", "expires_at", "issuer", "principal", "resource", "user"}
+)
+#: A subject derived from the entry's ``data`` (v4), not an argument.
+_DERIVED_SUBJECT = "data_scope"
+
+_DECISIONS = {d.value: d for d in Decision}
+_DECISIONS_LISTED = ", ".join(d.value for d in Decision)
+
+
+# --------------------------------------------------------------------------------------------
+# The data model
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """What the policy says about one call, and why.
+
+    ``reason`` is ``"decision"`` (a bare entry decision), ``"rule[N]"`` (0-based, the first
+    matching rule), ``"unknown_action"`` or ``"no_matching_rule"`` (both deny).
+    """
+
+    decision: Decision
+    reason: str
+
+
+_UNKNOWN_ACTION = Evaluation(Decision.DENY, "unknown_action")
+_NO_MATCHING_RULE = Evaluation(Decision.DENY, "no_matching_rule")
+
+
+def _equal(left: Any, right: Any) -> bool:
+    """Type-strict, recursive equality: ``True != 1``, ``"1" != 1``, lists by order, maps by keys.
+
+    Python's ``==`` says ``True == 1`` and ``1 == 1.0``; a policy that allows ``approved_eq:
+    true`` must not be satisfied by ``approved=1``. Tuples count as lists because the canonical
+    form of an argument turns tuples into lists.
+    """
+    if isinstance(left, (list, tuple)):
+        return (
+            isinstance(right, (list, tuple))
+            and len(left) == len(right)
+            and all(_equal(a, b) for a, b in zip(left, right))
+        )
+    if isinstance(left, Mapping):
+        if not isinstance(right, Mapping) or len(left) != len(right):
+            return False
+        for key, value in left.items():
+            if key not in right or not _equal(value, right[key]):
+                return False
+        return True
+    if isinstance(right, (list, tuple, Mapping)):
+        return False  # a container never equals a scalar
+    if isinstance(left, bool) or isinstance(right, bool):
+        return left is right  # both bools and the same one (bools are singletons)
+    if isinstance(left, int):
+        return isinstance(right, int) and left == right
+    if isinstance(left, str):
+        return isinstance(right, str) and left == right
+    return type(left) is type(right) and left == right
+
+
+def _is_int(value: Any) -> bool:
+    """An int that is not a bool (``bool`` subclasses ``int``; ``True >= 0`` must not pass)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _numeric(compare: Callable[[int, int], bool]) -> Callable[[Condition, str, Any], bool]:
+    def test(condition: Condition, action: str, value: Any) -> bool:
+        if value.__class__ is int or _is_int(value):
+            return compare(value, condition.operand)
+        logger.warning(
+            "%s: condition %s ignored: argument '%s' is %s, not int",
+            action, condition.key, condition.argument, type(value).__name__,
+        )
+        return False
+
+    return test
+
+
+def _test_eq(condition: Condition, action: str, value: Any) -> bool:
+    return _equal(value, condition.operand)
+
+
+def _test_neq(condition: Condition, action: str, value: Any) -> bool:
+    return not _equal(value, condition.operand)
+
+
+def _test_in(condition: Condition, action: str, value: Any) -> bool:
+    return any(_equal(value, item) for item in condition.operand)
+
+
+_TESTS: dict[str, Callable[[Condition, str, Any], bool]] = {
+    "eq": _test_eq,
+    "neq": _test_neq,
+    "in": _test_in,
+    "lt": _numeric(lambda a, b: a < b),
+    "lte": _numeric(lambda a, b: a <= b),
+    "gt": _numeric(lambda a, b: a > b),
+    "gte": _numeric(lambda a, b: a >= b),
+}
+
+
+@dataclass(frozen=True)
+class Condition:
+    """One ``<argument>_<op>: operand`` entry of a rule's ``when``.
+
+    The operand has been checked at load time (an int for ``lt``/``lte``/``gt``/``gte``, a list
+    for ``in``, a scalar, mapping or flat list for ``eq``/``neq``), so :meth:`holds` only has to
+    look at the argument.
+    """
+
+    key: str
+    argument: str
+    op: str
+    operand: Any
+    _test: Callable[[Condition, str, Any], bool] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        test = _TESTS.get(self.op)
+        if test is None:
+            raise InvalidArgument(f"unknown condition operator {self.op!r}; expected one of {_OPS_LISTED}")
+        object.__setattr__(self, "_test", test)
+
+    def holds(self, action: str, arguments: Mapping[str, Any]) -> bool:
+        """Whether the condition holds for ``arguments`` of a call to ``action``.
+
+        A missing argument makes the condition false for every operator, ``neq`` included: a
+        rule written about an argument says nothing about calls without it, and treating
+        "absent" as "not equal" would let such calls through an ``allow`` rule.
+        """
+        try:
+            value = arguments[self.argument]
+        except KeyError:
+            logger.warning(
+                "%s: condition %s ignored: the action has no argument '%s' (it has: %s)",
+                action, self.key, self.argument, ", ".join(sorted(arguments)) or "no arguments",
+            )
+            return False
+        return self._test(self, action, value)
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One element of an entry's ``rules``: all of ``when`` (ANDed; empty = always) -> ``decision``."""
+
+    index: int
+    when: tuple[Condition, ...]
+    decision: Decision
+    _evaluation: Evaluation = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # Built once here: evaluate() hands out this same frozen object on every match.
+        object.__setattr__(self, "_evaluation", Evaluation(Decision(self.decision), f"rule[{self.index}]"))
+
+    def matches(self, action: str, arguments: Mapping[str, Any]) -> bool:
+        """Whether every condition holds (stops at the first that does not)."""
+        for condition in self.when:
+            if not condition.holds(action, arguments):
+                return False
+        return True
+
+
+@dataclass(frozen=True)
+class ActionEntry:
+    """The policy for one action name: a bare ``decision`` or ordered ``rules`` (never both).
+
+    ``effect`` and ``resource`` are the entry's templates (schema v2), ``mcp`` the gateway's
+    options as written (a plain dict), each None when absent.
+    """
+
+    name: str
+    decision: Decision | None
+    rules: tuple[Rule, ...]
+    effect: Template | None = None
+    resource: Template | None = None
+    mcp: dict | None = None
+    _evaluation: Evaluation | None = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        fixed = None if self.decision is None else Evaluation(Decision(self.decision), "decision")
+        object.__setattr__(self, "_evaluation", fixed)
+
+    def evaluate(self, arguments: Mapping[str, Any]) -> Evaluation:
+        """The entry's verdict: its bare decision, else the first matching rule, else deny."""
+        if self._evaluation is not None:
+            return self._evaluation
+        for rule in self.rules:
+            if rule.matches(self.name, arguments):
+                return rule._evaluation
+        return _NO_MATCHING_RULE
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A loaded, validated policy document. Immutable; ``evaluate`` is pure.
+
+    ``hash`` identifies the rules that decided a call (§1.7): it covers the actions as written
+    (formatting and key order aside), the schema, the environment and the mode, so receipts and
+    approvals can be traced back to the exact document. ``text`` is the document as read.
+    """
+
+    schema: str
+    actions: Mapping[str, ActionEntry]
+    hash: str
+    source: str
+    text: str
+    environment: str
+
+    def __hash__(self) -> int:
+        # The generated hash would try to hash the actions mapping; the policy hash already
+        # identifies the content.
+        return hash((self.hash, self.source, self.text))
+
+    @property
+    def mode(self) -> str:
+        """Always ``enforce``: ``mode: observe`` needs schema v3, which this version refuses."""
+        return "enforce"
+
+    def entry(self, name: str) -> ActionEntry | None:
+        """The entry for ``name`` (matched exactly), or None when the policy does not name it."""
+        return self.actions.get(name)
+
+    def evaluate(self, name: str, arguments: Mapping[str, Any]) -> Evaluation:
+        """Decide a call to ``name`` with (canonical) ``arguments``. Pure; never raises on arguments.
+
+        There is no default allow: an action the policy does not name is denied.
+        """
+        entry = self.actions.get(name)
+        if entry is None:
+            return _UNKNOWN_ACTION
+        return entry.evaluate(arguments)
+
+
+# --------------------------------------------------------------------------------------------
+# Loading: YAML with duplicate-key refusal and line numbers
+# --------------------------------------------------------------------------------------------
+
+
+class _YamlMap(dict):
+    """A mapping as loaded, remembering its own line and the line of each key (1-based)."""
+
+    line: int
+    key_lines: dict[Any, int]
+
+
+class _YamlList(list):
+    """A sequence as loaded, remembering its own line and the line of each item (1-based)."""
+
+    line: int
+    item_lines: list[int]
+
+
+@dataclass(frozen=True, eq=False)
+class _Refused:
+    """A value YAML can express but a policy may not hold (a float, a date, ``!!binary`` ...).
+
+    Built by the loader instead of the real value so the refusal can name the value's own line;
+    the path is only known once the tree is walked. ``eq=False`` keeps it hashable by identity,
+    since it may appear as a mapping key.
+    """
+
+    what: str
+    text: str
+    line: int
+
+    def describe(self) -> str:
+        return f"{self.what} ({self.text})" if self.text else self.what
+
+
+_REFUSED_HINTS = {
+    "a float": "use an int (e.g. minor units: 2000.00 -> 200000) or quote it as a string",
+    "a date": "quote it to make it a string",
+    "a timestamp": "quote it to make it a string",
+    "a !!binary value": "use a string",
+    "a !!set": "use a list",
+    "an !!omap": "use a mapping",
+    "a !!pairs": "use a mapping or a list",
+}
+
+
+def _line(node: Node) -> int:
+    return node.start_mark.line + 1
+
+
+class _DuplicateKey(ConstructorError):
+    """A key given twice in one mapping. PyYAML keeps the last silently; a policy may not."""
+
+    def __init__(self, *args: Any, note: str) -> None:
+        super().__init__(*args)
+        self.note = note
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate keys and records lines; see the module docstring."""
+
+
+def _construct_map(loader: _Loader, node: MappingNode) -> Iterator[_YamlMap]:
+    data = _YamlMap()
+    data.line = _line(node)
+    data.key_lines = {}
+    yield data  # yielded empty first so aliases (even recursive ones) can refer to it
+    if not isinstance(node, MappingNode):
+        raise ConstructorError(None, None, f"expected a mapping, but found {node.id}", node.start_mark)
+    # Merge keys (<<: *base) are resolved the YAML way: flatten_mapping puts the merged pairs
+    # first, so the mapping's own keys override them. Only the own keys count for duplicates.
+    own = sum(1 for key_node, _ in node.value if key_node.tag != "tag:yaml.org,2002:merge")
+    loader.flatten_mapping(node)
+    first_own = len(node.value) - own
+    own_lines: dict[str, int] = {}
+    for position, (key_node, value_node) in enumerate(node.value):
+        key = loader.construct_object(key_node, deep=False)
+        try:
+            hash(key)
+        except TypeError:
+            raise ConstructorError(
+                "while constructing a mapping", node.start_mark, "found unhashable key", key_node.start_mark
+            ) from None
+        if position >= first_own and isinstance(key, str):
+            if key in own_lines:
+                raise _DuplicateKey(
+                    None, None, f"duplicate key {key!r}", key_node.start_mark,
+                    note=f"first defined on line {own_lines[key]}",
+                )
+            own_lines[key] = _line(key_node)
+        data[key] = loader.construct_object(value_node, deep=False)
+        data.key_lines[key] = _line(key_node)
+
+
+def _construct_seq(loader: _Loader, node: SequenceNode) -> Iterator[_YamlList]:
+    data = _YamlList()
+    data.line = _line(node)
+    data.item_lines = [_line(child) for child in node.value]
+    yield data
+    data.extend(loader.construct_object(child, deep=False) for child in node.value)
+
+
+def _refuse_scalar(what: str, check: Callable[[_Loader, Node], Any] | None = None) -> Callable[[_Loader, Node], _Refused]:
+    def construct(loader: _Loader, node: Node) -> _Refused:
+        if check is not None:
+            # Build the real value first: a malformed one (2026-99-99, bad base64) is a YAML
+            # error, reported as such, before it is a policy error.
+            try:
+                check(loader, node)
+            except (ValueError, OverflowError) as exc:
+                raise ConstructorError(
+                    None, None, f"{node.value!r} is not a valid {'date' if what == 'a timestamp' else what[2:]} ({exc})", node.start_mark
+                ) from None
+        text = node.value if isinstance(node.value, str) else ""
+        kind = what
+        if kind == "a timestamp" and re.fullmatch(r"\d{4}-\d\d?-\d\d?", text):
+            kind = "a date"
+        if kind == "a !!binary value":
+            text = ""  # base64 noise helps nobody
+        return _Refused(kind, text, _line(node))
+
+    return construct
+
+
+def _refuse_collection(what: str) -> Callable[[_Loader, Node], _Refused]:
+    def construct(loader: _Loader, node: Node) -> _Refused:
+        return _Refused(what, "", _line(node))
+
+    return construct
+
+
+_Loader.add_constructor("tag:yaml.org,2002:map", _construct_map)
+_Loader.add_constructor("tag:yaml.org,2002:seq", _construct_seq)
+_Loader.add_constructor("tag:yaml.org,2002:float", _refuse_scalar("a float"))
+_Loader.add_constructor(
+    "tag:yaml.org,2002:timestamp", _refuse_scalar("a timestamp", yaml.SafeLoader.construct_yaml_timestamp)
+)
+_Loader.add_constructor("tag:yaml.org,2002:binary", _refuse_scalar("a !!binary value", yaml.SafeLoader.construct_yaml_binary))
+_Loader.add_constructor("tag:yaml.org,2002:set", _refuse_collection("a !!set"))
+_Loader.add_constructor("tag:yaml.org,2002:omap", _refuse_collection("an !!omap"))
+_Loader.add_constructor("tag:yaml.org,2002:pairs", _refuse_collection("a !!pairs"))
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """``<problem> on line L, column C`` from a PyYAML error (its own str() spans several lines)."""
+    if isinstance(exc, yaml.MarkedYAMLError):
+        if exc.context and exc.problem:
+            # PyYAML splits one sentence in two: "while scanning a simple key" / "could not
+            # find expected ':'", or "expected a single document" / "but found another document".
+            parts = [f"{exc.context}, {exc.problem}" if exc.problem.startswith("but ") else f"{exc.problem} ({exc.context})"]
+        else:
+            parts = [exc.problem or exc.context or "malformed document"]
+        mark = exc.problem_mark or exc.context_mark
+        if mark is not None:
+            parts.append(f"on line {mark.line + 1}, column {mark.column + 1}")
+        if isinstance(exc, _DuplicateKey):
+            parts.append(f"({exc.note})")
+        return " ".join(parts)
+    return str(exc).replace("\n", " ")
+
+
+def _policy_error(source: str, line: int | None, location: str, message: str) -> PolicyError:
+    """Build the one message shape: ``<source>[, line N]: [<location>: ]<message>``."""
+    prefix = source if line is None else f"{source}, line {line}"
+    text = f"{prefix}: {location}: {message}" if location else f"{prefix}: {message}"
+    error = PolicyError(text)
+    error.source = source  # type: ignore[attr-defined]
+    error.line = line  # type: ignore[attr-defined]
+    error.location = location  # type: ignore[attr-defined]
+    return error
+
+
+def _load_yaml(text: str, source: str) -> Any:
+    loader = _Loader(text)
+    try:
+        return loader.get_single_data()
+    except yaml.YAMLError as exc:
+        raise _policy_error(source, None, "", f"not valid YAML: {_yaml_problem(exc)}") from None
+    except (ValueError, OverflowError) as exc:  # a scalar constructor outside the wrapped ones
+        raise _policy_error(source, None, "", f"not valid YAML: {exc}") from None
+    except RecursionError:
+        raise _policy_error(source, None, "", "not valid YAML: the document is nested too deeply") from None
+    finally:
+        loader.dispose()
+
+
+def _type_name(value: Any) -> str:
+    if isinstance(value, _YamlMap):
+        return "dict"
+    if isinstance(value, _YamlList):
+        return "list"
+    if isinstance(value, _Refused):
+        return value.what
+    return type(value).__name__
+
+
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+def _join(path: str, key: Any) -> str:
+    if isinstance(key, int):
+        return f"{path}[{key}]"
+    if _IDENTIFIER.match(key):
+        return f"{path}.{key}" if path else key
+    return f"{path}[{key!r}]"
+
+
+def _plain(value: Any) -> Any:
+    """A plain-dict/list copy of the loaded tree (what the hash and the public fields hold)."""
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_plain(item) for item in value]
+    return value
+
+
+# --------------------------------------------------------------------------------------------
+# Validation
+# --------------------------------------------------------------------------------------------
+
+
+class _Reader:
+    """Walks one loaded document, raising PolicyError at the first problem, building the entries."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.schema = ""
+        self.version = 0
+
+    def fail(self, line: int | None, location: str, message: str) -> NoReturn:
+        raise _policy_error(self.source, line, location, message)
+
+    # -- the whole document ------------------------------------------------------------------
+
+    def check_values(self, value: Any, path: str, line: int | None, open_containers: set[int]) -> None:
+        """Refuse anything but str, int, bool, null, lists and string-keyed maps, anywhere."""
+        where = path or "top level"
+        if isinstance(value, _Refused):
+            hint = _REFUSED_HINTS.get(value.what, "")
+            self.fail(
+                value.line, where,
+                f"{value.describe()} is not allowed in a policy (the whole document is hashed, "
+                f"and only strings, ints, booleans, null, lists and mappings have one canonical form)"
+                + (f"; {hint}" if hint else ""),
+            )
+        if isinstance(value, (dict, list)):
+            if id(value) in open_containers:
+                self.fail(line, where, "a YAML alias refers to a mapping or list that contains it; "
+                                       "recursive structures are not allowed")
+            open_containers.add(id(value))
+            if isinstance(value, dict):
+                lines = getattr(value, "key_lines", {})
+                for key, item in value.items():
+                    key_line = lines.get(key, line)
+                    if not isinstance(key, str):
+                        if isinstance(key, _Refused):
+                            shown = f"{key.describe()} as a key"
+                        else:
+                            shown = f"the {_type_name(key)} key {key!r}"
+                        if isinstance(key, bool):
+                            shown += " (YAML reads unquoted yes/no/on/off/true/false as booleans)"
+                        self.fail(key_line, where, f"mapping keys must be strings, found {shown}; quote it")
+                    self.check_values(item, _join(path, key), key_line, open_containers)
+            else:
+                lines = getattr(value, "item_lines", [])
+                for index, item in enumerate(value):
+                    item_line = lines[index] if index < len(lines) else line
+                    self.check_values(item, _join(path, index), item_line, open_containers)
+            open_containers.discard(id(value))
+        elif not (value is None or isinstance(value, (str, int))):  # bool is an int
+            self.fail(line, where, f"{_type_name(value)} values are not allowed in a policy")
+
+    def read(self, document: Any) -> tuple[str, dict[str, ActionEntry], dict[str, Any]]:
+        if document is None:
+            self.fail(None, "", f"the policy is empty; it needs 'schema: {_NEWEST_SUPPORTED}' and 'actions:'")
+        if not isinstance(document, dict):
+            self.fail(
+                getattr(document, "line", None), "top level",
+                f"a policy must be a mapping with 'schema' and 'actions', got {_type_name(document)}",
+            )
+        self.check_values(document, "", document.line, set())
+        self.read_schema(document)
+        self.check_keys(document, _TOP_KEYS, document.line, "top level")
+        actions = document.get("actions")
+        actions_line = document.key_lines.get("actions")
+        if not isinstance(actions, dict):
+            missing = "" if "actions" in document else " (the key is missing)"
+            self.fail(
+                actions_line, "top level",
+                f"'actions' must be a mapping of action name to entry, got {_type_name(actions)}{missing}",
+            )
+        entries: dict[str, ActionEntry] = {}
+        for name, entry in actions.items():
+            entries[name] = self.read_entry(name, entry, actions.key_lines[name])
+        return self.schema, entries, _plain(actions)
+
+    def read_schema(self, document: _YamlMap) -> None:
+        schema = document.get("schema")
+        line = document.key_lines.get("schema", document.line)
+        if schema in SUPPORTED_SCHEMAS:
+            self.schema = schema
+            self.version = _SCHEMA_VERSION[schema]
+            return
+        if schema in _SCHEMA_VERSION:
+            number = _SCHEMA_VERSION[schema]
+            needs = "; ".join(_SCHEMA_FEATURES[n] for n in range(3, number + 1))
+            self.fail(
+                line, "top level",
+                f"schema {schema!r} is recognised but not supported yet by this version of ctrlrun, "
+                f"which reads {' and '.join(SUPPORTED_SCHEMAS)} only. The document is refused rather "
+                f"than half-read: reading it would need {needs}. Use 'schema: {_NEWEST_SUPPORTED}' "
+                f"without those features, or upgrade ctrlrun",
+            )
+        self.fail(
+            line if "schema" in document else None, "top level",
+            f"unknown policy schema {schema!r}, expected one of {', '.join(SUPPORTED_SCHEMAS)}",
+        )
+
+    def check_keys(self, mapping: _YamlMap, known: Mapping[str, int], line: int, location: str) -> None:
+        """Closed key set: unknown keys first (listing the allowed ones), then later-schema keys."""
+        if "mode" in mapping and "mode" not in known:
+            self.fail(
+                mapping.key_lines.get("mode", line), location,
+                "'mode' is only allowed at the top level of the document (it applies to the whole process)",
+            )
+        unknown = [key for key in mapping if key not in known]
+        if unknown:
+            listed = ", ".join(repr(key) for key in unknown)
+            self.fail(
+                mapping.key_lines.get(unknown[0], line), location,
+                f"unknown key(s) {listed}; allowed: {', '.join(sorted(known))}",
+            )
+        for key in mapping:  # document order: name the first one the author will see
+            needed = known[key]
+            if needed > self.version:
+                self.fail(mapping.key_lines.get(key, line), location, self.needs_schema(repr(key), needed))
+
+    def needs_schema(self, what: str, needed: int) -> str:
+        message = f"{what} needs 'schema: ctrlrun.policy/v{needed}'; this document declares {self.schema!r}"
+        if needed <= _SCHEMA_VERSION[_NEWEST_SUPPORTED]:
+            return message + f", so change its schema line to 'schema: ctrlrun.policy/v{needed}'"
+        return (
+            message + f", and this version of ctrlrun reads only up to {_NEWEST_SUPPORTED}: "
+            f"remove it, or upgrade ctrlrun"
+        )
+
+    # -- one action --------------------------------------------------------------------------
+
+    def read_entry(self, name: str, entry: Any, line: int) -> ActionEntry:
+        if not name:
+            self.fail(line, "actions", "action names must be non-empty strings")
+        where = f"action {name!r}"
+        if name == _POLICY_CHANGE_ACTION:
+            self.fail(line, where, self.needs_schema(f"the reserved action {name!r}", 6))
+        if not isinstance(entry, dict):
+            self.fail(
+                line, where,
+                f"an entry must be a mapping with 'decision' or 'rules', got {_type_name(entry)}",
+            )
+        self.check_keys(entry, _ENTRY_KEYS, line, where)
+        if ("decision" in entry) == ("rules" in entry):
+            self.fail(line, where, "entry must have exactly one of 'decision' or 'rules'")
+
+        decision: Decision | None = None
+        rules: tuple[Rule, ...] = ()
+        if "decision" in entry:
+            decision = self.read_decision(entry["decision"], entry.key_lines["decision"], where)
+        else:
+            rules = self.read_rules(entry["rules"], entry.key_lines["rules"], where)
+
+        effect = self.read_template(entry, "effect", where) if "effect" in entry else None
+        resource = self.read_template(entry, "resource", where) if "resource" in entry else None
+        mcp = self.read_mcp(entry["mcp"], entry.key_lines["mcp"], where) if "mcp" in entry else None
+        return ActionEntry(name=name, decision=decision, rules=rules, effect=effect, resource=resource, mcp=mcp)
+
+    def read_decision(self, value: Any, line: int, where: str) -> Decision:
+        if isinstance(value, str):
+            decision = _DECISIONS.get(value)
+            if decision is None:
+                self.fail(line, where, f"unknown decision {value!r}, expected one of {_DECISIONS_LISTED}")
+            return decision
+        self.fail(
+            line, where,
+            f"unknown decision {value!r}, expected one of {_DECISIONS_LISTED} as a string, "
+            f"got {_type_name(value)}" + (" (YAML reads unquoted yes/no/on/off as booleans)" if isinstance(value, bool) else ""),
+        )
+
+    def read_rules(self, value: Any, line: int, where: str) -> tuple[Rule, ...]:
+        if not isinstance(value, list):
+            self.fail(line, where, f"'rules' must be a non-empty list of rules, got {_type_name(value)}")
+        if not value:
+            self.fail(line, where, "'rules' is empty; give at least one rule, or use a bare 'decision'")
+        rules = []
+        for index, rule in enumerate(value):
+            rule_line = value.item_lines[index]
+            rule_where = f"{where} rule[{index}]"
+            if not isinstance(rule, dict):
+                self.fail(
+                    rule_line, rule_where,
+                    f"a rule must be a mapping with 'decision' and optionally 'when', got {_type_name(rule)}",
+                )
+            self.check_keys(rule, _RULE_KEYS, rule_line, rule_where)
+            if "decision" not in rule:
+                self.fail(rule_line, rule_where, "a rule needs a 'decision' (allow, approve or deny)")
+            decision = self.read_decision(rule["decision"], rule.key_lines["decision"], rule_where)
+            when: tuple[Condition, ...] = ()
+            if "when" in rule:
+                when = self.read_when(rule["when"], rule.key_lines["when"], rule_where)
+            rules.append(Rule(index=index, when=when, decision=decision))
+        return tuple(rules)
+
+    # -- conditions --------------------------------------------------------------------------
+
+    def read_when(self, value: Any, line: int, where: str) -> tuple[Condition, ...]:
+        if not isinstance(value, dict) or not value:
+            got = "an empty mapping" if isinstance(value, dict) else _type_name(value)
+            self.fail(
+                line, where,
+                f"'when' must be a non-empty mapping of conditions, got {got}; "
+                f"leave 'when' out for a rule that always matches",
+            )
+        return tuple(
+            self.read_condition(key, operand, value.key_lines.get(key, line), where)
+            for key, operand in value.items()
+        )
+
+    def read_condition(self, key: str, operand: Any, line: int, where: str) -> Condition:
+        argument, op = _split_condition(key)
+        if op is None:
+            self.fail(
+                line, where,
+                f"condition {key!r} must be '<argument>_<op>' where op is one of {_OPS_LISTED}",
+            )
+        if argument in _RESERVED_SUBJECTS:
+            self.fail(
+                line, where,
+                f"condition {key!r} names the Action field {argument!r}, not an argument; conditions "
+                f"see only the call's arguments",
+            )
+        if argument == _DERIVED_SUBJECT:
+            self.fail(
+                line, where,
+                f"condition {key!r}: "
+                + self.needs_schema(f"the derived subject {_DERIVED_SUBJECT!r} (not an argument)", 4),
+            )
+        this = f"condition {key!r}"
+        if op in _NUMERIC_OPS:
+            if not _is_int(operand):
+                shown = "" if operand is None or isinstance(operand, (dict, list)) else f" ({operand!r})"
+                self.fail(line, where, f"{this}: a numeric operator needs an int operand, got {_type_name(operand)}{shown}")
+        elif op == "in":
+            if not isinstance(operand, list):
+                self.fail(line, where, f"{this}: 'in' needs a list operand, got {_type_name(operand)}")
+        elif isinstance(operand, list):
+            for index, item in enumerate(operand):
+                if isinstance(item, (dict, list)):
+                    self.fail(
+                        line, where,
+                        f"{this}: '{op}' takes a scalar, a mapping or a flat list; item {index} of this list "
+                        f"is a {_type_name(item)} (use '_in' to test membership among lists)",
+                    )
+        return Condition(key=key, argument=argument, op=op, operand=_plain(operand))
+
+    # -- templates and gateway options ---------------------------------------------------------
+
+    def read_template(self, entry: _YamlMap, key: str, where: str) -> Template:
+        value = entry[key]
+        line = entry.key_lines[key]
+        try:
+            template = Template.parse(value)
+        except InvalidArgument as exc:
+            self.fail(line, f"{where} {key}", str(exc))
+        if key == "effect" and template.text.startswith(_RESERVED_EFFECT_PREFIX):
+            self.fail(
+                line, f"{where} {key}",
+                f"{template.text!r}: effect keys starting {_RESERVED_EFFECT_PREFIX!r} are reserved for "
+                f"ctrlrun's own policy changes; choose another prefix",
+            )
+        if _POLICY_CHANGE_ACTION in template.text:
+            self.fail(
+                line, f"{where} {key}",
+                f"{template.text!r}: {_POLICY_CHANGE_ACTION!r} is reserved for ctrlrun's own policy changes",
+            )
+        return template
+
+    def read_mcp(self, value: Any, line: int, where: str) -> dict:
+        where = f"{where} mcp"
+        if not isinstance(value, dict):
+            self.fail(line, where, f"'mcp' must be a mapping of gateway options, got {_type_name(value)}")
+        self.check_keys(value, _MCP_KEYS, line, where)
+        flag = value.get("not_executed_on_error")
+        if "not_executed_on_error" in value and not isinstance(flag, bool):
+            self.fail(
+                value.key_lines["not_executed_on_error"], where,
+                f"'not_executed_on_error' must be true or false, got {_type_name(flag)} ({flag!r})",
+            )
+        return _plain(value)
+
+
+def _split_condition(key: str) -> tuple[str, str | None]:
+    """``amount_lte`` -> ``("amount", "lte")``; ``(key, None)`` when no ``_<op>`` suffix fits."""
+    for op in _SPLIT_ORDER:
+        suffix = "_" + op
+        if key.endswith(suffix) and len(key) > len(suffix):
+            return key[: -len(suffix)], op
+    return key, None
+
+
+# --------------------------------------------------------------------------------------------
+# Entry points
+# --------------------------------------------------------------------------------------------
+
+
+def policy_hash(schema: str, actions: Any, environment: str) -> str:
+    """§1.7: the hash of what decides calls. ``authority``/``controls`` are null below v3/v4."""
+    return sha256_hash(
+        canonical_bytes(
+            {
+                "actions": actions,
+                "authority": None,
+                "controls": None,
+                "environment": environment,
+                "mode": "enforce",
+                "schema": schema,
+            }
+        )
+    )
+
+
+def parse_policy(text: str, source: str = "<string>", *, environment: str = DEFAULT_ENVIRONMENT) -> Policy:
+    """Validate a policy document and return the :class:`Policy`; PolicyError names what is wrong.
+
+    ``environment`` is the resolved environment of the caller (its Control): it is part of the
+    hash, because the same rules approved for staging are not an approval for production.
+    """
+    if not isinstance(text, str):
+        raise InvalidArgument(f"a policy must be text (str), not {type(text).__name__}")
+    if not isinstance(environment, str) or not environment.strip():
+        raise InvalidArgument(f"environment must be a non-empty string, got {environment!r}")
+    environment = environment.strip()
+    source = str(source)
+    reader = _Reader(source)
+    schema, entries, raw_actions = reader.read(_load_yaml(text, source))
+    try:
+        digest = policy_hash(schema, raw_actions, environment)
+    except InvalidArgument as exc:  # e.g. a "\ud800" escape: valid YAML, not encodable
+        raise _policy_error(source, None, "actions", f"cannot be hashed: {exc}") from None
+    return Policy(
+        schema=schema,
+        actions=types.MappingProxyType(entries),
+        hash=digest,
+        source=source,
+        text=text,
+        environment=environment,
+    )
+
+
+def load_policy(path: str | os.PathLike[str], *, environment: str = DEFAULT_ENVIRONMENT) -> Policy:
+    """Read and parse the policy file at ``path``; messages name the path as given."""
+    source = os.fspath(path)
+    try:
+        with open(source, encoding="utf-8") as handle:
+            text = handle.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        # The one message that does not start with "<source>:": the spec's wording, and the
+        # path is in it anyway.
+        error = PolicyError(f"policy file {source} could not be read: {exc}")
+        error.source, error.line, error.location = str(source), None, ""  # type: ignore[attr-defined]
+        raise error from None
+    return parse_policy(text, str(source), environment=environment)

@@ -1,0 +1,397 @@
+"""The decorator and the steps of one protected call.
+
+Design
+------
+``protect`` validates everything it can when the function is decorated (templates, lease,
+hook, signature), so a wiring mistake fails at import, not in production. Each call then:
+
+1. finds the principal (``context()``) - none means ``ActionDenied(no_principal)``, nothing
+   recorded;
+2. loads the runtime once per process (Django configured, policy read, policy row stored);
+3. binds the arguments to names (defaults applied), canonicalises them, builds the Action and
+   renders the effect key (a template error is recorded and raised as ``EffectKeyError``);
+4. evaluates the policy (pure) and then, through ``store``:
+   deny -> recorded, ``ActionDenied``; allow -> reserve the key (one transaction), run the
+   function with no transaction open, record the outcome (one transaction).
+
+A refused reservation that meets an AMBIGUOUS record asks the reconcile hook first (the
+*blocking* trigger) and takes the key once more if the hook moved the record. With
+``reconcile_eagerly=True`` the hook is asked right after this call's own ambiguous outcome.
+"""
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import functools
+import inspect
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from . import conf
+from .canonical import Action, Principal, Template, canonical_arguments, idempotency_token_for
+from .errors import ActionDenied, EffectKeyError, InvalidArgument, NotExecuted
+from .policy import Policy, load_policy
+from .states import RECONCILE_ANSWERS, Decision, Result
+
+logger = logging.getLogger("ctrlrun")
+
+__all__ = ["protect", "context", "idempotency_token", "hook_for", "registered_actions", "reset_runtime",
+           "call_hook"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_principal: ContextVar[Principal | None] = ContextVar("ctrlrun_principal", default=None)
+_current_attempt: ContextVar[tuple[str, int] | None] = ContextVar("ctrlrun_attempt", default=None)
+
+
+# --------------------------------------------------------------------------- context
+
+
+@contextlib.contextmanager
+def context(agent: str, user: str | None = None) -> Iterator[Principal]:
+    """Name who acts for the protected calls inside the block (nested blocks override)."""
+    principal = Principal(agent=agent, user=user)
+    token = _principal.set(principal)
+    try:
+        yield principal
+    finally:
+        _principal.reset(token)
+
+
+def idempotency_token() -> str:
+    """A UUID for this effect key and attempt, to hand to the remote's idempotency header."""
+    current = _current_attempt.get()
+    if current is None:
+        raise InvalidArgument(
+            "idempotency_token() is defined only inside an executor running under an effect key: call it "
+            "from the body of a protected function that has effect=..."
+        )
+    return idempotency_token_for(*current)
+
+
+# --------------------------------------------------------------------------- runtime
+
+
+@dataclass(frozen=True)
+class Runtime:
+    policy: Policy
+    lease: dt.timedelta
+
+
+_runtime: Runtime | None = None
+_runtime_lock = threading.Lock()
+
+
+def runtime() -> Runtime:
+    """The process-wide runtime, built on the first protected call and then kept."""
+    global _runtime
+    if _runtime is not None:
+        return _runtime
+    with _runtime_lock:
+        if _runtime is None:
+            from . import standalone
+
+            standalone.ensure_ready()
+            from . import store
+
+            policy = load_policy(conf.policy_path(), environment=conf.environment())
+            store.ensure_policy(policy.hash, policy.schema, policy.source, policy.text, policy.environment)
+            _runtime = Runtime(policy=policy, lease=conf.lease())
+    return _runtime
+
+
+def reset_runtime() -> None:
+    """Forget the loaded policy (tests, or after changing settings)."""
+    global _runtime
+    _runtime = None
+
+
+# --------------------------------------------------------------------------- hooks
+
+_hooks: dict[str, Callable[[str], Any]] = {}
+
+
+def hook_for(action: str) -> Callable[[str], Any] | None:
+    """The reconcile hook registered by a protected function of that action, if any."""
+    return _hooks.get(action)
+
+
+def registered_actions() -> list[str]:
+    return sorted(_hooks)
+
+
+def call_hook(hook: Callable[[str], Any], effect_key: str) -> Any:
+    """Ask a hook; an Exception or an answer outside the three becomes a recorded 'unknown'."""
+    from .store import HookAnswer
+
+    started = conf.now()
+    try:
+        answer = hook(effect_key)
+    except Exception as exc:
+        logger.warning("reconcile hook for %s raised %s: %s", effect_key, type(exc).__name__, exc)
+        return HookAnswer("unknown", "raised", f"{type(exc).__name__}: {exc}", started)
+    if isinstance(answer, str) and answer in RECONCILE_ANSWERS:
+        return HookAnswer(answer, started_at=started)
+    logger.warning("reconcile hook for %s returned %r, not one of %s", effect_key, answer, sorted(RECONCILE_ANSWERS))
+    return HookAnswer("unknown", "invalid_return", repr(answer), started)
+
+
+# --------------------------------------------------------------------------- decorator
+
+
+def _template(value: Any, what: str, name: str) -> Template | None:
+    if value is None:
+        return None
+    try:
+        return Template.parse(value)
+    except InvalidArgument as exc:
+        raise InvalidArgument(f"protect({name!r}, {what}=...): {exc}") from None
+
+
+def protect(
+    name: str,
+    *,
+    effect: str | None = None,
+    resource: str | None = None,
+    lease: dt.timedelta | None = None,
+    reconcile: Callable[[str], Any] | None = None,
+    reconcile_eagerly: bool = False,
+) -> Callable[[F], F]:
+    """Guard a function that acts on the world: the policy decides, the effect key dedupes.
+
+    ``effect`` and ``resource`` are templates over the function's arguments
+    (``"refund:{payment_id}"``) and override the policy entry's. ``reconcile`` is a function of
+    the effect key answering ``"committed"``, ``"not_executed"`` or ``"unknown"``.
+    """
+    if not isinstance(name, str) or not name.strip():
+        raise InvalidArgument("protect(name=...) must be a non-empty action name")
+    effect_template = _template(effect, "effect", name)
+    if effect_template is not None and effect_template.text.startswith("policy:"):
+        raise InvalidArgument(f"protect({name!r}, effect=...): effect keys starting 'policy:' are reserved")
+    resource_template = _template(resource, "resource", name)
+    if lease is not None:
+        if not isinstance(lease, dt.timedelta):
+            raise InvalidArgument(f"protect({name!r}, lease=...): lease must be a timedelta, not {type(lease).__name__}")
+        if lease <= dt.timedelta(0):
+            raise InvalidArgument(f"protect({name!r}, lease=...): lease must be positive, got {lease}")
+    if reconcile is not None and not callable(reconcile):
+        raise InvalidArgument(
+            f"protect({name!r}, reconcile=...): reconcile must be callable (a function of the effect key), "
+            f"not {type(reconcile).__name__}"
+        )
+    if not isinstance(reconcile_eagerly, bool):
+        raise InvalidArgument(f"protect({name!r}, reconcile_eagerly=...) must be True or False")
+    if reconcile_eagerly and reconcile is None:
+        raise InvalidArgument(f"protect({name!r}, reconcile_eagerly=True): there is no reconcile= hook to run eagerly")
+
+    def decorate(fn: F) -> F:
+        if inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn):
+            raise InvalidArgument(
+                f"protect({name!r}): a protected function must be synchronous for now, and "
+                f"{fn.__qualname__} is an 'async def'. Protect a synchronous wrapper and run it with "
+                f"asyncio.to_thread()"
+            )
+        if inspect.isgeneratorfunction(fn):
+            raise InvalidArgument(f"protect({name!r}): {fn.__qualname__} is a generator; protect a plain function")
+        signature = inspect.signature(fn)
+        positional_only = []
+        for parameter in signature.parameters.values():
+            if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
+                raise InvalidArgument(
+                    f"protect({name!r}): {fn.__qualname__} takes *{parameter.name}; a protected function needs "
+                    f"named parameters, so every argument is visible to the policy"
+                )
+            if parameter.name == "data_scope":
+                raise InvalidArgument(f"protect({name!r}): 'data_scope' is reserved and cannot be a parameter name")
+            if parameter.kind is parameter.POSITIONAL_ONLY:
+                positional_only.append(parameter.name)
+        if reconcile is not None:
+            _hooks[name] = reconcile
+        guard = _Guard(name, fn, signature, tuple(positional_only), effect_template, resource_template, lease,
+                       reconcile, reconcile_eagerly)
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            return guard(args, kwargs)
+
+        wrapper.__ctrlrun__ = guard  # type: ignore[attr-defined]
+        return wrapper  # type: ignore[return-value]
+
+    return decorate
+
+
+_warned: set[tuple[str, str]] = set()
+
+
+def _warn_once(kind: str, name: str, message: str, *args: Any) -> None:
+    if (kind, name) not in _warned:
+        _warned.add((kind, name))
+        logger.warning(message, *args)
+
+
+@dataclass(frozen=True)
+class _Guard:
+    """One protected function: its wiring, and the steps of each call."""
+
+    name: str
+    fn: Callable[..., Any]
+    signature: inspect.Signature
+    positional_only: tuple[str, ...]
+    effect: Template | None
+    resource: Template | None
+    lease: dt.timedelta | None
+    reconcile: Callable[[str], Any] | None
+    reconcile_eagerly: bool
+
+    def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        principal = _principal.get()
+        if principal is None:
+            logger.warning("%s refused: no principal (wrap the call in ctrlrun.context(agent=...))", self.name)
+            raise ActionDenied(
+                f"{self.name}: no principal is available; wrap the call in 'with ctrlrun.context(agent=...)' "
+                f"naming the agent that acts",
+                reason="no_principal",
+            )
+        rt = runtime()
+        bound = self.signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        raw = dict(bound.arguments)
+        entry = rt.policy.entry(self.name)
+        effect = self._choose("effect", self.effect, entry.effect if entry else None)
+        resource_tpl = self._choose("resource", self.resource, entry.resource if entry else None)
+        resource = resource_tpl.render(raw, error=InvalidArgument) if resource_tpl else None
+        action = Action(self.name, raw, principal, resource=resource, environment=rt.policy.environment)
+        from . import store
+
+        started = conf.now()
+        try:
+            effect_key = self._effect_key(effect, action)
+        except EffectKeyError as exc:
+            call = store.Call(action, Decision.DENY, "effect_key_error", rt.policy.hash, None, started)
+            store.record_denial(call, {"reason": "effect_key_error", "effect": effect.text if effect else None,
+                                       "error": str(exc)}, with_policy=False)
+            raise
+        evaluation = rt.policy.evaluate(self.name, action.arguments)
+        call = store.Call(action, evaluation.decision, evaluation.reason, rt.policy.hash, effect_key, started)
+        if evaluation.decision is Decision.DENY:
+            store.record_denial(call, {"reason": evaluation.reason})
+            raise ActionDenied(self._denial_message(evaluation.reason), reason=evaluation.reason,
+                               action_id=action.action_id)
+        if evaluation.decision is Decision.APPROVE:
+            reason = "approval_unavailable"
+            store.record_denial(call, {"reason": reason})
+            raise ActionDenied(
+                f"{self.name} requires a human's approval ({evaluation.reason}), and this version of ctrlrun "
+                f"cannot take approval requests yet; the call was refused and recorded",
+                reason=reason, action_id=action.action_id,
+            )
+        return self._run(call, rt)
+
+    def _choose(self, what: str, mine: Template | None, policy: Template | None) -> Template | None:
+        if mine is not None and policy is not None and mine.text != policy.text:
+            _warn_once(what, self.name, "%s: protect(%s=%r) overrides the policy's %r", self.name, what,
+                       mine.text, policy.text)
+        return mine or policy
+
+    def _effect_key(self, effect: Template | None, action: Action) -> str | None:
+        if effect is None:
+            if self.reconcile is not None:
+                _warn_once("unkeyed", self.name, "%s has a reconcile hook but no effect key; the hook is never called",
+                           self.name)
+            return None
+        values: dict[str, Any] = dict(action.arguments)
+        if "resource" in effect.names:
+            if "resource" in action.arguments:
+                raise EffectKeyError(
+                    f"{effect.text!r}: '{{resource}}' is ambiguous: the function also has an argument named "
+                    f"'resource'; rename one of them"
+                )
+            if action.resource is None:
+                raise EffectKeyError(f"{effect.text!r}: '{{resource}}' is used but the action has no resource")
+            values["resource"] = action.resource
+        key = effect.render(values)
+        if key.startswith("policy:"):
+            raise EffectKeyError(f"{effect.text!r} renders {key!r}; effect keys starting 'policy:' are reserved")
+        return key
+
+    def _denial_message(self, reason: str) -> str:
+        if reason == "unknown_action":
+            return (f"{self.name} denied: unknown_action (the policy has no entry for {self.name!r}; add one "
+                    f"under 'actions:' to let it run)")
+        return f"{self.name} denied: {reason}"
+
+    def _invoke(self, action: Action) -> Any:
+        arguments = canonical_arguments(action.arguments)  # a fresh copy the function may mutate
+        positional = [arguments.pop(n) for n in self.positional_only]
+        return self.fn(*positional, **arguments)
+
+    def _run(self, call: Any, rt: Runtime) -> Any:
+        from . import store
+
+        lease = self.lease or rt.lease
+        key = call.effect_key
+        if key is None:
+            store.begin_unkeyed(call)
+            attempt = 1
+        else:
+            taken = store.reserve(call, lease, opening=True, hold_ambiguous=self.reconcile is not None)
+            if isinstance(taken, store.Refused) and not taken.final:
+                try:
+                    answer = call_hook(self.reconcile, key)
+                except BaseException:
+                    store.record_refusal(call, taken)
+                    raise
+                store.record_reconciliation(key, call.action.action_id, f"reconcile:{self.name}", "blocking", answer)
+                taken = store.reserve(call, lease, opening=False, hold_ambiguous=False)
+            if isinstance(taken, store.Refused):
+                raise taken.error
+            attempt = taken.attempt
+
+        token = _current_attempt.set((key, attempt)) if key is not None else None
+        try:
+            value = self._invoke(call.action)
+        except NotExecuted as exc:
+            self._finish(call, attempt, Result.FAILED, str(exc), None, exc)
+            raise
+        except BaseException as exc:
+            self._finish(call, attempt, Result.AMBIGUOUS, f"{type(exc).__name__}: {exc}", None, exc)
+            raise
+        finally:
+            if token is not None:
+                _current_attempt.reset(token)
+        self._finish(call, attempt, Result.COMMITTED, None, value, None)
+        return value
+
+    def _finish(self, call: Any, attempt: int, result: Result, error: str | None, value: Any,
+                exc: BaseException | None) -> None:
+        """Record the outcome; raise the store's refusal where the caller must not see success."""
+        from . import store
+
+        key = call.effect_key
+        eager = (result is Result.AMBIGUOUS and key is not None and self.reconcile_eagerly
+                 and isinstance(exc, Exception))
+        try:
+            written = store.record_outcome(call, attempt, result, error=error, value=value, write_receipt=not eager)
+        except store.StoreUnavailable:
+            if result is Result.AMBIGUOUS:
+                logger.error("%s: the ambiguous outcome of %s could not be recorded; the lease will lapse and the "
+                             "sweeper will mark it", self.name, key, exc_info=True)
+                return  # the caller gets the function's own exception
+            raise
+        if not written.accepted:
+            if result is not Result.AMBIGUOUS:
+                raise written.refusal  # type: ignore[misc]
+            return
+        if eager:
+            assert key is not None and self.reconcile is not None
+            try:
+                answer = call_hook(self.reconcile, key)
+            except BaseException:
+                store.write_ambiguous_receipt(call, attempt, error or "")
+                raise
+            store.record_reconciliation(key, call.action.action_id, f"reconcile:{self.name}", "eager", answer,
+                                        receipt_for=call, receipt_attempt=attempt, receipt_error=error)

@@ -1,0 +1,90 @@
+"""Deferred reconciliation: sweep dead workers' records, then ask each AMBIGUOUS record's hook.
+
+``run_once()`` is one pass and returns a :class:`Report`; the ``reconcile`` command wraps it in
+an optional loop. Hooks are found without the process that made the call: importing a module
+that decorates a function with ``protect(..., reconcile=hook)`` registers the hook under the
+action's name. ``discover()`` imports, the way Django finds ``admin.py``, each installed app's
+``tools`` module (``settings.CTRLRUN_TOOLS_MODULE``), then every module in
+``settings.CTRLRUN_HOOK_MODULES``, then any module named on the command line.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import importlib
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from . import conf, store
+from .errors import InvalidArgument, StoreUnavailable
+from .protect import call_hook, hook_for
+
+__all__ = ["Line", "Report", "discover", "run_once"]
+
+
+@dataclass(frozen=True)
+class Line:
+    effect_key: str
+    action: str
+    outcome: str  # committed | failed | unknown | needs_human | error
+    detail: str
+
+
+@dataclass
+class Report:
+    swept: list[store.EffectView] = field(default_factory=list)
+    lines: list[Line] = field(default_factory=list)
+
+    def count(self, outcome: str) -> int:
+        return sum(1 for line in self.lines if line.outcome == outcome)
+
+    def summary(self) -> str:
+        return (
+            f"swept {len(self.swept)} lapsed lease(s); asked {len(self.lines) - self.count('needs_human')} hook(s): "
+            f"{self.count('committed')} committed, {self.count('failed')} failed, {self.count('unknown')} unknown, "
+            f"{self.count('error')} error(s); {self.count('needs_human')} need a human"
+        )
+
+
+def discover(modules: Iterable[str] = ()) -> list[str]:
+    """Import the modules that register reconcile hooks; return the ones imported."""
+    from django.conf import settings
+    from django.utils.module_loading import autodiscover_modules
+
+    imported = []
+    tools = getattr(settings, "CTRLRUN_TOOLS_MODULE", "tools")
+    if tools:
+        autodiscover_modules(tools)
+    for name in [*conf.hook_modules(), *modules]:
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            raise InvalidArgument(f"could not import hook module {name!r}: {exc}") from None
+        imported.append(name)
+    return imported
+
+
+def run_once(*, action: str | None = None, limit: int | None = None, now: dt.datetime | None = None) -> Report:
+    """One pass: lapsed leases to ambiguous, then each due ambiguous record's hook, once."""
+    now = now or conf.now()
+    report = Report(swept=store.sweep_lapsed(now, action))
+    for effect in store.reconcile_candidates(now, action, limit):
+        hook = hook_for(effect.action)
+        if hook is None:
+            report.lines.append(Line(effect.effect_key, effect.action, "needs_human",
+                                     f"no reconcile hook is registered for {effect.action}; resolve it by hand"))
+            continue
+        answer = call_hook(hook, effect.effect_key)
+        try:
+            moved = store.record_reconciliation(effect.effect_key, effect.action_id, f"reconcile:{effect.action}",
+                                                "deferred", answer)
+        except StoreUnavailable as exc:
+            report.lines.append(Line(effect.effect_key, effect.action, "error", str(exc)))
+            continue
+        if moved:
+            report.lines.append(Line(effect.effect_key, effect.action, moved, f"the hook answered {answer.outcome}"))
+        elif answer.reason:
+            report.lines.append(Line(effect.effect_key, effect.action, "unknown",
+                                     f"the hook {answer.reason.replace('_', ' ')}: {answer.error}"))
+        else:
+            report.lines.append(Line(effect.effect_key, effect.action, "unknown", "the hook answered unknown"))
+    return report

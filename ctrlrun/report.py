@@ -1,0 +1,56 @@
+"""Plain-text renderings of the evidence, shared by the commands (and later the console)."""
+from __future__ import annotations
+
+import datetime as dt
+import json
+from typing import Any
+
+from .canonical import evidence_time
+from .receipts import ChainReport
+from .store import EffectView, EventView, ReceiptView
+
+
+def receipt_line(receipt: ReceiptView) -> str:
+    """One receipt, read from its hashed document (not from the index columns beside it)."""
+    try:
+        doc = receipt.doc
+        return (
+            f"{doc['finished_at']}  {doc['receipt_id']}  {doc['action']}  {doc['decision']}/{doc['result']}  "
+            f"{doc['effect_key'] or '-'}  {doc['principal']['agent']}"
+        )
+    except (ValueError, KeyError, TypeError) as exc:
+        return f"seq {receipt.seq}  -  UNREADABLE  this row could not be read ({type(exc).__name__})"
+
+
+def effect_line(effect: EffectView, now: dt.datetime) -> str:
+    line = (
+        f"{effect.effect_key}  {effect.state}  attempt {effect.attempt}  {effect.action_id}  "
+        f"{evidence_time(effect.updated_at)}"
+    )
+    if effect.lease_lapsed(now):
+        line += "  (lease expired)"
+    if effect.resolved_by:
+        line += f"  resolved by {effect.resolved_by}"
+    return line
+
+
+def chain_lines(report: ChainReport) -> list[str]:
+    total = report.chained + report.unchained
+    lines = [f"chain: {report.verified} of {total} receipts verified"]
+    if report.ok:
+        lines.append("the chain is intact")
+    else:
+        lines += [f"  {b.name} at seq {b.seq if b.seq is not None else '-'}: {b.detail}" for b in report.breaks]
+        lines.append(f"the chain is broken: {len(report.breaks)} break(s)")
+    return lines
+
+
+def _value(value: Any) -> str:
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    return "null" if value is None else str(value)
+
+
+def event_line(event: EventView) -> str:
+    pairs = " ".join(f"{k}={_value(v)}" for k, v in event.data.items() if k != "action")
+    return f"{event.id:>5}  {evidence_time(event.ts)}  {event.type:<28}{pairs}".rstrip()

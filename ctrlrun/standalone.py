@@ -1,0 +1,222 @@
+"""Run ctrlrun from a plain script, with no Django project: configure Django on first use.
+
+Inside a Django project (settings configured, or ``DJANGO_SETTINGS_MODULE`` set) this module
+only makes sure ``django.setup()`` has run. Otherwise it configures a minimal Django with one
+app, ``ctrlrun``, and one database:
+
+- PostgreSQL (or any URL django-environ understands) when ``CTRLRUN_STORE_URL`` or
+  ``DATABASE_URL`` is set;
+- else SQLite at ``$CTRLRUN_STATE``, else ``.ctrlrun/state.db`` beside the policy file.
+
+The store's tables are created on first use by Django's own migrations, under a lock so that
+several processes starting together do not race for the schema. Read-only entry points pass
+``create=False``: they never create a store, and say so when there is none.
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from .errors import InvalidArgument, StoreUnavailable
+
+__all__ = ["ensure_ready", "configure", "state_path", "store_url", "sqlite_options", "describe_store"]
+
+#: SQLite waits this long for a competing writer before it gives up (5 s: several hundred
+#: short ctrlrun transactions' worth, far beyond any healthy queue).
+SQLITE_BUSY_TIMEOUT_SECONDS = 5
+
+_ready = False
+
+
+def sqlite_options() -> dict[str, Any]:
+    """SQLite settings every ctrlrun store needs, standalone or in a project.
+
+    IMMEDIATE transactions take the write lock at BEGIN, so a read-then-write decision (is
+    this key free? then take it) can never interleave with another process's; WAL lets readers
+    run beside the one writer; ``synchronous=NORMAL`` is durable across process crashes in WAL.
+    """
+    return {
+        "transaction_mode": "IMMEDIATE",
+        "timeout": SQLITE_BUSY_TIMEOUT_SECONDS,
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL",
+    }
+
+
+def store_url() -> str | None:
+    for name in ("CTRLRUN_STORE_URL", "DATABASE_URL"):
+        value = os.environ.get(name)
+        if value is not None:
+            if not value.strip():
+                raise InvalidArgument(f"{name} is set but empty; unset it or give it a database URL")
+            return value.strip()
+    return None
+
+
+def policy_location() -> Path:
+    value = os.environ.get("CTRLRUN_CONFIG")
+    if value is not None and not value.strip():
+        raise InvalidArgument("CTRLRUN_CONFIG is set but empty; unset it or point it at a policy file")
+    return Path(value.strip()).absolute() if value else Path.cwd() / "ctrlrun.yaml"
+
+
+def state_path() -> Path:
+    """Where the standalone SQLite store lives: ``$CTRLRUN_STATE`` or beside the policy."""
+    value = os.environ.get("CTRLRUN_STATE")
+    if value is not None:
+        if not value.strip():
+            raise InvalidArgument("CTRLRUN_STATE is set but empty; unset it or give it a file path")
+        return Path(value.strip()).absolute()
+    return policy_location().parent / ".ctrlrun" / "state.db"
+
+
+def _database(create: bool) -> dict[str, Any]:
+    url = store_url()
+    if url:
+        import environ
+
+        try:
+            database = environ.Env.db_url_config(url)
+        except Exception as exc:
+            raise InvalidArgument(f"the store URL {url!r} could not be read: {exc}") from None
+        if database.get("ENGINE", "").endswith("sqlite3"):
+            database.setdefault("OPTIONS", {}).update(sqlite_options())
+        return database
+    path = state_path()
+    if str(path).endswith(":memory:"):
+        raise InvalidArgument("an in-memory store would forget every effect at exit; give CTRLRUN_STATE a file path")
+    if not path.exists():
+        if not create:
+            raise StoreUnavailable(
+                f"no database at '{path}'. A read command does not create one; run a protected "
+                f"call first (it creates the store), or point CTRLRUN_STATE at an existing store"
+            )
+        path.parent.mkdir(parents=True, exist_ok=True)
+    return {"ENGINE": "django.db.backends.sqlite3", "NAME": str(path), "OPTIONS": sqlite_options()}
+
+
+def describe_store() -> str:
+    """A one-line, password-free description of where the store is, for messages."""
+    from django.db import connections
+
+    from . import conf
+
+    settings_dict = connections[conf.database_alias()].settings_dict
+    if settings_dict["ENGINE"].endswith("sqlite3"):
+        return f"SQLite {settings_dict['NAME']}"
+    host = settings_dict.get("HOST") or "localhost"
+    return f"{settings_dict['ENGINE'].rsplit('.', 1)[-1]} {settings_dict.get('NAME')} on {host}"
+
+
+def configure(create: bool = True) -> None:
+    """Configure Django for standalone use (no-op if a project already configured it)."""
+    from django.conf import settings
+
+    if settings.configured or os.environ.get("DJANGO_SETTINGS_MODULE"):
+        _setup()
+        return
+    settings.configure(
+        DATABASES={"default": _database(create)},
+        INSTALLED_APPS=["ctrlrun"],
+        USE_TZ=True,
+        TIME_ZONE="UTC",
+        DEFAULT_AUTO_FIELD="django.db.models.BigAutoField",
+        CTRLRUN_POLICY=str(policy_location()),
+        CTRLRUN_STANDALONE=True,
+        LOGGING_CONFIG=None,
+    )
+    _setup()
+    if create:
+        migrate()
+    else:
+        _require_tables()
+
+
+def _setup() -> None:
+    import django
+    from django.apps import apps
+
+    if not apps.ready:
+        django.setup()
+
+
+def ensure_ready() -> None:
+    """Make Django usable; standalone scripts get their store created and migrated."""
+    global _ready
+    if _ready:
+        return
+    configure(create=True)
+    _ready = True
+
+
+@contextlib.contextmanager
+def _schema_lock() -> Iterator[None]:
+    """Serialise migrations between processes creating the same store at the same moment."""
+    from django.db import connections
+
+    from . import conf
+
+    connection = connections[conf.database_alias()]
+    if connection.vendor == "sqlite":
+        lock_path = Path(connection.settings_dict["NAME"] + ".migrate-lock")
+        with open(lock_path, "w") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            yield
+    elif connection.vendor == "postgresql":
+        # An arbitrary constant key ('ctrl' in ASCII) shared by every ctrlrun process.
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_lock(1668576364)")
+        try:
+            yield
+        finally:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_advisory_unlock(1668576364)")
+    else:
+        yield
+
+
+def migrate() -> None:
+    """Apply ctrlrun's migrations if any are missing (cheap when the store is current)."""
+    from django.db import connections
+    from django.db.migrations.executor import MigrationExecutor
+
+    from . import conf
+
+    alias = conf.database_alias()
+    connection = connections[alias]
+    with _schema_lock():
+        executor = MigrationExecutor(connection)
+        targets = executor.loader.graph.leaf_nodes("ctrlrun")
+        if executor.migration_plan(targets):
+            from django.core.management import call_command
+
+            call_command("migrate", "ctrlrun", database=alias, verbosity=0, interactive=False)
+
+
+def _require_tables() -> None:
+    from django.db import connections
+
+    from . import conf
+
+    connection = connections[conf.database_alias()]
+    try:
+        tables = connection.introspection.table_names()
+    except Exception as exc:
+        raise StoreUnavailable(f"the store ({describe_store()}) could not be opened: {exc}") from None
+    if "ctrlrun_receipt" not in tables:
+        raise StoreUnavailable(
+            f"the store ({describe_store()}) has no ctrlrun tables yet. A read command does not "
+            f"create them; run a protected call first"
+        )
+
+
+def configure_for_help() -> None:
+    """Enough Django to print a command's --help, without touching any store."""
+    from django.conf import settings
+
+    if not settings.configured and not os.environ.get("DJANGO_SETTINGS_MODULE"):
+        settings.configure(INSTALLED_APPS=["ctrlrun"], USE_TZ=True, DATABASES={}, LOGGING_CONFIG=None)
+    _setup()

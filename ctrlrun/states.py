@@ -1,0 +1,109 @@
+"""Effect states, decisions, results and event types, and the state table between them.
+
+Pure: standard library only. The models take their choices from these enums, so a value can
+never exist in the database that the code does not know.
+"""
+from __future__ import annotations
+
+import enum
+from typing import Literal
+
+__all__ = [
+    "Decision",
+    "EffectState",
+    "Result",
+    "EventType",
+    "ReconcileOutcome",
+    "RECONCILE_ANSWERS",
+    "TRANSITIONS",
+    "can_move",
+    "HOLDING_STATES",
+]
+
+
+class _Str(str, enum.Enum):
+    def __str__(self) -> str:  # render as the value everywhere ("allow", not "Decision.ALLOW")
+        return self.value
+
+
+class Decision(_Str):
+    ALLOW = "allow"
+    APPROVE = "approve"
+    DENY = "deny"
+
+
+class EffectState(_Str):
+    NEW = "new"  # never stored: the state of a key nobody has reserved
+    RESERVED = "reserved"
+    EXECUTING = "executing"
+    COMMITTED = "committed"
+    FAILED = "failed"
+    AMBIGUOUS = "ambiguous"
+
+
+class Result(_Str):
+    """The ``result`` of a receipt."""
+
+    COMMITTED = "committed"
+    FAILED = "failed"
+    AMBIGUOUS = "ambiguous"
+    DENIED = "denied"
+    BLOCKED = "blocked"
+    OBSERVED = "observed"
+
+
+class EventType(_Str):
+    ACTION_PROPOSED = "ACTION_PROPOSED"
+    POLICY_EVALUATED = "POLICY_EVALUATED"
+    ACTION_DENIED = "ACTION_DENIED"
+    APPROVAL_REQUESTED = "APPROVAL_REQUESTED"
+    APPROVAL_GRANTED = "APPROVAL_GRANTED"
+    APPROVAL_DENIED = "APPROVAL_DENIED"
+    APPROVAL_EXPIRED = "APPROVAL_EXPIRED"
+    APPROVAL_INVALIDATED = "APPROVAL_INVALIDATED"
+    APPROVAL_CONSUMED = "APPROVAL_CONSUMED"
+    EFFECT_RESERVED = "EFFECT_RESERVED"
+    EFFECT_RESERVATION_REFUSED = "EFFECT_RESERVATION_REFUSED"
+    EXECUTION_STARTED = "EXECUTION_STARTED"
+    EXECUTION_COMMITTED = "EXECUTION_COMMITTED"
+    EXECUTION_FAILED = "EXECUTION_FAILED"
+    EXECUTION_AMBIGUOUS = "EXECUTION_AMBIGUOUS"
+    EFFECT_RESOLVED = "EFFECT_RESOLVED"
+    RECONCILIATION_STARTED = "RECONCILIATION_STARTED"
+    RECONCILIATION_RESOLVED = "RECONCILIATION_RESOLVED"
+    AUTHORITY_RESOLVED = "AUTHORITY_RESOLVED"
+    AUTHORITY_DENIED = "AUTHORITY_DENIED"
+    DELEGATION_CREATED = "DELEGATION_CREATED"
+    DELEGATION_REVOKED = "DELEGATION_REVOKED"
+    DELEGATION_REJECTED = "DELEGATION_REJECTED"
+    EXECUTION_SUSPENDED = "EXECUTION_SUSPENDED"
+    EXECUTION_RESUMED = "EXECUTION_RESUMED"
+    CLOCK_SKEW_DETECTED = "CLOCK_SKEW_DETECTED"
+
+
+#: What a reconcile hook may answer. Anything else is recorded as ``invalid_return``.
+ReconcileOutcome = Literal["committed", "not_executed", "unknown"]
+RECONCILE_ANSWERS: frozenset[str] = frozenset({"committed", "not_executed", "unknown"})
+
+#: States in which a record is held by one attempt (its lease decides whether it is alive).
+HOLDING_STATES: frozenset[EffectState] = frozenset({EffectState.RESERVED, EffectState.EXECUTING})
+
+_S = EffectState
+#: Every move an effect record can make, and what causes it. The store refuses anything else.
+TRANSITIONS: dict[tuple[EffectState, EffectState], str] = {
+    (_S.NEW, _S.RESERVED): "a first reservation won",
+    (_S.FAILED, _S.RESERVED): "a retry after a failure won (the only automatic retry)",
+    (_S.RESERVED, _S.EXECUTING): "the holder began to run the function",
+    (_S.EXECUTING, _S.COMMITTED): "the function returned",
+    (_S.EXECUTING, _S.FAILED): "the function raised NotExecuted",
+    (_S.RESERVED, _S.AMBIGUOUS): "the holder saw another exception, or its lease lapsed",
+    (_S.EXECUTING, _S.AMBIGUOUS): "the holder saw another exception, or its lease lapsed",
+    (_S.AMBIGUOUS, _S.AMBIGUOUS): "the holder saw another exception (idempotent)",
+    (_S.AMBIGUOUS, _S.COMMITTED): "a reconcile hook or a human said it happened",
+    (_S.AMBIGUOUS, _S.FAILED): "a reconcile hook or a human said it did not happen",
+}
+
+
+def can_move(source: EffectState, target: EffectState) -> bool:
+    """Whether the state table allows ``source -> target``."""
+    return (source, target) in TRANSITIONS

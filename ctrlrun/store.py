@@ -1,0 +1,716 @@
+"""The only module that talks to the database: every transaction, row lock and IntegrityError.
+
+Design
+------
+A protected call is a few short *phases*, each one ``transaction.atomic(durable=True)`` with a
+closed set of results, and never a transaction open while the user's function runs:
+
+1. ``reserve``: write the call's opening events and take the effect key (insert the row, or
+   renew a ``failed`` one) and mark it executing, in ONE transaction. A refusal writes its
+   events and its ``blocked`` receipt in that same transaction.
+2. the function runs, outside any transaction;
+3. ``record_outcome``: move the row (if this attempt still holds it), write the outcome event
+   and the receipt, in ONE transaction.
+
+So an allowed call costs two write transactions; a denied or refused one costs one.
+
+Serialisation. On SQLite every transaction is ``BEGIN IMMEDIATE`` (see ``standalone.
+sqlite_options``), so a read-then-write decision cannot interleave with another writer. On
+PostgreSQL the effect row is locked with ``SELECT ... FOR UPDATE`` (and a concurrent first
+insert of the same key loses on the primary key, inside a savepoint, then reads the winner).
+Receipt appends lock the single ``ChainHead`` row, always last in a transaction, so the chain
+stays linear and the lock is held for microseconds. Lock order is always effect row, then
+chain head: no deadlocks.
+
+The store returns frozen dataclasses and raises ctrlrun's own errors, never QuerySets or
+database exceptions. A transaction cannot be nested inside a caller's open transaction
+(``durable=True``): evidence must not roll back with someone else's work.
+"""
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import json
+import logging
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.db import DatabaseError, IntegrityError, transaction
+
+from . import conf
+from .canonical import Action, evidence_time
+from .errors import (
+    AmbiguousEffect,
+    CTRLRunError,
+    DuplicateEffect,
+    InvalidArgument,
+    StoreUnavailable,
+)
+from .models import ChainHead, EffectRecord, Event, PolicyDocument, Receipt
+from .receipts import StoredReceipt, build_receipt, dump_receipt, receipt_hash, verify_chain, ChainReport
+from .states import Decision, EffectState, EventType, Result
+
+logger = logging.getLogger("ctrlrun.store")
+
+__all__ = [
+    "Call",
+    "Reserved",
+    "Refused",
+    "OutcomeWrite",
+    "HookAnswer",
+    "EffectView",
+    "EventView",
+    "ReceiptView",
+    "ensure_policy",
+    "record_denial",
+    "begin_unkeyed",
+    "reserve",
+    "record_refusal",
+    "record_outcome",
+    "record_reconciliation",
+    "resolve",
+    "sweep_lapsed",
+    "reconcile_candidates",
+    "list_effects",
+    "get_effect",
+    "list_receipts",
+    "events_for_action",
+    "receipts_for_action",
+    "verify",
+]
+
+S = EffectState
+LEASE_LAPSED_ERROR = "lease expired: the worker holding this effect never finished"
+
+
+# --------------------------------------------------------------------------- values
+
+
+@dataclass(frozen=True)
+class Call:
+    """What the store needs to know about one protected call."""
+
+    action: Action
+    decision: Decision
+    reason: str
+    policy_hash: str | None
+    effect_key: str | None
+    started_at: dt.datetime
+    approval_id: str | None = None
+    approver: str | None = None
+
+
+@dataclass(frozen=True)
+class Reserved:
+    attempt: int
+    lease_expires_at: dt.datetime
+
+
+@dataclass(frozen=True)
+class Refused:
+    """A reservation that did not happen. ``final`` means its evidence is already written."""
+
+    error: CTRLRunError
+    attempt: int
+    final: bool
+
+
+@dataclass(frozen=True)
+class OutcomeWrite:
+    """Whether the outcome was recorded on the row; if not, ``refusal`` says why."""
+
+    accepted: bool
+    refusal: AmbiguousEffect | None = None
+
+
+@dataclass(frozen=True)
+class HookAnswer:
+    """What a reconcile hook said, as recorded: ``outcome`` is always one of the three answers."""
+
+    outcome: str
+    reason: str | None = None  # "raised" | "invalid_return" when the hook could not say
+    error: str | None = None
+    started_at: dt.datetime | None = None
+
+    def data(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"outcome": self.outcome}
+        if self.reason:
+            data["reason"] = self.reason
+            data["error"] = self.error
+        return data
+
+
+@dataclass(frozen=True)
+class EffectView:
+    effect_key: str
+    action: str
+    state: str
+    action_id: str
+    attempt: int
+    lease_expires_at: dt.datetime | None
+    error: str | None
+    resolved_by: str | None
+    reconcile_failures: int
+    reconcile_after: dt.datetime | None
+    created_at: dt.datetime
+    updated_at: dt.datetime
+
+    def lease_lapsed(self, now: dt.datetime) -> bool:
+        return self.lease_expires_at is not None and self.lease_expires_at <= now
+
+
+@dataclass(frozen=True)
+class EventView:
+    id: int
+    ts: dt.datetime
+    type: str
+    action_id: str | None
+    effect_key: str | None
+    approval_id: str | None
+    data: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ReceiptView:
+    receipt_id: str
+    seq: int | None
+    action_id: str
+    action: str
+    agent: str
+    decision: str
+    result: str
+    effect_key: str | None
+    ts: dt.datetime
+    document: str
+
+    @property
+    def doc(self) -> dict[str, Any]:
+        return json.loads(self.document)
+
+
+# --------------------------------------------------------------------------- plumbing
+
+
+def _db() -> str:
+    return conf.database_alias()
+
+
+def _q(model: Any) -> Any:
+    return model.objects.db_manager(_db())
+
+
+@contextlib.contextmanager
+def _phase() -> Iterator[None]:
+    """One short, durable transaction; database trouble becomes ``StoreUnavailable``."""
+    try:
+        with transaction.atomic(using=_db(), durable=True):
+            yield
+    except RuntimeError as exc:
+        if "durable" in str(exc):
+            raise InvalidArgument(
+                "a protected call cannot run inside an open transaction on ctrlrun's database: its "
+                "evidence would roll back with your work. Call it outside transaction.atomic(), or "
+                "give ctrlrun a database of its own (settings.CTRLRUN_DATABASE)"
+            ) from None
+        raise
+    except DatabaseError as exc:
+        raise StoreUnavailable(
+            f"the ctrlrun store could not complete a write ({type(exc).__name__}: {exc}); nothing was "
+            f"recorded by that step"
+        ) from exc
+
+
+def _event(type_: EventType, call_or_id: Call | str | None, effect_key: str | None, data: dict[str, Any],
+           now: dt.datetime, approval_id: str | None = None) -> Event:
+    action_id = call_or_id.action.action_id if isinstance(call_or_id, Call) else call_or_id
+    return Event(ts=now, type=type_.value, action_id=action_id, effect_key=effect_key,
+                 approval_id=approval_id, data=data)
+
+
+def _opening_events(call: Call, now: dt.datetime) -> list[Event]:
+    return [
+        _event(EventType.ACTION_PROPOSED, call, call.effect_key,
+               {"action_hash": call.action.hash, "action": call.action.canonical()}, call.started_at),
+        _event(EventType.POLICY_EVALUATED, call, call.effect_key,
+               {"decision": call.decision.value, "reason": call.reason}, now),
+    ]
+
+
+def _append_receipt(call: Call, result: Result, error: str | None, attempt: int | None, now: dt.datetime,
+                    *, decision_reason: str | None = None) -> Receipt:
+    """Chain a receipt for ``call``. Must run inside a phase; takes the chain-head lock last."""
+    action = call.action
+    doc = build_receipt(
+        receipt_id=_new_receipt_id(),
+        action_id=action.action_id,
+        action=action.name,
+        action_hash=action.hash,
+        principal=action.principal.as_evidence(),
+        resource=action.resource,
+        arguments=action.arguments,
+        environment=action.environment,
+        decision=call.decision.value,
+        decision_reason=decision_reason or call.reason,
+        approval_id=call.approval_id,
+        approver=call.approver,
+        effect_key=call.effect_key,
+        attempt=attempt,
+        result=result.value,
+        error=error,
+        started_at=evidence_time(call.started_at),
+        finished_at=evidence_time(now),
+        policy_hash=call.policy_hash,
+    )
+    head = _q(ChainHead).select_for_update().get(pk=1)
+    doc["seq"] = head.seq + 1
+    doc["prev_hash"] = head.hash
+    digest = receipt_hash(doc)
+    receipt = _q(Receipt).create(
+        receipt_id=doc["receipt_id"], seq=doc["seq"], action_id=action.action_id, action=action.name,
+        agent=action.principal.agent, decision=call.decision.value, result=result.value,
+        effect_key=call.effect_key, ts=now, document=dump_receipt(doc), prev_hash=head.hash, hash=digest,
+    )
+    _q(ChainHead).filter(pk=1).update(seq=doc["seq"], hash=digest)
+    return receipt
+
+
+def _new_receipt_id() -> str:
+    from .canonical import new_id
+
+    return new_id("ctr_")
+
+
+_known_policies: set[str] = set()
+
+
+def ensure_policy(policy_hash: str, schema: str, source: str, text: str, environment: str) -> None:
+    """Store the policy document once (per process, the first time it decides anything)."""
+    if policy_hash in _known_policies:
+        return
+    with _phase():
+        _q(PolicyDocument).get_or_create(
+            hash=policy_hash,
+            defaults={"schema": schema, "source": source, "text": text, "environment": environment,
+                      "first_seen": conf.now()},
+        )
+    _known_policies.add(policy_hash)
+
+
+# --------------------------------------------------------------------------- refusals before any effect
+
+
+def record_denial(call: Call, data: dict[str, Any], *, with_policy: bool = True) -> None:
+    """A call refused before any effect: opening events, ACTION_DENIED, a ``denied`` receipt."""
+    now = conf.now()
+    with _phase():
+        events = _opening_events(call, now) if with_policy else _opening_events(call, now)[:1]
+        events.append(_event(EventType.ACTION_DENIED, call, call.effect_key, data, now, call.approval_id))
+        _q(Event).bulk_create(events)
+        _append_receipt(call, Result.DENIED, data.get("error"), None, now, decision_reason=data["reason"])
+
+
+def begin_unkeyed(call: Call) -> None:
+    """A call with no effect key: nothing to reserve, only its opening events."""
+    now = conf.now()
+    with _phase():
+        events = _opening_events(call, now)
+        events.append(_event(EventType.EXECUTION_STARTED, call, None, {"task": None, "hop": None}, now))
+        _q(Event).bulk_create(events)
+
+
+# --------------------------------------------------------------------------- reservation
+
+
+def _refusal_for(record: EffectRecord, now: dt.datetime) -> CTRLRunError:
+    key = record.effect_key
+    if record.state == S.COMMITTED:
+        return DuplicateEffect(
+            f"effect '{key}' was already committed by {record.action_id}; it will not run again",
+            state="committed", effect_key=key,
+        )
+    if record.state in (S.RESERVED, S.EXECUTING):
+        return DuplicateEffect(
+            f"effect '{key}' is executing under {record.action_id} (attempt {record.attempt}, lease until "
+            f"{evidence_time(record.lease_expires_at)}); wait for it to finish",
+            state="in_progress", effect_key=key,
+        )
+    resolve_hint = f"'ctrlrun resolve {key} --committed' or '--failed'"
+    if record.error == LEASE_LAPSED_ERROR:
+        return AmbiguousEffect(
+            f"effect '{key}' was left executing by {record.action_id} and its lease expired; ask the remote "
+            f"what happened, then resolve it with {resolve_hint}",
+            effect_key=key, action_id=record.action_id,
+        )
+    return AmbiguousEffect(
+        f"effect '{key}' has an unknown outcome from {record.action_id}; resolve it with {resolve_hint} "
+        f"before retrying",
+        effect_key=key, action_id=record.action_id,
+    )
+
+
+def _refusal_evidence(call: Call, error: CTRLRunError, attempt: int, now: dt.datetime) -> None:
+    if isinstance(error, DuplicateEffect):
+        data = {"reason": "duplicate", "state": error.state}
+    else:
+        data = {"reason": "ambiguous"}
+    _q(Event).bulk_create([
+        _event(EventType.EFFECT_RESERVATION_REFUSED, call, call.effect_key, data, now, call.approval_id)
+    ])
+    _append_receipt(call, Result.BLOCKED, str(error), attempt, now)
+
+
+def _lapse(record: EffectRecord, now: dt.datetime, events: list[Event]) -> None:
+    """A held record whose lease ran out: nobody knows what its worker did. Mark it ambiguous."""
+    record.state = S.AMBIGUOUS
+    record.error = LEASE_LAPSED_ERROR
+    record.lease_expires_at = None
+    record.updated_at = now
+    record.save(update_fields=["state", "error", "lease_expires_at", "updated_at"])
+    events.append(
+        _event(EventType.EXECUTION_AMBIGUOUS, record.action_id, record.effect_key,
+               {"error": LEASE_LAPSED_ERROR, "reason": "lease_expired"}, now)
+    )
+
+
+def _lock_or_insert(call: Call, now: dt.datetime, lease_until: dt.datetime) -> tuple[EffectRecord, bool]:
+    """The locked row for the call's key, inserting (as this call's) when there is none."""
+    key = call.effect_key
+    record = _q(EffectRecord).select_for_update().filter(pk=key).first()
+    if record is not None:
+        return record, False
+    fresh = EffectRecord(
+        effect_key=key, action=call.action.name, state=S.EXECUTING, action_id=call.action.action_id,
+        attempt=1, lease_expires_at=lease_until, created_at=now, updated_at=now,
+    )
+    try:
+        with transaction.atomic(using=_db()):  # a savepoint: losing the insert race is an answer
+            fresh.save(using=_db(), force_insert=True)
+        return fresh, True
+    except IntegrityError:
+        return _q(EffectRecord).select_for_update().get(pk=key), False
+
+
+def reserve(call: Call, lease: dt.timedelta, *, opening: bool, hold_ambiguous: bool) -> Reserved | Refused:
+    """Take the call's effect key and mark it executing, or refuse (§5.3).
+
+    ``opening`` writes the call's opening events first. With ``hold_ambiguous`` an ambiguous
+    record is refused *without* evidence (``final=False``) so the caller can ask a reconcile
+    hook and try once more; every other refusal writes its event and blocked receipt here.
+    """
+    now = conf.now()
+    lease_until = now + lease
+    events = _opening_events(call, now) if opening else []
+    with _phase():
+        record, inserted = _lock_or_insert(call, now, lease_until)
+        if not inserted and record.state == S.FAILED:
+            record.state = S.EXECUTING
+            record.action = call.action.name
+            record.action_id = call.action.action_id
+            record.attempt += 1
+            record.lease_expires_at = lease_until
+            record.result_json = record.error = record.resolved_by = None
+            record.reconcile_failures = 0
+            record.reconcile_after = None
+            record.updated_at = now
+            record.save()
+            inserted = True
+        if inserted:
+            events += [
+                _event(EventType.EFFECT_RESERVED, call, call.effect_key,
+                       {"attempt": record.attempt, "lease_expires_at": evidence_time(lease_until)}, now,
+                       call.approval_id),
+                _event(EventType.EXECUTION_STARTED, call, call.effect_key, {"task": None, "hop": None}, now,
+                       call.approval_id),
+            ]
+            _q(Event).bulk_create(events)
+            return Reserved(record.attempt, lease_until)
+        if record.state in (S.RESERVED, S.EXECUTING) and record.lease_expires_at <= now:
+            _lapse(record, now, events)  # kept even though this attempt is refused
+        error = _refusal_for(record, now)
+        if isinstance(error, AmbiguousEffect) and hold_ambiguous:
+            _q(Event).bulk_create(events)
+            return Refused(error, record.attempt, final=False)
+        _q(Event).bulk_create(events)
+        _refusal_evidence(call, error, record.attempt, now)
+        return Refused(error, record.attempt, final=True)
+
+
+def record_refusal(call: Call, refused: Refused) -> None:
+    """Write the evidence of a refusal that ``reserve`` held back."""
+    with _phase():
+        _refusal_evidence(call, refused.error, refused.attempt, conf.now())
+
+
+# --------------------------------------------------------------------------- outcome
+
+
+def _jsonable_result(value: Any) -> str:
+    try:
+        return json.dumps(value, ensure_ascii=False, default=repr)
+    except (TypeError, ValueError):
+        return json.dumps(repr(value))
+
+
+def record_outcome(call: Call, attempt: int | None, result: Result, *, error: str | None = None,
+                   value: Any = None, write_receipt: bool = True) -> OutcomeWrite:
+    """Record how the function ended (§5.4), if this attempt still holds the row.
+
+    ``result`` is committed, failed or ambiguous. When the row moved on meanwhile (a contender
+    found this attempt's lease lapsed, or a human resolved it), the row is left as it is and
+    the call is recorded ambiguous: the function may have acted, and nobody recorded it.
+    """
+    now = conf.now()
+    key = call.effect_key
+    event_type = {Result.COMMITTED: EventType.EXECUTION_COMMITTED, Result.FAILED: EventType.EXECUTION_FAILED,
+                  Result.AMBIGUOUS: EventType.EXECUTION_AMBIGUOUS}[result]
+    with _phase():
+        if key is None:
+            data = {} if result is Result.COMMITTED else {"error": error}
+            _q(Event).bulk_create([_event(event_type, call, None, data, now, call.approval_id)])
+            _append_receipt(call, result, error, attempt, now)
+            return OutcomeWrite(True)
+        record = _q(EffectRecord).select_for_update().filter(pk=key).first()
+        holds = (
+            record is not None and record.action_id == call.action.action_id and record.attempt == attempt
+            and (record.state in (S.RESERVED, S.EXECUTING)
+                 or (record.state == S.AMBIGUOUS and result is Result.AMBIGUOUS and record.resolved_by is None))
+        )
+        if holds:
+            assert record is not None
+            record.state = {Result.COMMITTED: S.COMMITTED, Result.FAILED: S.FAILED,
+                            Result.AMBIGUOUS: S.AMBIGUOUS}[result]
+            record.lease_expires_at = None
+            record.error = error
+            record.result_json = _jsonable_result(value) if result is Result.COMMITTED else None
+            record.updated_at = now
+            record.save(update_fields=["state", "lease_expires_at", "error", "result_json", "updated_at"])
+            data = {} if result is Result.COMMITTED else {"error": error}
+            _q(Event).bulk_create([_event(event_type, call, key, data, now, call.approval_id)])
+            if write_receipt:
+                _append_receipt(call, result, error, attempt, now)
+            return OutcomeWrite(True)
+        refusal = _outcome_refusal(key, record)
+        if result is Result.COMMITTED:
+            why = f"the function returned, so the remote may well have acted, and the outcome write was refused: AmbiguousEffect: {refusal}"
+        elif result is Result.FAILED:
+            why = f"the function raised NotExecuted: {error}, and the outcome write was refused: AmbiguousEffect: {refusal}"
+        else:
+            why = f"{error}; and the outcome write was refused: AmbiguousEffect: {refusal}"
+        _q(Event).bulk_create([_event(EventType.EXECUTION_AMBIGUOUS, call, key, {"error": why}, now, call.approval_id)])
+        _append_receipt(call, Result.AMBIGUOUS, why, attempt, now)
+        return OutcomeWrite(False, refusal)
+
+
+def _outcome_refusal(key: str, record: EffectRecord | None) -> AmbiguousEffect:
+    if record is None:
+        what = "its record is gone"
+    elif record.resolved_by:
+        what = f"it was resolved {record.state} by {record.resolved_by} while this attempt ran"
+    elif record.state == S.AMBIGUOUS:
+        what = "this attempt's lease lapsed and another attempt marked it ambiguous"
+    else:
+        what = f"it is now {record.state} under {record.action_id} (attempt {record.attempt})"
+    return AmbiguousEffect(
+        f"the outcome of effect '{key}' could not be recorded: {what}. Check the remote, then resolve it with "
+        f"'ctrlrun resolve {key} --committed' or '--failed'",
+        effect_key=key, action_id=record.action_id if record else None,
+    )
+
+
+# --------------------------------------------------------------------------- reconciliation and humans
+
+
+def _move_ambiguous(record: EffectRecord, state: EffectState, resolver: str, now: dt.datetime) -> None:
+    record.error = f"resolved {state.value} by {resolver} (was: {record.error})"
+    record.state = state
+    record.resolved_by = resolver
+    record.reconcile_after = None
+    record.updated_at = now
+    record.save(update_fields=["state", "error", "resolved_by", "reconcile_after", "updated_at"])
+
+
+def record_reconciliation(effect_key: str, action_id: str | None, resolver: str, trigger: str,
+                          answer: HookAnswer, *, receipt_for: Call | None = None,
+                          receipt_attempt: int | None = None, receipt_error: str | None = None) -> str | None:
+    """Record a hook's answer and apply it to an ambiguous record. Returns the new state or None.
+
+    ``unknown`` (and a hook that raised or said nonsense) moves nothing; it pushes the next
+    deferred attempt back (exponential, capped). If the record is no longer ambiguous, someone
+    else answered first and this answer is dropped. ``receipt_for`` writes the eager trigger's
+    ambiguous receipt after the reconciliation events, in the same transaction.
+    """
+    now = conf.now()
+    moved: str | None = None
+    with _phase():
+        record = _q(EffectRecord).select_for_update().filter(pk=effect_key).first()
+        events = [
+            _event(EventType.RECONCILIATION_STARTED, action_id, effect_key,
+                   {"effect_key": effect_key, "trigger": trigger}, answer.started_at or now),
+            _event(EventType.RECONCILIATION_RESOLVED, action_id, effect_key, answer.data(), now),
+        ]
+        if record is None or record.state != S.AMBIGUOUS:
+            logger.warning("reconcile answer %r for %s dropped: the record is %s now", answer.outcome, effect_key,
+                           record.state if record else "gone")
+        elif answer.outcome in ("committed", "not_executed"):
+            state = S.COMMITTED if answer.outcome == "committed" else S.FAILED
+            _move_ambiguous(record, state, resolver, now)
+            moved = state.value
+            events.append(_event(EventType.EFFECT_RESOLVED, action_id, effect_key,
+                                 {"state": state.value, "resolver": resolver, "resolved_by": "reconcile"}, now))
+        else:
+            first, cap = conf.reconcile_backoff()
+            delay = min(first * (2 ** min(record.reconcile_failures, 30)), cap)
+            record.reconcile_failures += 1
+            record.reconcile_after = now + delay
+            record.save(update_fields=["reconcile_failures", "reconcile_after"])
+        _q(Event).bulk_create(events)
+        if receipt_for is not None:
+            _append_receipt(receipt_for, Result.AMBIGUOUS, receipt_error, receipt_attempt, now)
+    return moved
+
+
+def write_ambiguous_receipt(call: Call, attempt: int | None, error: str) -> None:
+    """The eager trigger's receipt when the hook itself never returned (it raised a BaseException)."""
+    with _phase():
+        _append_receipt(call, Result.AMBIGUOUS, error, attempt, conf.now())
+
+
+def resolve(effect_key: str, outcome: str, *, by: str, reason: str | None = None,
+            attempt: int | None = None) -> EffectView:
+    """A human says what happened to an ambiguous effect (``committed`` or ``failed``)."""
+    if outcome not in ("committed", "failed"):
+        raise InvalidArgument(f"say which it was: committed or failed, not {outcome!r}")
+    if not by or not by.strip():
+        raise InvalidArgument("a resolution needs the name of the person who decided it (--by NAME)")
+    now = conf.now()
+    with _phase():
+        record = _q(EffectRecord).select_for_update().filter(pk=effect_key).first()
+        if record is None:
+            raise InvalidArgument(f"no effect '{effect_key}' to resolve; 'ctrlrun effects' lists the keys")
+        if record.state != S.AMBIGUOUS:
+            hint = ""
+            if record.state in (S.RESERVED, S.EXECUTING) and record.lease_expires_at <= now:
+                hint = " (its lease has lapsed: 'ctrlrun reconcile' sweeps it to ambiguous first)"
+            raise InvalidArgument(
+                f"effect '{effect_key}' is {record.state}, not ambiguous; only an effect with an unknown "
+                f"outcome is resolved by hand{hint}"
+            )
+        if attempt is not None and attempt != record.attempt:
+            raise InvalidArgument(
+                f"effect '{effect_key}' is at attempt {record.attempt}, not {attempt}: it moved since you "
+                f"looked. Check it again ('ctrlrun effects') before resolving"
+            )
+        resolver = by.strip()
+        state = S.COMMITTED if outcome == "committed" else S.FAILED
+        _move_ambiguous(record, state, resolver, now)
+        data = {"state": state.value, "resolver": resolver, "resolved_by": "human", "attempt": record.attempt}
+        if reason:
+            data["reason"] = reason
+        _q(Event).bulk_create([_event(EventType.EFFECT_RESOLVED, record.action_id, effect_key, data, now)])
+    return _effect_view(record)
+
+
+def sweep_lapsed(now: dt.datetime | None = None, action: str | None = None) -> list[EffectView]:
+    """Move every held record whose lease lapsed to ambiguous (its worker died or hung)."""
+    now = now or conf.now()
+    swept: list[EffectView] = []
+    query = _q(EffectRecord).filter(state__in=[S.RESERVED, S.EXECUTING], lease_expires_at__lte=now)
+    if action:
+        query = query.filter(action=action)
+    for key in list(query.values_list("effect_key", flat=True)):
+        with _phase():
+            record = _q(EffectRecord).select_for_update().filter(pk=key).first()
+            if record is None or record.state not in (S.RESERVED, S.EXECUTING) or record.lease_expires_at > now:
+                continue  # its worker finished, or someone else swept it, meanwhile
+            events: list[Event] = []
+            _lapse(record, now, events)
+            _q(Event).bulk_create(events)
+        swept.append(_effect_view(record))
+    return swept
+
+
+def reconcile_candidates(now: dt.datetime | None = None, action: str | None = None,
+                         limit: int | None = None) -> list[EffectView]:
+    """Ambiguous records due for a deferred reconcile (backoff respected), oldest first."""
+    now = now or conf.now()
+    from django.db.models import Q
+
+    query = _q(EffectRecord).filter(state=S.AMBIGUOUS).filter(
+        Q(reconcile_after__isnull=True) | Q(reconcile_after__lte=now)
+    ).order_by("updated_at", "effect_key")
+    if action:
+        query = query.filter(action=action)
+    if limit:
+        query = query[:limit]
+    return [_effect_view(r) for r in query]
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def _effect_view(record: EffectRecord) -> EffectView:
+    return EffectView(
+        effect_key=record.effect_key, action=record.action, state=record.state, action_id=record.action_id,
+        attempt=record.attempt, lease_expires_at=record.lease_expires_at, error=record.error,
+        resolved_by=record.resolved_by, reconcile_failures=record.reconcile_failures,
+        reconcile_after=record.reconcile_after, created_at=record.created_at, updated_at=record.updated_at,
+    )
+
+
+def _receipt_view(row: Receipt) -> ReceiptView:
+    return ReceiptView(
+        receipt_id=row.receipt_id, seq=row.seq, action_id=row.action_id, action=row.action, agent=row.agent,
+        decision=row.decision, result=row.result, effect_key=row.effect_key, ts=row.ts, document=row.document,
+    )
+
+
+def _event_view(row: Event) -> EventView:
+    return EventView(id=row.id, ts=row.ts, type=row.type, action_id=row.action_id, effect_key=row.effect_key,
+                     approval_id=row.approval_id, data=row.data)
+
+
+def get_effect(effect_key: str) -> EffectView | None:
+    record = _q(EffectRecord).filter(pk=effect_key).first()
+    return _effect_view(record) if record else None
+
+
+def list_effects(state: str | None = None) -> list[EffectView]:
+    query = _q(EffectRecord).order_by("updated_at", "effect_key")
+    if state:
+        query = query.filter(state=state)
+    return [_effect_view(r) for r in query]
+
+
+def list_receipts(last: int | None = None) -> list[ReceiptView]:
+    query = _q(Receipt).order_by("-seq") if last else _q(Receipt).order_by("seq")
+    rows = list(query[:last]) if last else list(query)
+    if last:
+        rows.reverse()
+    return [_receipt_view(r) for r in rows]
+
+
+def receipts_for_action(action_id: str) -> list[ReceiptView]:
+    return [_receipt_view(r) for r in _q(Receipt).filter(action_id=action_id).order_by("seq")]
+
+
+def events_for_action(action_id: str) -> list[EventView]:
+    return [_event_view(e) for e in _q(Event).filter(action_id=action_id).order_by("id")]
+
+
+def effects_for_action(action_id: str, keys: Sequence[str]) -> list[EffectView]:
+    return [_effect_view(r) for r in _q(EffectRecord).filter(pk__in=list(keys)).order_by("effect_key")]
+
+
+def verify() -> ChainReport:
+    """Re-hash every receipt and walk the chain (§9.4)."""
+    head = _q(ChainHead).filter(pk=1).first()
+    rows = (
+        StoredReceipt(r["receipt_id"], r["seq"], r["prev_hash"], r["hash"], r["document"])
+        for r in _q(Receipt).values("receipt_id", "seq", "prev_hash", "hash", "document").iterator()
+    )
+    if head is None:
+        from .canonical import GENESIS_HASH
+
+        return verify_chain(rows, 0, GENESIS_HASH)
+    return verify_chain(rows, head.seq, head.hash)
