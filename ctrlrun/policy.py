@@ -74,7 +74,15 @@ _SCHEMA_FEATURES = {
 # Closed key sets: every key the format defines at each level, with the schema it first
 # appears in. A key missing here is unknown at any schema; a key present with a number above
 # the document's schema is refused naming that schema.
-_TOP_KEYS = {"schema": 1, "actions": 1, "environment": 3, "authority": 3, "mode": 3, "version": 4, "controls": 4}
+_TOP_KEYS = {
+    "schema": 1,
+    "actions": 1,
+    "environment": 3,
+    "authority": 3,
+    "mode": 3,
+    "version": 4,
+    "controls": 4,
+}
 _ENTRY_KEYS = {
     "decision": 1,
     "rules": 1,
@@ -439,16 +447,21 @@ def _construct_seq(loader: _Loader, node: SequenceNode) -> Iterator[_YamlList]:
     data.extend(loader.construct_object(child, deep=False) for child in node.value)
 
 
-def _refuse_scalar(what: str, check: Callable[[_Loader, Node], Any] | None = None) -> Callable[[_Loader, Node], _Refused]:
+def _refuse_scalar(
+    what: str, check: Callable[[_Loader, Node], Any] | None = None
+) -> Callable[[_Loader, Node], _Refused]:
+    """A constructor that returns a :class:`_Refused` marker instead of the value."""
+    noun = "date" if what == "a timestamp" else what[2:]
+
     def construct(loader: _Loader, node: Node) -> _Refused:
         if check is not None:
-            # Build the real value first: a malformed one (2026-99-99, bad base64) is a YAML
-            # error, reported as such, before it is a policy error.
+            # Build the real value first: a malformed one (2026-99-99) is a YAML error,
+            # reported as such, before it is a policy error.
             try:
                 check(loader, node)
             except (ValueError, OverflowError) as exc:
                 raise ConstructorError(
-                    None, None, f"{node.value!r} is not a valid {'date' if what == 'a timestamp' else what[2:]} ({exc})", node.start_mark
+                    None, None, f"{node.value!r} is not a valid {noun} ({exc})", node.start_mark
                 ) from None
         text = node.value if isinstance(node.value, str) else ""
         kind = what
@@ -474,7 +487,9 @@ _Loader.add_constructor("tag:yaml.org,2002:float", _refuse_scalar("a float"))
 _Loader.add_constructor(
     "tag:yaml.org,2002:timestamp", _refuse_scalar("a timestamp", yaml.SafeLoader.construct_yaml_timestamp)
 )
-_Loader.add_constructor("tag:yaml.org,2002:binary", _refuse_scalar("a !!binary value", yaml.SafeLoader.construct_yaml_binary))
+_Loader.add_constructor(
+    "tag:yaml.org,2002:binary", _refuse_scalar("a !!binary value", yaml.SafeLoader.construct_yaml_binary)
+)
 _Loader.add_constructor("tag:yaml.org,2002:set", _refuse_collection("a !!set"))
 _Loader.add_constructor("tag:yaml.org,2002:omap", _refuse_collection("an !!omap"))
 _Loader.add_constructor("tag:yaml.org,2002:pairs", _refuse_collection("a !!pairs"))
@@ -486,7 +501,10 @@ def _yaml_problem(exc: yaml.YAMLError) -> str:
         if exc.context and exc.problem:
             # PyYAML splits one sentence in two: "while scanning a simple key" / "could not
             # find expected ':'", or "expected a single document" / "but found another document".
-            parts = [f"{exc.context}, {exc.problem}" if exc.problem.startswith("but ") else f"{exc.problem} ({exc.context})"]
+            if exc.problem.startswith("but "):
+                parts = [f"{exc.context}, {exc.problem}"]
+            else:
+                parts = [f"{exc.problem} ({exc.context})"]
         else:
             parts = [exc.problem or exc.context or "malformed document"]
         mark = exc.problem_mark or exc.context_mark
@@ -710,7 +728,9 @@ class _Reader:
         effect = self.read_template(entry, "effect", where) if "effect" in entry else None
         resource = self.read_template(entry, "resource", where) if "resource" in entry else None
         mcp = self.read_mcp(entry["mcp"], entry.key_lines["mcp"], where) if "mcp" in entry else None
-        return ActionEntry(name=name, decision=decision, rules=rules, effect=effect, resource=resource, mcp=mcp)
+        return ActionEntry(
+            name=name, decision=decision, rules=rules, effect=effect, resource=resource, mcp=mcp
+        )
 
     def read_decision(self, value: Any, line: int, where: str) -> Decision:
         if isinstance(value, str):
@@ -718,10 +738,11 @@ class _Reader:
             if decision is None:
                 self.fail(line, where, f"unknown decision {value!r}, expected one of {_DECISIONS_LISTED}")
             return decision
+        hint = " (YAML reads unquoted yes/no/on/off as booleans)" if isinstance(value, bool) else ""
         self.fail(
             line, where,
             f"unknown decision {value!r}, expected one of {_DECISIONS_LISTED} as a string, "
-            f"got {_type_name(value)}" + (" (YAML reads unquoted yes/no/on/off as booleans)" if isinstance(value, bool) else ""),
+            f"got {_type_name(value)}{hint}",
         )
 
     def read_rules(self, value: Any, line: int, where: str) -> tuple[Rule, ...]:
@@ -786,7 +807,10 @@ class _Reader:
         if op in _NUMERIC_OPS:
             if not _is_int(operand):
                 shown = "" if operand is None or isinstance(operand, (dict, list)) else f" ({operand!r})"
-                self.fail(line, where, f"{this}: a numeric operator needs an int operand, got {_type_name(operand)}{shown}")
+                self.fail(
+                    line, where,
+                    f"{this}: a numeric operator needs an int operand, got {_type_name(operand)}{shown}",
+                )
         elif op == "in":
             if not isinstance(operand, list):
                 self.fail(line, where, f"{this}: 'in' needs a list operand, got {_type_name(operand)}")

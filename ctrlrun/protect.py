@@ -105,9 +105,15 @@ def runtime() -> Runtime:
 
 
 def reset_runtime() -> None:
-    """Forget the loaded policy (tests, or after changing settings)."""
+    """Forget the loaded policy and what the store remembers of it (tests, or new settings)."""
     global _runtime
     _runtime = None
+    from django.apps import apps
+
+    if apps.ready:
+        from . import store
+
+        store.forget_known_policies()
 
 
 # --------------------------------------------------------------------------- hooks

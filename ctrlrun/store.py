@@ -39,7 +39,7 @@ from typing import Any
 from django.db import DatabaseError, IntegrityError, transaction
 
 from . import conf
-from .canonical import Action, evidence_time
+from .canonical import GENESIS_HASH, Action, evidence_time
 from .errors import (
     AmbiguousEffect,
     CTRLRunError,
@@ -262,7 +262,16 @@ def _append_receipt(call: Call, result: Result, error: str | None, attempt: int 
         finished_at=evidence_time(now),
         policy_hash=call.policy_hash,
     )
-    head = _q(ChainHead).select_for_update().get(pk=1)
+    head = _q(ChainHead).select_for_update().filter(pk=1).first()
+    if head is None:
+        # Only a store whose tables were emptied (e.g. a test flush) has no head; with receipts
+        # present that would hide a deletion, so it is refused rather than silently restarted.
+        if _q(Receipt).exists():
+            raise StoreUnavailable(
+                "the receipt chain head row is missing while receipts exist; run 'ctrlrun receipts "
+                "--verify-chain' and restore the store from a backup"
+            )
+        head = _q(ChainHead).create(id=1, seq=0, hash=GENESIS_HASH)
     doc["seq"] = head.seq + 1
     doc["prev_hash"] = head.hash
     digest = receipt_hash(doc)
@@ -282,6 +291,10 @@ def _new_receipt_id() -> str:
 
 
 _known_policies: set[str] = set()
+
+
+def forget_known_policies() -> None:
+    _known_policies.clear()
 
 
 def ensure_policy(policy_hash: str, schema: str, source: str, text: str, environment: str) -> None:

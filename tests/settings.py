@@ -1,0 +1,20 @@
+"""Test settings: the project's settings, with the database from DATABASE_URL (default SQLite).
+
+The SQLite test database is a real file, not memory, so that the OS processes some tests spawn
+open the very same store.
+"""
+import os
+import tempfile
+
+os.environ.setdefault("SECRET_KEY", "tests-only-secret-key")
+
+from project.settings import *  # noqa: E402,F401,F403
+from project.settings import DATABASES  # noqa: E402
+
+if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
+    _folder = tempfile.mkdtemp(prefix="ctrlrun-tests-")
+    DATABASES["default"]["NAME"] = os.path.join(_folder, "main.db")
+    DATABASES["default"]["TEST"] = {"NAME": os.path.join(_folder, "test.db")}
+
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # fast logins in tests
+CTRLRUN_POLICY = os.path.join(os.path.dirname(__file__), "policies", "default.yaml")
