@@ -585,6 +585,7 @@ class _Reader:
         self.version = 0
 
     def fail(self, line: int | None, location: str, message: str) -> NoReturn:
+        """Raise the PolicyError for ``message`` at ``line`` / ``location`` of this source."""
         raise _policy_error(self.source, line, location, message)
 
     # -- the whole document ------------------------------------------------------------------
@@ -628,6 +629,7 @@ class _Reader:
             self.fail(line, where, f"{_type_name(value)} values are not allowed in a policy")
 
     def read(self, document: Any) -> tuple[str, dict[str, ActionEntry], dict[str, Any]]:
+        """Validate the loaded document; return its schema, the entries and the raw actions."""
         if document is None:
             self.fail(None, "", f"the policy is empty; it needs 'schema: {_NEWEST_SUPPORTED}' and 'actions:'")
         if not isinstance(document, dict):
@@ -652,6 +654,7 @@ class _Reader:
         return self.schema, entries, _plain(actions)
 
     def read_schema(self, document: _YamlMap) -> None:
+        """Accept v1/v2; refuse v3..v8 as a whole (naming what they add) and anything else."""
         schema = document.get("schema")
         line = document.key_lines.get("schema", document.line)
         if schema in SUPPORTED_SCHEMAS:
@@ -693,6 +696,7 @@ class _Reader:
                 self.fail(mapping.key_lines.get(key, line), location, self.needs_schema(repr(key), needed))
 
     def needs_schema(self, what: str, needed: int) -> str:
+        """The sentence for a feature of schema v``needed`` found in an older document."""
         message = f"{what} needs 'schema: ctrlrun.policy/v{needed}'; this document declares {self.schema!r}"
         if needed <= _SCHEMA_VERSION[_NEWEST_SUPPORTED]:
             return message + f", so change its schema line to 'schema: ctrlrun.policy/v{needed}'"
@@ -704,6 +708,7 @@ class _Reader:
     # -- one action --------------------------------------------------------------------------
 
     def read_entry(self, name: str, entry: Any, line: int) -> ActionEntry:
+        """One ``actions`` item: exactly one of decision/rules, plus optional templates and mcp."""
         if not name:
             self.fail(line, "actions", "action names must be non-empty strings")
         where = f"action {name!r}"
