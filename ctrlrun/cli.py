@@ -20,7 +20,7 @@ COMMANDS: dict[str, tuple[bool, str]] = {
     "inspect": (False, "show one action's decision, effect, receipts and events"),
     "resolve": (False, "say what happened to an AMBIGUOUS effect (--committed or --failed)"),
     "reconcile": (False, "sweep lapsed leases and ask reconcile hooks about AMBIGUOUS effects"),
-    "demo": (True, "run the guided scenarios in a scratch store"),
+    "demo": (False, "run the guided scenarios in a scratch store"),
 }
 
 
@@ -50,10 +50,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from . import standalone
 
-        if not wants_help:
-            standalone.configure(create=COMMANDS[name][0])
+        if wants_help or name == "demo":  # the demo keeps a scratch store of its own
+            standalone.configure_without_store()
         else:
-            standalone.configure_for_help()
+            standalone.configure(create=COMMANDS[name][0])
     except CTRLRunError as exc:
         print(f"Error: {exc}", file=sys.stderr)
         return 1

@@ -213,8 +213,8 @@ def _require_tables() -> None:
         )
 
 
-def configure_for_help() -> None:
-    """Enough Django to print a command's --help, without touching any store."""
+def configure_without_store() -> None:
+    """Enough Django to run a command that needs no store (--help, demo)."""
     from django.conf import settings
 
     if not settings.configured and not os.environ.get("DJANGO_SETTINGS_MODULE"):

@@ -3,7 +3,7 @@
 Everything that differs between machines comes from the environment (django-environ):
 
 - ``DATABASE_URL``: default a SQLite file beside manage.py (``db.sqlite3``);
-- ``SECRET_KEY``: required when ``DEBUG`` is off (the process refuses to start without it);
+- ``SECRET_KEY``: required to serve pages with ``DEBUG`` off (wsgi/asgi refuse to start without it);
 - ``DEBUG`` (default off), ``ALLOWED_HOSTS`` (comma-separated);
 - ``CTRLRUN_POLICY`` (default ``ctrlrun.yaml`` beside manage.py), ``CTRLRUN_ENVIRONMENT``,
   ``CTRLRUN_LEASE_SECONDS``, ``CTRLRUN_APPROVAL_TTL_SECONDS``, ``CTRLRUN_HOOK_MODULES``.
@@ -23,14 +23,22 @@ env = environ.Env()
 environ.Env.read_env(BASE_DIR / ".env") if (BASE_DIR / ".env").exists() else None
 
 DEBUG = env.bool("DEBUG", default=False)
+# Commands (demo, receipts, reconcile...) run without a key; serving pages does not: wsgi.py and
+# asgi.py refuse to start with DEBUG off and no SECRET_KEY (require_secret_key below).
 SECRET_KEY = env.str("SECRET_KEY", default="")
-if not SECRET_KEY:
-    if not DEBUG:
+if not SECRET_KEY and DEBUG:
+    SECRET_KEY = "insecure-local-development-key-only"  # DEBUG only: never used in production
+
+
+def require_secret_key() -> None:
+    """Refuse to serve with DEBUG off and no SECRET_KEY (sessions and CSRF depend on it)."""
+    if not SECRET_KEY:
         raise ImproperlyConfigured(
             "SECRET_KEY is not set and DEBUG is off. Set SECRET_KEY in the environment (or in .env beside "
             "manage.py), or set DEBUG=1 for a local try-out."
         )
-    SECRET_KEY = "insecure-local-development-key-only"  # DEBUG only: never used in production
+
+
 ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["localhost", "127.0.0.1"] if DEBUG else [])
 
 INSTALLED_APPS = [

@@ -33,6 +33,10 @@ class CtrlrunCommand(BaseCommand):
             self.run(**options)
         except CommandError:
             raise
+        except BrokenPipeError:  # the reader went away (e.g. '| head'): stop quietly
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, 1)
+            return
         except CTRLRunError as exc:
             raise Error(str(exc)) from None
         except DatabaseError as exc:
