@@ -112,27 +112,41 @@ def describe_store() -> str:
 
 
 def configure(create: bool = True) -> None:
-    """Configure Django for standalone use (no-op if a project already configured it)."""
-    from django.conf import settings
+    """Configure Django for standalone use (inside a project: only ``django.setup()``).
 
-    if settings.configured or os.environ.get("DJANGO_SETTINGS_MODULE"):
-        _setup()
-        return
-    settings.configure(
-        DATABASES={"default": _database(create)},
-        INSTALLED_APPS=["ctrlrun"],
-        USE_TZ=True,
-        TIME_ZONE="UTC",
-        DEFAULT_AUTO_FIELD="django.db.models.BigAutoField",
-        CTRLRUN_POLICY=str(policy_location()),
-        CTRLRUN_STANDALONE=True,
-        LOGGING_CONFIG=None,
-    )
+    Standalone, the store is then migrated (``create``) or required to exist (read commands).
+    A store that cannot be reached is ``StoreUnavailable`` naming where it looked.
+    """
+    from django.conf import settings
+    from django.db import DatabaseError
+
+    if not settings.configured:
+        if os.environ.get("DJANGO_SETTINGS_MODULE"):
+            _setup()
+            return
+        settings.configure(
+            DATABASES={"default": _database(create)},
+            INSTALLED_APPS=["ctrlrun"],
+            USE_TZ=True,
+            TIME_ZONE="UTC",
+            DEFAULT_AUTO_FIELD="django.db.models.BigAutoField",
+            CTRLRUN_POLICY=str(policy_location()),
+            CTRLRUN_STANDALONE=True,
+            LOGGING_CONFIG=None,
+        )
     _setup()
-    if create:
-        migrate()
-    else:
-        _require_tables()
+    if not getattr(settings, "CTRLRUN_STANDALONE", False):
+        return
+    try:
+        if create:
+            migrate()
+        else:
+            _require_tables()
+    except DatabaseError as exc:
+        raise StoreUnavailable(
+            f"the ctrlrun store ({describe_store()}) could not be opened: {str(exc).strip()}. Check "
+            f"CTRLRUN_STORE_URL / DATABASE_URL / CTRLRUN_STATE; nothing ran"
+        ) from None
 
 
 def _setup() -> None:

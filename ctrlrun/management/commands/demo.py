@@ -50,8 +50,10 @@ class Command(CtrlrunCommand):
         if process.wait() != 0:
             raise Error(f"the demo stopped early:\n{stderr.strip()}")
         relative = os.path.relpath(folder)
+        beside = Path(sys.executable).parent / "ctrlrun"
+        cli = "ctrlrun" if shutil.which("ctrlrun") == str(beside) or not beside.exists() else str(beside)
         self.stdout.write("")
         self.stdout.write("To read the evidence it wrote:")
-        self.stdout.write(f"  cd {relative} && ctrlrun receipts                 # one line per call, refusals included")
-        self.stdout.write(f"  cd {relative} && ctrlrun receipts --verify-chain  # re-hash the chain")
-        self.stdout.write(f"  cd {relative} && ctrlrun effects                  # one line per effect key")
+        self.stdout.write(f"  cd {relative} && {cli} receipts                 # one line per call, refusals included")
+        self.stdout.write(f"  cd {relative} && {cli} receipts --verify-chain  # re-hash the chain")
+        self.stdout.write(f"  cd {relative} && {cli} effects                  # one line per effect key")
