@@ -97,6 +97,11 @@ def database_alias() -> str:
     return _setting("CTRLRUN_DATABASE", "default")
 
 
+def tools_module() -> str | None:
+    """The module name imported from every installed app to find reconcile hooks (``tools``)."""
+    return _setting("CTRLRUN_TOOLS_MODULE", "tools") or None
+
+
 def hook_modules() -> list[str]:
     """Extra dotted modules to import so their reconcile hooks are found by ``reconcile``."""
     return list(_setting("CTRLRUN_HOOK_MODULES", []))

@@ -47,11 +47,10 @@ class Report:
 
 def discover(modules: Iterable[str] = ()) -> list[str]:
     """Import the modules that register reconcile hooks; return the ones imported."""
-    from django.conf import settings
     from django.utils.module_loading import autodiscover_modules
 
     imported = []
-    tools = getattr(settings, "CTRLRUN_TOOLS_MODULE", "tools")
+    tools = conf.tools_module()
     if tools:
         autodiscover_modules(tools)
     for name in [*conf.hook_modules(), *modules]:

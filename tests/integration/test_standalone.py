@@ -1,0 +1,103 @@
+"""Plain scripts with no Django project: configuration on first use, where the store goes."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.support import REPO, store_environment
+
+POLICY = """\
+schema: ctrlrun.policy/v2
+actions:
+  email.send:
+    effect: "email:{msg_id}"
+    decision: allow
+"""
+
+CALL = """
+import ctrlrun
+
+@ctrlrun.protect("email.send", effect="email:{msg_id}")
+def send(msg_id: str) -> str:
+    return "sent " + msg_id
+
+with ctrlrun.context(agent="mailer"):
+    print(send(msg_id="m1"))
+"""
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("DJANGO_SETTINGS_MODULE", "DATABASE_URL", "CTRLRUN_STORE_URL", "CTRLRUN_STATE",
+                        "CTRLRUN_CONFIG", "CTRLRUN_ENVIRONMENT")}
+    env["PYTHONPATH"] = str(REPO)
+    env.update(extra)
+    return env
+
+
+def run(source: str, cwd: Path, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", source], cwd=cwd, env=clean_env(**env), capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_import_configures_nothing(tmp_path):
+    """`import ctrlrun` leaves Django unconfigured and creates no store."""
+    (tmp_path / "ctrlrun.yaml").write_text(POLICY)
+    result = run("import ctrlrun; from django.conf import settings; print(settings.configured)", tmp_path)
+    assert result.stdout.strip() == "False", result.stderr
+    assert not (tmp_path / ".ctrlrun").exists()
+
+
+def test_first_call_creates_store_beside_policy(tmp_path):
+    """CTRLRUN_CONFIG=conf/p.yaml puts the store at conf/.ctrlrun/state.db, not in the cwd."""
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "conf" / "p.yaml").write_text(POLICY)
+    result = run(CALL, tmp_path, CTRLRUN_CONFIG="conf/p.yaml")
+    assert result.stdout.strip() == "sent m1", result.stderr
+    assert (tmp_path / "conf" / ".ctrlrun" / "state.db").exists()
+    assert not (tmp_path / ".ctrlrun").exists()
+
+
+def test_ctrlrun_state_names_the_store(tmp_path):
+    """$CTRLRUN_STATE wins over the default location."""
+    (tmp_path / "ctrlrun.yaml").write_text(POLICY)
+    result = run(CALL, tmp_path, CTRLRUN_STATE=str(tmp_path / "elsewhere" / "s.db"))
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "elsewhere" / "s.db").exists() and not (tmp_path / ".ctrlrun").exists()
+
+
+def test_blank_variable_refused(tmp_path):
+    """A store variable that is set but blank is InvalidArgument, not a silent default."""
+    (tmp_path / "ctrlrun.yaml").write_text(POLICY)
+    result = run(CALL, tmp_path, CTRLRUN_STATE="  ")
+    assert "InvalidArgument" in result.stderr and "CTRLRUN_STATE is set but empty" in result.stderr
+
+
+def test_malformed_policy_fails_at_first_call(tmp_path):
+    """A bad policy is a PolicyError at the first protected call (naming file and line), not at import."""
+    (tmp_path / "ctrlrun.yaml").write_text(POLICY.replace("decision: allow", "decision: maybe"))
+    imported = run("import ctrlrun", tmp_path)
+    assert imported.returncode == 0
+    result = run(CALL, tmp_path)
+    assert "PolicyError" in result.stderr
+    assert "ctrlrun.yaml" in result.stderr and "line 5" in result.stderr and "maybe" in result.stderr
+
+
+def test_missing_policy_is_policy_error(tmp_path):
+    """No policy file: PolicyError saying it could not be read."""
+    result = run(CALL, tmp_path)
+    assert "PolicyError" in result.stderr and "could not be read" in result.stderr
+
+
+def test_store_url_uses_the_shared_database(transactional_db, tmp_path):
+    """CTRLRUN_STORE_URL / CTRLRUN_STATE point a script at the shared store the tests read."""
+    from ctrlrun.models import EffectRecord
+
+    (tmp_path / "ctrlrun.yaml").write_text(POLICY)
+    env = store_environment()
+    result = subprocess.run([sys.executable, "-c", CALL], cwd=tmp_path, env=env, capture_output=True, text=True,
+                            timeout=120)
+    assert result.stdout.strip() == "sent m1", result.stderr
+    assert EffectRecord.objects.get(pk="email:m1").state == "committed"
