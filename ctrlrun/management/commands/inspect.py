@@ -11,6 +11,15 @@ from ..base import CtrlrunCommand, Error
 INSPECTION_SCHEMA = "ctrlrun.inspection/v2"
 
 
+def _readable(receipt: Any) -> dict[str, Any] | None:
+    """The receipt's document, or None when the stored text is not a JSON object (tampered, damaged)."""
+    try:
+        doc = receipt.doc
+    except ValueError:
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
 class Command(CtrlrunCommand):
     help = "Show one action: who asked, what, the decision, its effect, its receipts and every event."
 
@@ -27,7 +36,8 @@ class Command(CtrlrunCommand):
         effects = [store.get_effect(k) for k in keys]
         effects = [e for e in effects if e is not None]
         proposed = next((e.data.get("action") for e in events if e.type == "ACTION_PROPOSED"), None) or {}
-        docs = [r.doc for r in receipts]
+        readable = {r.receipt_id: _readable(r) for r in receipts}
+        docs = [doc for doc in readable.values() if doc is not None]
         last = docs[-1] if docs else {}
         evaluated = next((e.data for e in events if e.type == "POLICY_EVALUATED"), {})
         summary = {
@@ -40,12 +50,13 @@ class Command(CtrlrunCommand):
             "reason": last.get("decision_reason") or evaluated.get("reason"),
         }
         if json:
-            self._json(action_id, summary, effects, docs, events)
+            unreadable = [receipt_id for receipt_id, doc in readable.items() if doc is None]
+            self._json(action_id, summary, effects, docs, events, unreadable)
         else:
-            self._text(action_id, summary, effects, receipts, events)
+            self._text(action_id, summary, effects, receipts, events, readable)
 
     def _text(self, action_id: str, summary: dict[str, Any], effects: list[Any], receipts: list[Any],
-              events: list[Any]) -> None:
+              events: list[Any], readable: dict[str, dict[str, Any] | None]) -> None:
         out = self.stdout.write
         principal = summary["principal"] or {}
         who = principal.get("agent", "-") + (f" (user {principal['user']})" if principal.get("user") else "")
@@ -63,7 +74,12 @@ class Command(CtrlrunCommand):
             out(line)
         if receipts:
             for receipt in receipts:
-                out(f"{'receipt':<12}{receipt.receipt_id}  {receipt.doc.get('result')}")
+                doc = readable[receipt.receipt_id]
+                if doc is None:
+                    out(f"{'receipt':<12}{receipt.receipt_id}  UNREADABLE  (its stored document could not be read; "
+                        f"run 'receipts --verify-chain')")
+                else:
+                    out(f"{'receipt':<12}{receipt.receipt_id}  {doc.get('result')}")
         else:
             out(f"{'receipt':<12}-  (none: the call has not finished, or its worker died)")
         out("")
@@ -71,13 +87,14 @@ class Command(CtrlrunCommand):
             out(report.event_line(event))
 
     def _json(self, action_id: str, summary: dict[str, Any], effects: list[Any], docs: list[dict[str, Any]],
-              events: list[Any]) -> None:
+              events: list[Any], unreadable: list[str]) -> None:
         document = {
             "schema": INSPECTION_SCHEMA,
             "action_id": action_id,
             **summary,
             "receipt": docs[-1] if docs else None,
             "receipts": docs,
+            "unreadable_receipts": unreadable,
             "effect": self._effect(effects[0]) if effects else None,
             "approvals": [],
             "events": [
