@@ -29,7 +29,7 @@ from .errors import (
     PolicyError,
     StoreUnavailable,
 )
-from .protect import context, idempotency_token, protect
+from .protect import context, idempotency_token, protect, with_approval
 from .states import Decision, EffectState, ReconcileOutcome, Result
 
 __version__ = "0.1.0"
@@ -37,6 +37,7 @@ __version__ = "0.1.0"
 __all__ = [
     "protect",
     "context",
+    "with_approval",
     "idempotency_token",
     "ReconcileOutcome",
     "Action",

@@ -19,6 +19,9 @@ COMMANDS: dict[str, tuple[bool, str]] = {
     "effects": (False, "list effect records and their states"),
     "inspect": (False, "show one action's decision, effect, receipts and events"),
     "resolve": (False, "say what happened to an AMBIGUOUS effect (--committed or --failed)"),
+    "approvals": (False, "list approval requests (pending first)"),
+    "approve": (False, "grant a pending approval request (--by NAME, --note TEXT)"),
+    "deny": (False, "deny a pending approval request"),
     "reconcile": (False, "sweep lapsed leases and ask reconcile hooks about AMBIGUOUS effects"),
     "demo": (False, "run the guided scenarios in a scratch store"),
 }

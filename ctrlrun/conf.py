@@ -84,6 +84,15 @@ def approval_ttl() -> dt.timedelta:
     return _positive_seconds("CTRLRUN_APPROVAL_TTL_SECONDS", DEFAULT_APPROVAL_TTL_SECONDS)
 
 
+#: How often ``wait=True`` asks the store whether a human answered: quick enough to feel live,
+#: slow enough that a waiting agent costs the database two reads a second.
+DEFAULT_APPROVAL_POLL_SECONDS = 0.5
+
+
+def approval_poll() -> dt.timedelta:
+    return _positive_seconds("CTRLRUN_APPROVAL_POLL_SECONDS", DEFAULT_APPROVAL_POLL_SECONDS)
+
+
 def reconcile_backoff() -> tuple[dt.timedelta, dt.timedelta]:
     """(first delay, cap) for asking a hook again after it answered unknown or raised."""
     return (

@@ -12,6 +12,9 @@
   through ``seq``/``prev_hash``/``hash``.
 - ``ChainHead``: a single row holding the last ``seq`` and ``hash``. Every receipt append locks
   it, which keeps the chain linear under concurrent writers on any host.
+- ``Approval``: a human's answer to an ``approve`` decision, bound to the action hash of the
+  exact call the human read (``action_json`` keeps that call whole). It moves pending ->
+  granted | denied | expired, and granted -> consumed (once) | expired; only the store moves it.
 - ``PolicyDocument``: every policy text that decided an action, by hash, so a receipt's
   ``policy_hash`` can always be traced back to the exact rules that applied.
 
@@ -23,7 +26,7 @@ from django.db import models
 from django.db.models import Q
 
 from .canonical import GENESIS_HASH, MAX_KEY_LENGTH
-from .states import EffectState, EventType, Result
+from .states import ApprovalStatus, EffectState, EventType, Result
 
 _STORED_STATES = [(s.value, s.value) for s in EffectState if s is not EffectState.NEW]
 _HOLDING = [EffectState.RESERVED.value, EffectState.EXECUTING.value]
@@ -124,3 +127,42 @@ class ChainHead(models.Model):
 
     def __str__(self) -> str:
         return f"chain head at seq {self.seq}"
+
+
+class Approval(models.Model):
+    approval_id = models.CharField(primary_key=True, max_length=ID_LENGTH)
+    status = models.CharField(max_length=10, choices=[(s.value, s.value) for s in ApprovalStatus])
+    action = models.CharField(max_length=200)
+    action_id = models.CharField(max_length=ID_LENGTH, help_text="The call that asked.")
+    action_hash = models.CharField(max_length=HASH_LENGTH, db_index=True)
+    action_json = models.TextField(help_text="The whole canonical action the human is asked about.")
+    agent = models.CharField(max_length=200)
+    user = models.CharField(max_length=200, null=True, blank=True)
+    effect_key = models.CharField(max_length=MAX_KEY_LENGTH, null=True, blank=True)
+    policy_hash = models.CharField(max_length=HASH_LENGTH, null=True)
+    decision_reason = models.CharField(max_length=100)
+    created_at = models.DateTimeField()
+    expires_at = models.DateTimeField()
+    answered_at = models.DateTimeField(null=True, blank=True)
+    approver = models.CharField(max_length=200, null=True, blank=True)
+    note = models.TextField(null=True, blank=True)
+    consumed_at = models.DateTimeField(null=True, blank=True)
+    consumed_by = models.CharField(max_length=ID_LENGTH, null=True, blank=True,
+                                   help_text="The call that used the approval.")
+
+    class Meta:
+        ordering = ["created_at"]
+        indexes = [models.Index(fields=["status", "created_at"], name="ctrlrun_approval_status_idx")]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(status="pending") | Q(status="expired", approver__isnull=True) | Q(approver__isnull=False),
+                name="ctrlrun_approval_answered_by_someone",
+            ),
+            models.CheckConstraint(
+                condition=~Q(status="consumed") | Q(consumed_at__isnull=False, consumed_by__isnull=False),
+                name="ctrlrun_approval_consumed_by_a_call",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.approval_id} {self.action} ({self.status})"

@@ -26,26 +26,28 @@ import functools
 import inspect
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from . import conf
-from .canonical import Action, Principal, Template, canonical_arguments, idempotency_token_for
-from .errors import ActionDenied, EffectKeyError, InvalidArgument, NotExecuted
+from .canonical import Action, Principal, Template, canonical_arguments, evidence_time, idempotency_token_for
+from .errors import ActionDenied, ApprovalRequired, ApprovalTimeout, EffectKeyError, InvalidArgument, NotExecuted
 from .policy import Policy, load_policy
 from .states import RECONCILE_ANSWERS, Decision, Result
 
 logger = logging.getLogger("ctrlrun")
 
-__all__ = ["protect", "context", "idempotency_token", "hook_for", "registered_actions", "reset_runtime",
+__all__ = ["protect", "context", "with_approval", "idempotency_token", "hook_for", "registered_actions", "reset_runtime",
            "call_hook"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 _principal: ContextVar[Principal | None] = ContextVar("ctrlrun_principal", default=None)
 _current_attempt: ContextVar[tuple[str, int] | None] = ContextVar("ctrlrun_attempt", default=None)
+_approval: ContextVar[str | None] = ContextVar("ctrlrun_approval", default=None)
 
 
 # --------------------------------------------------------------------------- context
@@ -60,6 +62,21 @@ def context(agent: str, user: str | None = None) -> Iterator[Principal]:
         yield principal
     finally:
         _principal.reset(token)
+
+
+@contextlib.contextmanager
+def with_approval(request_id: str) -> Iterator[str]:
+    """Present a human's approval for the protected calls inside the block.
+
+    The approval authorises exactly the action the human read (its hash), once.
+    """
+    if not isinstance(request_id, str) or not request_id.strip():
+        raise InvalidArgument("with_approval() needs the approval request id (apr_...) a human answered")
+    token = _approval.set(request_id.strip())
+    try:
+        yield request_id
+    finally:
+        _approval.reset(token)
 
 
 def idempotency_token() -> str:
@@ -166,12 +183,15 @@ def protect(
     lease: dt.timedelta | None = None,
     reconcile: Callable[[str], Any] | None = None,
     reconcile_eagerly: bool = False,
+    wait: bool = False,
 ) -> Callable[[F], F]:
     """Guard a function that acts on the world: the policy decides, the effect key dedupes.
 
     ``effect`` and ``resource`` are templates over the function's arguments
     (``"refund:{payment_id}"``) and override the policy entry's. ``reconcile`` is a function of
-    the effect key answering ``"committed"``, ``"not_executed"`` or ``"unknown"``.
+    the effect key answering ``"committed"``, ``"not_executed"`` or ``"unknown"``. With
+    ``wait=True`` an ``approve`` decision blocks until a human answers (or the request expires,
+    ``ApprovalTimeout``), then runs the same action under that approval.
     """
     if not isinstance(name, str) or not name.strip():
         raise InvalidArgument("protect(name=...) must be a non-empty action name")
@@ -191,6 +211,8 @@ def protect(
         )
     if not isinstance(reconcile_eagerly, bool):
         raise InvalidArgument(f"protect({name!r}, reconcile_eagerly=...) must be True or False")
+    if not isinstance(wait, bool):
+        raise InvalidArgument(f"protect({name!r}, wait=...) must be True or False")
     if reconcile_eagerly and reconcile is None:
         raise InvalidArgument(f"protect({name!r}, reconcile_eagerly=True): there is no reconcile= hook to run eagerly")
 
@@ -218,7 +240,7 @@ def protect(
         if reconcile is not None:
             _hooks[name] = reconcile
         guard = _Guard(name, fn, signature, tuple(positional_only), effect_template, resource_template, lease,
-                       reconcile, reconcile_eagerly)
+                       reconcile, reconcile_eagerly, wait)
 
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -252,6 +274,7 @@ class _Guard:
     lease: dt.timedelta | None
     reconcile: Callable[[str], Any] | None
     reconcile_eagerly: bool
+    wait: bool
 
     def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         principal = _principal.get()
@@ -281,21 +304,49 @@ class _Guard:
             store.record_denial(call, {"reason": "effect_key_error", "effect": effect.text if effect else None,
                                        "error": str(exc)}, with_policy=False)
             raise
+        return self._decide_and_run(rt, action, effect_key, started)
+
+    def _decide_and_run(self, rt: Runtime, action: Action, effect_key: str | None, started: dt.datetime) -> Any:
+        from . import store
+
+        presented = _approval.get()
         evaluation = rt.policy.evaluate(self.name, action.arguments)
         call = store.Call(action, evaluation.decision, evaluation.reason, rt.policy.hash, effect_key, started)
         if evaluation.decision is Decision.DENY:
+            call = replace(call, approval_id=presented)
             store.record_denial(call, {"reason": evaluation.reason})
             raise ActionDenied(self._denial_message(evaluation.reason), reason=evaluation.reason,
                                action_id=action.action_id)
-        if evaluation.decision is Decision.APPROVE:
-            reason = "approval_unavailable"
-            store.record_denial(call, {"reason": reason})
-            raise ActionDenied(
-                f"{self.name} requires a human's approval ({evaluation.reason}), and this version of ctrlrun "
-                f"cannot take approval requests yet; the call was refused and recorded",
-                reason=reason, action_id=action.action_id,
+        if evaluation.decision is Decision.APPROVE and presented is None:
+            request = store.request_approval(call, conf.approval_ttl())
+            if self.wait:
+                return self._wait_then_run(rt, action, effect_key, request)
+            raise ApprovalRequired(
+                f"{self.name} requires approval: run 'ctrlrun approve {request.approval_id}' (or "
+                f"'python manage.py approve {request.approval_id}'), then retry inside "
+                f"ctrlrun.with_approval('{request.approval_id}')",
+                request_id=request.approval_id, action_id=action.action_id,
             )
-        return self._run(call, rt)
+        return self._run(call, rt, presented)
+
+    def _wait_then_run(self, rt: Runtime, action: Action, effect_key: str | None, request: Any) -> Any:
+        """``wait=True``: poll until a human answers or the request expires, then run under it."""
+        from . import store
+
+        poll = conf.approval_poll().total_seconds()
+        current = request
+        while current.status == "pending" and conf.now() < current.expires_at:
+            time.sleep(poll)
+            current = store.get_approval(request.approval_id) or current
+        if current.status in ("pending", "expired") or (current.status == "granted" and conf.now() >= current.expires_at):
+            store.expire_if_due(request.approval_id)
+            raise ApprovalTimeout(
+                f"approval request {request.approval_id} for {self.name} was not answered before it expired at "
+                f"{evidence_time(current.expires_at)}; the call did not run. Ask again",
+                request_id=request.approval_id,
+            )
+        with with_approval(request.approval_id):  # the same action, now under the human's answer
+            return self._decide_and_run(rt, action, effect_key, conf.now())
 
     def _choose(self, what: str, mine: Template | None, policy: Template | None) -> Template | None:
         if mine is not None and policy is not None and mine.text != policy.text:
@@ -335,27 +386,28 @@ class _Guard:
         positional = [arguments.pop(n) for n in self.positional_only]
         return self.fn(*positional, **arguments)
 
-    def _run(self, call: Any, rt: Runtime) -> Any:
+    def _run(self, call: Any, rt: Runtime, presented: str | None) -> Any:
         from . import store
 
         lease = self.lease or rt.lease
         key = call.effect_key
         if key is None:
-            store.begin_unkeyed(call)
-            attempt = 1
+            taken = store.begin_unkeyed(call, presented)
         else:
-            taken = store.reserve(call, lease, opening=True, hold_ambiguous=self.reconcile is not None)
+            taken = store.reserve(call, lease, opening=True, hold_ambiguous=self.reconcile is not None,
+                                  presented=presented)
             if isinstance(taken, store.Refused) and not taken.final:
+                assert self.reconcile is not None
                 try:
                     answer = call_hook(self.reconcile, key)
                 except BaseException:
-                    store.record_refusal(call, taken)
+                    store.record_refusal(taken)
                     raise
                 store.record_reconciliation(key, call.action.action_id, f"reconcile:{self.name}", "blocking", answer)
-                taken = store.reserve(call, lease, opening=False, hold_ambiguous=False)
-            if isinstance(taken, store.Refused):
-                raise taken.error
-            attempt = taken.attempt
+                taken = store.reserve(call, lease, opening=False, hold_ambiguous=False, presented=presented)
+        if isinstance(taken, store.Refused):
+            raise taken.error
+        call, attempt = taken.call, taken.attempt
 
         token = _current_attempt.set((key, attempt)) if key is not None else None
         try:

@@ -12,6 +12,7 @@ __all__ = [
     "Decision",
     "EffectState",
     "Result",
+    "ApprovalStatus",
     "EventType",
     "ReconcileOutcome",
     "RECONCILE_ANSWERS",
@@ -39,6 +40,14 @@ class EffectState(_Str):
     COMMITTED = "committed"
     FAILED = "failed"
     AMBIGUOUS = "ambiguous"
+
+
+class ApprovalStatus(_Str):
+    PENDING = "pending"
+    GRANTED = "granted"
+    DENIED = "denied"
+    EXPIRED = "expired"
+    CONSUMED = "consumed"
 
 
 class Result(_Str):

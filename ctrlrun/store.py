@@ -33,7 +33,7 @@ import datetime as dt
 import json
 import logging
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from typing import Any
 
 from django.db import DatabaseError, IntegrityError, transaction
@@ -41,15 +41,17 @@ from django.db import DatabaseError, IntegrityError, transaction
 from . import conf
 from .canonical import GENESIS_HASH, Action, evidence_time
 from .errors import (
+    ActionDenied,
     AmbiguousEffect,
+    ApprovalMismatch,
     CTRLRunError,
     DuplicateEffect,
     InvalidArgument,
     StoreUnavailable,
 )
-from .models import ChainHead, EffectRecord, Event, PolicyDocument, Receipt
+from .models import Approval, ChainHead, EffectRecord, Event, PolicyDocument, Receipt
 from .receipts import StoredReceipt, build_receipt, dump_receipt, receipt_hash, verify_chain, ChainReport
-from .states import Decision, EffectState, EventType, Result
+from .states import ApprovalStatus, Decision, EffectState, EventType, Result
 
 logger = logging.getLogger("ctrlrun.store")
 
@@ -67,6 +69,12 @@ __all__ = [
     "begin_unkeyed",
     "reserve",
     "record_refusal",
+    "ApprovalView",
+    "request_approval",
+    "answer_approval",
+    "expire_if_due",
+    "get_approval",
+    "list_approvals",
     "record_outcome",
     "record_reconciliation",
     "resolve",
@@ -105,6 +113,7 @@ class Call:
 class Reserved:
     attempt: int
     lease_expires_at: dt.datetime
+    call: Call  # the call as recorded (with the approval it consumed, if any)
 
 
 @dataclass(frozen=True)
@@ -112,8 +121,9 @@ class Refused:
     """A reservation that did not happen. ``final`` means its evidence is already written."""
 
     error: CTRLRunError
-    attempt: int
+    attempt: int | None
     final: bool
+    call: Call
 
 
 @dataclass(frozen=True)
@@ -323,13 +333,20 @@ def record_denial(call: Call, data: dict[str, Any], *, with_policy: bool = True)
         _append_receipt(call, Result.DENIED, data.get("error"), None, now, decision_reason=data["reason"])
 
 
-def begin_unkeyed(call: Call) -> None:
-    """A call with no effect key: nothing to reserve, only its opening events."""
+def begin_unkeyed(call: Call, presented: str | None = None) -> Reserved | Refused:
+    """A call with no effect key: nothing to reserve; the approval (if any) is checked and used."""
     now = conf.now()
     with _phase():
         events = _opening_events(call, now)
-        events.append(_event(EventType.EXECUTION_STARTED, call, None, {"task": None, "hop": None}, now))
+        call, approval, refusal = _take_presented(call, presented, now, events)
+        if refusal is not None:
+            return refusal
+        if approval is not None:
+            _consume(approval, call, now, events)
+        events.append(_event(EventType.EXECUTION_STARTED, call, None, {"task": None, "hop": None}, now,
+                             call.approval_id))
         _q(Event).bulk_create(events)
+    return Reserved(1, now, call)
 
 
 # --------------------------------------------------------------------------- reservation
@@ -404,17 +421,26 @@ def _lock_or_insert(call: Call, now: dt.datetime, lease_until: dt.datetime) -> t
         return _q(EffectRecord).select_for_update().get(pk=key), False
 
 
-def reserve(call: Call, lease: dt.timedelta, *, opening: bool, hold_ambiguous: bool) -> Reserved | Refused:
-    """Take the call's effect key and mark it executing, or refuse (§5.3).
+def reserve(call: Call, lease: dt.timedelta, *, opening: bool, hold_ambiguous: bool,
+            presented: str | None = None) -> Reserved | Refused:
+    """Take the call's effect key and mark it executing, or refuse (§5.3, §8.4).
 
     ``opening`` writes the call's opening events first. With ``hold_ambiguous`` an ambiguous
     record is refused *without* evidence (``final=False``) so the caller can ask a reconcile
-    hook and try once more; every other refusal writes its event and blocked receipt here.
+    hook and try once more; every other refusal writes its event and receipt here.
+
+    ``presented`` is the approval the caller holds. For an ``approve`` decision it is checked
+    first (its refusal wins) and consumed only if the reservation succeeds, in this same
+    transaction: a refused reservation leaves it granted. For an ``allow`` decision it is
+    consumed only if it matches, and never blocks the call.
     """
     now = conf.now()
     lease_until = now + lease
     events = _opening_events(call, now) if opening else []
     with _phase():
+        call, approval, refusal = _take_presented(call, presented, now, events)
+        if refusal is not None:
+            return refusal
         record, inserted = _lock_or_insert(call, now, lease_until)
         if not inserted and record.state == S.FAILED:
             record.state = S.EXECUTING
@@ -429,6 +455,10 @@ def reserve(call: Call, lease: dt.timedelta, *, opening: bool, hold_ambiguous: b
             record.save()
             inserted = True
         if inserted:
+            if approval is not None:
+                _consume(approval, call, now, events)
+            elif presented is not None and call.decision is Decision.ALLOW:
+                call = _consume_if_matching(call, presented, now, events)
             events += [
                 _event(EventType.EFFECT_RESERVED, call, call.effect_key,
                        {"attempt": record.attempt, "lease_expires_at": evidence_time(lease_until)}, now,
@@ -437,22 +467,239 @@ def reserve(call: Call, lease: dt.timedelta, *, opening: bool, hold_ambiguous: b
                        call.approval_id),
             ]
             _q(Event).bulk_create(events)
-            return Reserved(record.attempt, lease_until)
+            return Reserved(record.attempt, lease_until, call)
         if record.state in (S.RESERVED, S.EXECUTING) and record.lease_expires_at <= now:
             _lapse(record, now, events)  # kept even though this attempt is refused
         error = _refusal_for(record, now)
         if isinstance(error, AmbiguousEffect) and hold_ambiguous:
             _q(Event).bulk_create(events)
-            return Refused(error, record.attempt, final=False)
+            return Refused(error, record.attempt, False, call)
         _q(Event).bulk_create(events)
         _refusal_evidence(call, error, record.attempt, now)
-        return Refused(error, record.attempt, final=True)
+        return Refused(error, record.attempt, True, call)
 
 
-def record_refusal(call: Call, refused: Refused) -> None:
+def record_refusal(refused: Refused) -> None:
     """Write the evidence of a refusal that ``reserve`` held back."""
     with _phase():
-        _refusal_evidence(call, refused.error, refused.attempt, conf.now())
+        _refusal_evidence(refused.call, refused.error, refused.attempt or 1, conf.now())
+
+
+# --------------------------------------------------------------------------- approvals
+
+
+@dataclass(frozen=True)
+class ApprovalView:
+    approval_id: str
+    status: str
+    action: str
+    action_id: str
+    action_hash: str
+    action_json: str
+    agent: str
+    user: str | None
+    effect_key: str | None
+    policy_hash: str | None
+    decision_reason: str
+    created_at: dt.datetime
+    expires_at: dt.datetime
+    answered_at: dt.datetime | None
+    approver: str | None
+    note: str | None
+    consumed_at: dt.datetime | None
+    consumed_by: str | None
+
+    @property
+    def canonical_action(self) -> dict[str, Any]:
+        return json.loads(self.action_json)
+
+    @property
+    def arguments(self) -> dict[str, Any]:
+        return self.canonical_action.get("arguments", {})
+
+
+def _approval_view(row: Approval) -> ApprovalView:
+    return ApprovalView(**{f: getattr(row, f) for f in ApprovalView.__dataclass_fields__})
+
+
+def request_approval(call: Call, ttl: dt.timedelta) -> ApprovalView:
+    """An ``approve`` decision with nothing presented: a pending request bound to the action hash."""
+    from .canonical import new_id
+
+    now = conf.now()
+    action = call.action
+    row = Approval(
+        approval_id=new_id("apr_"), status=ApprovalStatus.PENDING, action=action.name, action_id=action.action_id,
+        action_hash=action.hash, action_json=json.dumps(action.canonical(), ensure_ascii=False, sort_keys=True),
+        agent=action.principal.agent, user=action.principal.user, effect_key=call.effect_key,
+        policy_hash=call.policy_hash, decision_reason=call.reason, created_at=now, expires_at=now + ttl,
+    )
+    with _phase():
+        row.save(using=_db(), force_insert=True)
+        events = _opening_events(call, now)
+        events.append(_event(EventType.APPROVAL_REQUESTED, call, call.effect_key,
+                             {"action_hash": action.hash, "expires_at": evidence_time(row.expires_at)}, now,
+                             row.approval_id))
+        _q(Event).bulk_create(events)
+    return _approval_view(row)
+
+
+def _expire(row: Approval, now: dt.datetime, events: list[Event]) -> None:
+    row.status = ApprovalStatus.EXPIRED
+    row.save(update_fields=["status"])
+    events.append(_event(EventType.APPROVAL_EXPIRED, row.action_id, row.effect_key, {}, now, row.approval_id))
+
+
+def answer_approval(approval_id: str, grant: bool, *, by: str, note: str | None = None) -> ApprovalView:
+    """A human grants or denies a pending request. Used by the commands and the console alike.
+
+    Only a pending, unexpired request can be answered; an expired one is marked expired (that
+    write is kept) and refused. The person who asked (the principal's ``user``) cannot answer.
+    """
+    if not isinstance(by, str) or not by.strip():
+        raise InvalidArgument("an approval needs the name of the person answering (--by NAME)")
+    by = by.strip()
+    now = conf.now()
+    expired: ApprovalView | None = None
+    with _phase():
+        row = _q(Approval).select_for_update().filter(pk=approval_id).first()
+        if row is None:
+            raise InvalidArgument(f"no approval request {approval_id}; 'approvals' lists the requests")
+        if row.status != ApprovalStatus.PENDING:
+            raise InvalidArgument(f"approval request {approval_id} is already {row.status}")
+        if row.expires_at <= now:
+            events: list[Event] = []
+            _expire(row, now, events)
+            _q(Event).bulk_create(events)
+            expired = _approval_view(row)
+        else:
+            if row.user is not None and row.user == by:
+                raise InvalidArgument(
+                    f"{by} asked for this action ({row.action}) and cannot approve or deny it; another person must"
+                )
+            row.status = ApprovalStatus.GRANTED if grant else ApprovalStatus.DENIED
+            row.approver = by
+            row.note = note or None
+            row.answered_at = now
+            row.save(update_fields=["status", "approver", "note", "answered_at"])
+            data: dict[str, Any] = {"approver": by}
+            if grant:
+                data["action_hash"] = row.action_hash
+            if note:
+                data["note"] = note
+            kind = EventType.APPROVAL_GRANTED if grant else EventType.APPROVAL_DENIED
+            _q(Event).bulk_create([_event(kind, row.action_id, row.effect_key, data, now, row.approval_id)])
+    if expired is not None:
+        raise InvalidArgument(
+            f"approval {approval_id} expired at {evidence_time(expired.expires_at)}; the agent must ask again"
+        )
+    return _approval_view(row)
+
+
+def expire_if_due(approval_id: str) -> ApprovalView | None:
+    """Mark a pending or granted request expired if its time is up (``wait=True`` giving up)."""
+    now = conf.now()
+    with _phase():
+        row = _q(Approval).select_for_update().filter(pk=approval_id).first()
+        if row is None:
+            return None
+        if row.status in (ApprovalStatus.PENDING, ApprovalStatus.GRANTED) and row.expires_at <= now:
+            events: list[Event] = []
+            _expire(row, now, events)
+            _q(Event).bulk_create(events)
+    return _approval_view(row)
+
+
+def get_approval(approval_id: str) -> ApprovalView | None:
+    row = _q(Approval).filter(pk=approval_id).first()
+    return _approval_view(row) if row else None
+
+
+def list_approvals(status: str | None = None) -> list[ApprovalView]:
+    """Pending first (oldest first), then the rest, newest first."""
+    query = _q(Approval).all()
+    if status:
+        query = query.filter(status=status)
+    rows = list(query.order_by("created_at"))
+    pending = [r for r in rows if r.status == ApprovalStatus.PENDING]
+    others = [r for r in reversed(rows) if r.status != ApprovalStatus.PENDING]
+    return [_approval_view(r) for r in pending + others]
+
+
+def approvals_for_hash(action_hash: str) -> list[ApprovalView]:
+    return [_approval_view(r) for r in _q(Approval).filter(action_hash=action_hash).order_by("created_at")]
+
+
+def _take_presented(call: Call, presented: str | None, now: dt.datetime,
+                    events: list[Event]) -> tuple[Call, Approval | None, Refused | None]:
+    """Check a presented approval for an ``approve`` decision, in §8.4's order.
+
+    Returns the call stamped with the approval, the row to consume once the effect is taken,
+    or a refusal whose evidence (and the events so far) is already written.
+    """
+    if presented is None or call.decision is not Decision.APPROVE:
+        if presented is not None and call.decision is Decision.DENY:
+            call = replace(call, approval_id=presented)
+        return call, None, None
+    row = _q(Approval).select_for_update().filter(pk=presented).first()
+    call = replace(call, approval_id=presented, approver=row.approver if row else None)
+    error: CTRLRunError | None = None
+    if row is None:
+        error = ApprovalMismatch(f"no approval {presented}", reason="unknown", approval_id=presented)
+    elif row.action_hash != call.action.hash:
+        error = ApprovalMismatch(
+            f"approval {presented} authorizes {row.action_hash}, not {call.action.hash}: it was granted for a "
+            f"different call (other arguments, agent, resource or environment)",
+            reason="mismatch", approval_id=presented,
+        )
+    elif row.status == ApprovalStatus.DENIED:
+        error = ActionDenied(f"approval {presented} was denied by {row.approver}", reason="approval_denied",
+                             action_id=call.action.action_id)
+    elif row.status != ApprovalStatus.GRANTED:
+        error = ApprovalMismatch(f"approval {presented} is {row.status}, not granted", reason=str(row.status),
+                                 approval_id=presented)
+    elif row.expires_at <= now:
+        _expire(row, now, events)
+        error = ApprovalMismatch(f"approval {presented} expired at {evidence_time(row.expires_at)}; ask again",
+                                 reason="expired", approval_id=presented)
+    if error is None:
+        return call, row, None
+    if isinstance(error, ActionDenied):
+        events.append(_event(EventType.APPROVAL_DENIED, call, call.effect_key, {"approver": row.approver}, now,
+                             presented))
+        events.append(_event(EventType.ACTION_DENIED, call, call.effect_key, {"reason": "approval_denied"}, now))
+        _q(Event).bulk_create(events)
+        _append_receipt(call, Result.DENIED, str(error), None, now, decision_reason="approval_denied")
+    else:
+        events.append(_event(EventType.APPROVAL_INVALIDATED, call, call.effect_key,
+                             {"reason": error.reason, "action_hash": call.action.hash}, now, presented))
+        _q(Event).bulk_create(events)
+        _append_receipt(call, Result.BLOCKED, str(error), None, now)
+    return call, None, Refused(error, None, True, call)
+
+
+def _consume(row: Approval, call: Call, now: dt.datetime, events: list[Event], *, required: bool = True) -> None:
+    row.status = ApprovalStatus.CONSUMED
+    row.consumed_at = now
+    row.consumed_by = call.action.action_id
+    row.save(update_fields=["status", "consumed_at", "consumed_by"])
+    data: dict[str, Any] = {"approver": row.approver}
+    if not required:
+        data["required"] = False
+    events.append(_event(EventType.APPROVAL_CONSUMED, call, call.effect_key, data, now, row.approval_id))
+
+
+def _consume_if_matching(call: Call, presented: str, now: dt.datetime, events: list[Event]) -> Call:
+    """An approval presented on an allowed call is used up only if it is for exactly this call."""
+    row = _q(Approval).select_for_update().filter(pk=presented).first()
+    if (row is None or row.action_hash != call.action.hash or row.status != ApprovalStatus.GRANTED
+            or row.expires_at <= now):
+        logger.info("approval %s presented on allowed call %s was not used (it does not match or is not granted)",
+                    presented, call.action.action_id)
+        return call
+    call = replace(call, approval_id=presented, approver=row.approver)
+    _consume(row, call, now, events, required=False)
+    return call
 
 
 # --------------------------------------------------------------------------- outcome
