@@ -23,6 +23,8 @@ actions:
     rules:
       - when: { amount_gte: 0, amount_lte: 50000 }
         decision: allow
+      - when: { amount_gte: 0, amount_lte: 1000000 }
+        decision: approve
       - decision: deny
   email.send:
     effect: "email:{message_id}"
@@ -150,7 +152,7 @@ def denied() -> None:
         iam.act(user, {"role": "admin"})
 
     with ctrlrun.context(agent="refund-agent"):
-        for call, label in ((lambda: refund(payment_id="txn_11", amount=9_000_000), "refund of 9,000,000"),
+        for call, label in ((lambda: refund(payment_id="txn_11", amount=9_000_000), "refund of 9,000,000 (above every band)"),
                             (lambda: grant_admin(user="mallory"), "grant admin to mallory")):
             try:
                 call()
@@ -177,8 +179,44 @@ def unknown_action() -> None:
     say(f"  calls that reached the remote: {db.calls}")
 
 
+def approval() -> None:
+    import ctrlrun
+
+    heading(6, "A large refund waits for a human")
+    stripe = Remote("api.stripe.com")
+
+    @ctrlrun.protect("stripe.refund", effect="refund:{payment_id}")
+    def refund(payment_id: str, amount: int) -> dict:
+        return stripe.act(payment_id, {"amount": amount})
+
+    with ctrlrun.context(agent="refund-agent"):
+        try:
+            refund(payment_id="txn_20", amount=500000)
+        except ctrlrun.ApprovalRequired as exc:
+            request_id = exc.request_id
+            say(f"  refund txn_20 of 500,000 -> ApprovalRequired: request {request_id}")
+        answer = subprocess.run([sys.executable, "-m", "ctrlrun", "approve", request_id, "--by", "dana",
+                                 "--note", "customer called; amount checked"],
+                                capture_output=True, text=True, env=dict(os.environ))
+        if answer.returncode != 0:
+            raise SystemExit(f"the approval command failed: {answer.stderr}")
+        say(f"  a human: ctrlrun approve {request_id} --by dana -> {answer.stdout.splitlines()[0].split(' for ')[0]}")
+        with ctrlrun.with_approval(request_id):
+            result = refund(payment_id="txn_20", amount=500000)
+            say(f"  the agent retries inside with_approval -> ran: {result['id']}")
+            try:
+                refund(payment_id="txn_20", amount=900000)
+            except ctrlrun.ApprovalMismatch as exc:
+                say(f"  the same approval with one digit changed (900,000) -> ApprovalMismatch ({exc.reason})")
+            try:
+                refund(payment_id="txn_20", amount=500000)
+            except ctrlrun.ApprovalMismatch as exc:
+                say(f"  the used approval presented again -> ApprovalMismatch ({exc.reason})")
+    say(f"  calls that reached the remote: {stripe.calls}")
+
+
 def race(folder: Path) -> None:
-    heading(6, f"{RACE_WORKERS} worker processes race for one payout")
+    heading(7, f"{RACE_WORKERS} worker processes race for one payout")
     log = folder / "payout-calls.log"
     log.unlink(missing_ok=True)
     start_at = time.time() + 2.5  # every worker is imported and warmed up by then
@@ -227,7 +265,7 @@ def main(argv: list[str]) -> None:
         return
     folder = Path(argv[0])
     os.chdir(folder)
-    for scenario in (lost_reply, blocked_retry, duplicate_after_commit, denied, unknown_action):
+    for scenario in (lost_reply, blocked_retry, duplicate_after_commit, denied, unknown_action, approval):
         scenario()
     race(folder)
     import ctrlrun.store as store

@@ -75,6 +75,7 @@ __all__ = [
     "expire_if_due",
     "get_approval",
     "list_approvals",
+    "approvals_for_hash",
     "record_outcome",
     "record_reconciliation",
     "resolve",

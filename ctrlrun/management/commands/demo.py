@@ -13,6 +13,7 @@ import ctrlrun
 from ... import demo
 from ..base import CtrlrunCommand, Error
 
+MARKER = ".ctrlrun-demo"
 #: Environment variables that would point the demo at a real store; it must use its own.
 _STORE_VARIABLES = ("DJANGO_SETTINGS_MODULE", "DATABASE_URL", "CTRLRUN_STORE_URL", "CTRLRUN_STATE", "CTRLRUN_CONFIG",
                     "CTRLRUN_ENVIRONMENT")
@@ -20,8 +21,8 @@ _STORE_VARIABLES = ("DJANGO_SETTINGS_MODULE", "DATABASE_URL", "CTRLRUN_STORE_URL
 
 class Command(CtrlrunCommand):
     help = (
-        "Run the guided scenarios (a lost reply, a dropped connection, a duplicate, denials, racing "
-        "processes) in a scratch SQLite store, and say how many calls reached each stand-in remote."
+        "Run the guided scenarios (a lost reply, a dropped connection, a duplicate, denials, a human "
+        "approval, racing processes) in a scratch SQLite store, and say how many calls reached each stand-in remote."
     )
 
     def add_arguments(self, parser: ArgumentParser) -> None:
@@ -31,10 +32,11 @@ class Command(CtrlrunCommand):
     def run(self, *, dir: str, **_: Any) -> None:
         folder = Path(dir).absolute()
         if folder.exists():
-            if not (folder / "ctrlrun.yaml").exists() or (folder / "ctrlrun.yaml").read_text() != demo.POLICY:
+            if not (folder / MARKER).exists():
                 raise Error(f"{folder} exists and is not a ctrlrun demo folder; choose another --dir")
-            shutil.rmtree(folder)
+            shutil.rmtree(folder)  # only ever a folder this command made (it holds the marker)
         folder.mkdir(parents=True)
+        (folder / MARKER).write_text("made by 'manage.py demo'; deleted and remade on every run\n")
         (folder / "ctrlrun.yaml").write_text(demo.POLICY)
         self.stdout.write(f"ctrlrun demo: a scratch store at {folder / '.ctrlrun' / 'state.db'}")
         self.stdout.write(f"policy: {folder / 'ctrlrun.yaml'}")

@@ -40,6 +40,9 @@ class Command(CtrlrunCommand):
         docs = [doc for doc in readable.values() if doc is not None]
         last = docs[-1] if docs else {}
         evaluated = next((e.data for e in events if e.type == "POLICY_EVALUATED"), {})
+        action_hash = last.get("action_hash") or next(
+            (e.data.get("action_hash") for e in events if e.type == "ACTION_PROPOSED"), None)
+        approvals = store.approvals_for_hash(action_hash) if action_hash else []
         summary = {
             "name": last.get("action") or proposed.get("name"),
             "principal": last.get("principal") or proposed.get("principal"),
@@ -51,12 +54,12 @@ class Command(CtrlrunCommand):
         }
         if json:
             unreadable = [receipt_id for receipt_id, doc in readable.items() if doc is None]
-            self._json(action_id, summary, effects, docs, events, unreadable)
+            self._json(action_id, summary, effects, docs, events, unreadable, approvals)
         else:
-            self._text(action_id, summary, effects, receipts, events, readable)
+            self._text(action_id, summary, effects, receipts, events, readable, approvals)
 
     def _text(self, action_id: str, summary: dict[str, Any], effects: list[Any], receipts: list[Any],
-              events: list[Any], readable: dict[str, dict[str, Any] | None]) -> None:
+              events: list[Any], readable: dict[str, dict[str, Any] | None], approvals: list[Any]) -> None:
         out = self.stdout.write
         principal = summary["principal"] or {}
         who = principal.get("agent", "-") + (f" (user {principal['user']})" if principal.get("user") else "")
@@ -67,6 +70,9 @@ class Command(CtrlrunCommand):
         out(f"{'environment':<12}{summary['environment'] or '-'}")
         out(f"{'arguments':<12}{json.dumps(summary['arguments'], sort_keys=True, ensure_ascii=False)}")
         out(f"{'decision':<12}{summary['decision'] or '-'}  ({summary['reason'] or '-'})")
+        for approval in approvals:
+            by = f" by {approval.approver}" if approval.approver else ""
+            out(f"{'approval':<12}{approval.approval_id}  {approval.status}{by}")
         for effect in effects:
             line = f"{'effect':<12}{effect.effect_key}  {effect.state}  attempt {effect.attempt}"
             if effect.resolved_by:
@@ -87,7 +93,7 @@ class Command(CtrlrunCommand):
             out(report.event_line(event))
 
     def _json(self, action_id: str, summary: dict[str, Any], effects: list[Any], docs: list[dict[str, Any]],
-              events: list[Any], unreadable: list[str]) -> None:
+              events: list[Any], unreadable: list[str], approvals: list[Any]) -> None:
         document = {
             "schema": INSPECTION_SCHEMA,
             "action_id": action_id,
@@ -96,7 +102,14 @@ class Command(CtrlrunCommand):
             "receipts": docs,
             "unreadable_receipts": unreadable,
             "effect": self._effect(effects[0]) if effects else None,
-            "approvals": [],
+            "approvals": [
+                {"approval_id": a.approval_id, "status": a.status, "approver": a.approver, "note": a.note,
+                 "action_hash": a.action_hash, "requested_by_action": a.action_id,
+                 "created_at": evidence_time(a.created_at), "expires_at": evidence_time(a.expires_at),
+                 "answered_at": evidence_time(a.answered_at), "consumed_at": evidence_time(a.consumed_at),
+                 "consumed_by": a.consumed_by}
+                for a in approvals
+            ],
             "events": [
                 {"event_id": e.id, "ts": evidence_time(e.ts), "type": e.type, "action_id": e.action_id,
                  "effect_key": e.effect_key, "approval_id": e.approval_id, "data": e.data}
