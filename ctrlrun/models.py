@@ -69,6 +69,7 @@ class EffectRecord(models.Model):
     updated_at = models.DateTimeField()
 
     class Meta:
+        permissions = [("resolve_effect", "Can resolve ambiguous effects and ask the remote")]
         indexes = [models.Index(fields=["state", "updated_at"], name="ctrlrun_effect_state_idx")]
         constraints = [
             models.CheckConstraint(
@@ -152,6 +153,7 @@ class Approval(models.Model):
 
     class Meta:
         ordering = ["created_at"]
+        permissions = [("decide_approval", "Can approve or deny approval requests")]
         indexes = [models.Index(fields=["status", "created_at"], name="ctrlrun_approval_status_idx")]
         constraints = [
             models.CheckConstraint(

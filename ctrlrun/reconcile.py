@@ -18,7 +18,7 @@ from . import conf, store
 from .errors import InvalidArgument, StoreUnavailable
 from .protect import call_hook, hook_for
 
-__all__ = ["Line", "Report", "discover", "run_once"]
+__all__ = ["Line", "Report", "discover", "ensure_discovered", "run_once", "ask", "ask_now"]
 
 
 @dataclass(frozen=True)
@@ -67,23 +67,47 @@ def run_once(*, action: str | None = None, limit: int | None = None, now: dt.dat
     now = now or conf.now()
     report = Report(swept=store.sweep_lapsed(now, action))
     for effect in store.reconcile_candidates(now, action, limit):
-        hook = hook_for(effect.action)
-        if hook is None:
-            report.lines.append(Line(effect.effect_key, effect.action, "needs_human",
-                                     f"no reconcile hook is registered for {effect.action}; resolve it by hand"))
-            continue
-        answer = call_hook(hook, effect.effect_key)
-        try:
-            moved = store.record_reconciliation(effect.effect_key, effect.action_id, f"reconcile:{effect.action}",
-                                                "deferred", answer)
-        except StoreUnavailable as exc:
-            report.lines.append(Line(effect.effect_key, effect.action, "error", str(exc)))
-            continue
-        if moved:
-            report.lines.append(Line(effect.effect_key, effect.action, moved, f"the hook answered {answer.outcome}"))
-        elif answer.reason:
-            report.lines.append(Line(effect.effect_key, effect.action, "unknown",
-                                     f"the hook {answer.reason.replace('_', ' ')}: {answer.error}"))
-        else:
-            report.lines.append(Line(effect.effect_key, effect.action, "unknown", "the hook answered unknown"))
+        report.lines.append(ask(effect))
     return report
+
+
+def ask(effect: store.EffectView, *, requested_by: str | None = None) -> Line:
+    """Ask one ambiguous record's hook and apply the answer; one hook's failure stays its own."""
+    hook = hook_for(effect.action)
+    if hook is None:
+        return Line(effect.effect_key, effect.action, "needs_human",
+                    f"no reconcile hook is registered for {effect.action}; resolve it by hand")
+    answer = call_hook(hook, effect.effect_key)
+    try:
+        moved = store.record_reconciliation(effect.effect_key, effect.action_id, f"reconcile:{effect.action}",
+                                            "deferred", answer, requested_by=requested_by)
+    except StoreUnavailable as exc:
+        return Line(effect.effect_key, effect.action, "error", str(exc))
+    if moved:
+        return Line(effect.effect_key, effect.action, moved, f"the hook answered {answer.outcome}")
+    if answer.reason:
+        return Line(effect.effect_key, effect.action, "unknown",
+                    f"the hook {answer.reason.replace('_', ' ')}: {answer.error}")
+    return Line(effect.effect_key, effect.action, "unknown", "the hook answered unknown")
+
+
+def ask_now(effect_key: str, *, requested_by: str | None = None) -> Line:
+    """The console's "ask the remote now": sweep this record if its lease lapsed, then ask its hook."""
+    store.sweep_lapsed(effect_key=effect_key)
+    effect = store.get_effect(effect_key)
+    if effect is None:
+        raise InvalidArgument(f"no effect '{effect_key}'")
+    if effect.state != "ambiguous":
+        raise InvalidArgument(f"effect '{effect_key}' is {effect.state}; only an ambiguous effect is reconciled")
+    return ask(effect, requested_by=requested_by)
+
+
+_discovered = False
+
+
+def ensure_discovered() -> None:
+    """Import the hook modules once per process (the console's web workers)."""
+    global _discovered
+    if not _discovered:
+        discover()
+        _discovered = True

@@ -344,6 +344,8 @@ def begin_unkeyed(call: Call, presented: str | None = None) -> Reserved | Refuse
             return refusal
         if approval is not None:
             _consume(approval, call, now, events)
+        elif presented is not None and call.decision is Decision.ALLOW:
+            call = _consume_if_matching(call, presented, now, events)
         events.append(_event(EventType.EXECUTION_STARTED, call, None, {"task": None, "hop": None}, now,
                              call.approval_id))
         _q(Event).bulk_create(events)
@@ -545,10 +547,12 @@ def request_approval(call: Call, ttl: dt.timedelta) -> ApprovalView:
     return _approval_view(row)
 
 
-def _expire(row: Approval, now: dt.datetime, events: list[Event]) -> None:
+def _expire(row: Approval, now: dt.datetime, events: list[Event], call: Call | None = None) -> None:
+    """Mark ``row`` expired; the event belongs to ``call`` when a call presenting it found it lapsed."""
     row.status = ApprovalStatus.EXPIRED
     row.save(update_fields=["status"])
-    events.append(_event(EventType.APPROVAL_EXPIRED, row.action_id, row.effect_key, {}, now, row.approval_id))
+    owner, key = (call, call.effect_key) if call is not None else (row.action_id, row.effect_key)
+    events.append(_event(EventType.APPROVAL_EXPIRED, owner, key, {}, now, row.approval_id))
 
 
 def answer_approval(approval_id: str, grant: bool, *, by: str, note: str | None = None) -> ApprovalView:
@@ -660,7 +664,7 @@ def _take_presented(call: Call, presented: str | None, now: dt.datetime,
         error = ApprovalMismatch(f"approval {presented} is {row.status}, not granted", reason=str(row.status),
                                  approval_id=presented)
     elif row.expires_at <= now:
-        _expire(row, now, events)
+        _expire(row, now, events, call)
         error = ApprovalMismatch(f"approval {presented} expired at {evidence_time(row.expires_at)}; ask again",
                                  reason="expired", approval_id=presented)
     if error is None:
@@ -793,7 +797,8 @@ def _move_ambiguous(record: EffectRecord, state: EffectState, resolver: str, now
 
 def record_reconciliation(effect_key: str, action_id: str | None, resolver: str, trigger: str,
                           answer: HookAnswer, *, receipt_for: Call | None = None,
-                          receipt_attempt: int | None = None, receipt_error: str | None = None) -> str | None:
+                          receipt_attempt: int | None = None, receipt_error: str | None = None,
+                          requested_by: str | None = None) -> str | None:
     """Record a hook's answer and apply it to an ambiguous record. Returns the new state or None.
 
     ``unknown`` (and a hook that raised or said nonsense) moves nothing; it pushes the next
@@ -807,7 +812,8 @@ def record_reconciliation(effect_key: str, action_id: str | None, resolver: str,
         record = _q(EffectRecord).select_for_update().filter(pk=effect_key).first()
         events = [
             _event(EventType.RECONCILIATION_STARTED, action_id, effect_key,
-                   {"effect_key": effect_key, "trigger": trigger}, answer.started_at or now),
+                   {"effect_key": effect_key, "trigger": trigger,
+                    **({"requested_by": requested_by} if requested_by else {})}, answer.started_at or now),
             _event(EventType.RECONCILIATION_RESOLVED, action_id, effect_key, answer.data(), now),
         ]
         if record is None or record.state != S.AMBIGUOUS:
@@ -872,13 +878,16 @@ def resolve(effect_key: str, outcome: str, *, by: str, reason: str | None = None
     return _effect_view(record)
 
 
-def sweep_lapsed(now: dt.datetime | None = None, action: str | None = None) -> list[EffectView]:
+def sweep_lapsed(now: dt.datetime | None = None, action: str | None = None,
+                 effect_key: str | None = None) -> list[EffectView]:
     """Move every held record whose lease lapsed to ambiguous (its worker died or hung)."""
     now = now or conf.now()
     swept: list[EffectView] = []
     query = _q(EffectRecord).filter(state__in=[S.RESERVED, S.EXECUTING], lease_expires_at__lte=now)
     if action:
         query = query.filter(action=action)
+    if effect_key:
+        query = query.filter(pk=effect_key)
     for key in list(query.values_list("effect_key", flat=True)):
         with _phase():
             record = _q(EffectRecord).select_for_update().filter(pk=key).first()
@@ -975,3 +984,31 @@ def verify() -> ChainReport:
 
         return verify_chain(rows, 0, GENESIS_HASH)
     return verify_chain(rows, head.seq, head.hash)
+
+
+def events_for_effect(effect_key: str) -> list[EventView]:
+    return [_event_view(e) for e in _q(Event).filter(effect_key=effect_key).order_by("id")]
+
+
+def receipts_for_effect(effect_key: str) -> list[ReceiptView]:
+    return [_receipt_view(r) for r in _q(Receipt).filter(effect_key=effect_key).order_by("seq")]
+
+
+@dataclass(frozen=True)
+class Overview:
+    """What needs a person now, for the console's front page."""
+
+    pending_approvals: int
+    ambiguous_effects: int
+    lapsed_leases: int
+    receipts: int
+
+
+def overview(now: dt.datetime | None = None) -> Overview:
+    now = now or conf.now()
+    return Overview(
+        pending_approvals=_q(Approval).filter(status=ApprovalStatus.PENDING, expires_at__gt=now).count(),
+        ambiguous_effects=_q(EffectRecord).filter(state=S.AMBIGUOUS).count(),
+        lapsed_leases=_q(EffectRecord).filter(state__in=[S.RESERVED, S.EXECUTING], lease_expires_at__lte=now).count(),
+        receipts=_q(Receipt).count(),
+    )

@@ -18,3 +18,9 @@ if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # fast logins in tests
 CTRLRUN_POLICY = os.path.join(os.path.dirname(__file__), "policies", "default.yaml")
+
+# Plain static files in tests: no collectstatic manifest is needed for {% static %}.
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+}

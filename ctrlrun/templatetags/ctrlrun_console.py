@@ -1,0 +1,15 @@
+"""``{% ctrlrun_overview %}``: what needs a person now, for the admin's front page."""
+from __future__ import annotations
+
+from typing import Any
+
+from django import template
+
+register = template.Library()
+
+
+@register.inclusion_tag("admin/ctrlrun/overview.html")
+def ctrlrun_overview() -> dict[str, Any]:
+    from ..admin import overview_context
+
+    return overview_context()
