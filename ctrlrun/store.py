@@ -444,6 +444,9 @@ def reserve(call: Call, lease: dt.timedelta, *, opening: bool, hold_ambiguous: b
         call, approval, refusal = _take_presented(call, presented, now, events)
         if refusal is not None:
             return refusal
+        if presented is not None and call.decision is Decision.ALLOW:
+            # Lock order is always approval row, then effect row (as on the approve path): no deadlock.
+            _q(Approval).select_for_update().filter(pk=presented).first()
         record, inserted = _lock_or_insert(call, now, lease_until)
         if not inserted and record.state == S.FAILED:
             record.state = S.EXECUTING
