@@ -78,6 +78,13 @@ def canonical_bytes(value: Any) -> bytes:
     ).encode("utf-8")
 
 
+def trusted_canonical_bytes(value: Any) -> bytes:
+    """:func:`canonical_bytes` for a value this process built from validated parts (no re-check)."""
+    return json.dumps(
+        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    ).encode("utf-8")
+
+
 def sha256_hash(data: bytes) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
 
@@ -159,7 +166,7 @@ class Action:
     def hash(self) -> str:
         cached = self.__dict__.get("_hash")
         if cached is None:
-            cached = sha256_hash(canonical_bytes(self.canonical()))
+            cached = sha256_hash(trusted_canonical_bytes(self.canonical()))  # arguments checked at init
             object.__setattr__(self, "_hash", cached)
         return cached
 

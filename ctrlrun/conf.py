@@ -101,9 +101,23 @@ def reconcile_backoff() -> tuple[dt.timedelta, dt.timedelta]:
     )
 
 
+_alias: str | None = None
+
+
 def database_alias() -> str:
-    """Which ``DATABASES`` entry holds ctrlrun's tables (``default`` unless told otherwise)."""
-    return _setting("CTRLRUN_DATABASE", "default")
+    """Which ``DATABASES`` entry holds ctrlrun's tables (``default`` unless told otherwise).
+
+    Read on every store call, so it is cached; a changed setting (tests) clears the cache.
+    """
+    global _alias
+    if _alias is None:
+        _alias = _setting("CTRLRUN_DATABASE", "default")
+    return _alias
+
+
+def forget_cached_settings(**_: Any) -> None:
+    global _alias
+    _alias = None
 
 
 def tools_module() -> str | None:

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .canonical import GENESIS_HASH, canonical_bytes, sha256_hash
+from .canonical import GENESIS_HASH, canonical_bytes, sha256_hash, trusted_canonical_bytes
 
 __all__ = [
     "RECEIPT_SCHEMA",
@@ -52,9 +52,13 @@ def build_receipt(**values: Any) -> dict[str, Any]:
     return doc
 
 
-def receipt_hash(doc: dict[str, Any]) -> str:
-    """The chain hash of a receipt document (the document itself carries no ``hash``)."""
-    return sha256_hash(canonical_bytes(doc))
+def receipt_hash(doc: dict[str, Any], *, trusted: bool = False) -> str:
+    """The chain hash of a receipt document (the document itself carries no ``hash``).
+
+    ``trusted`` skips re-validating a document this process just built from checked values; a
+    document read back from the store is always validated.
+    """
+    return sha256_hash(trusted_canonical_bytes(doc) if trusted else canonical_bytes(doc))
 
 
 def dump_receipt(doc: dict[str, Any]) -> str:

@@ -36,7 +36,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from django.db import DatabaseError, IntegrityError, transaction
+from django.db import DatabaseError, connections, transaction
+from django.utils.dateparse import parse_datetime
 
 from . import conf
 from .canonical import GENESIS_HASH, Action, evidence_time
@@ -232,11 +233,33 @@ def _phase() -> Iterator[None]:
         ) from exc
 
 
+EventRow = tuple  # (ts, type, action_id, effect_key, approval_id, data): one row of ctrlrun_event
+
+
 def _event(type_: EventType, call_or_id: Call | str | None, effect_key: str | None, data: dict[str, Any],
-           now: dt.datetime, approval_id: str | None = None) -> Event:
+           now: dt.datetime, approval_id: str | None = None) -> EventRow:
     action_id = call_or_id.action.action_id if isinstance(call_or_id, Call) else call_or_id
-    return Event(ts=now, type=type_.value, action_id=action_id, effect_key=effect_key,
-                 approval_id=approval_id, data=data)
+    return (now, type_.value, action_id, effect_key, approval_id, data)
+
+
+def _cursor() -> Any:
+    return connections[_db()].cursor()
+
+
+def _insert_events(events: Sequence[EventRow]) -> None:
+    """All of one step's events in a single INSERT (the ORM's bulk_create costs more to build)."""
+    if not events:
+        return
+    ops = connections[_db()].ops
+    params: list[Any] = []
+    for ts, type_, action_id, effect_key, approval_id, data in events:
+        params += [ops.adapt_datetimefield_value(ts), type_, action_id, effect_key, approval_id,
+                   ops.adapt_json_value(data, None)]
+    values = ",".join(["(%s,%s,%s,%s,%s,%s)"] * len(events))
+    with _cursor() as cursor:
+        cursor.execute(
+            'INSERT INTO "ctrlrun_event" ("ts","type","action_id","effect_key","approval_id","data") VALUES '
+            + values, params)
 
 
 def _opening_events(call: Call, now: dt.datetime) -> list[Event]:
@@ -249,7 +272,7 @@ def _opening_events(call: Call, now: dt.datetime) -> list[Event]:
 
 
 def _append_receipt(call: Call, result: Result, error: str | None, attempt: int | None, now: dt.datetime,
-                    *, decision_reason: str | None = None) -> Receipt:
+                    *, decision_reason: str | None = None) -> dict[str, Any]:
     """Chain a receipt for ``call``. Must run inside a phase; takes the chain-head lock last."""
     action = call.action
     doc = build_receipt(
@@ -273,26 +296,32 @@ def _append_receipt(call: Call, result: Result, error: str | None, attempt: int 
         finished_at=evidence_time(now),
         policy_hash=call.policy_hash,
     )
-    head = _q(ChainHead).select_for_update().filter(pk=1).first()
-    if head is None:
-        # Only a store whose tables were emptied (e.g. a test flush) has no head; with receipts
-        # present that would hide a deletion, so it is refused rather than silently restarted.
-        if _q(Receipt).exists():
-            raise StoreUnavailable(
-                "the receipt chain head row is missing while receipts exist; run 'ctrlrun receipts "
-                "--verify-chain' and restore the store from a backup"
-            )
-        head = _q(ChainHead).create(id=1, seq=0, hash=GENESIS_HASH)
-    doc["seq"] = head.seq + 1
-    doc["prev_hash"] = head.hash
-    digest = receipt_hash(doc)
-    receipt = _q(Receipt).create(
-        receipt_id=doc["receipt_id"], seq=doc["seq"], action_id=action.action_id, action=action.name,
-        agent=action.principal.agent, decision=call.decision.value, result=result.value,
-        effect_key=call.effect_key, ts=now, document=dump_receipt(doc), prev_hash=head.hash, hash=digest,
-    )
-    _q(ChainHead).filter(pk=1).update(seq=doc["seq"], hash=digest)
-    return receipt
+    ops = connections[_db()].ops
+    with _cursor() as cursor:
+        # Taking the next seq locks the head row until commit: every writer queues here, briefly.
+        cursor.execute('UPDATE "ctrlrun_chainhead" SET "seq" = "seq" + 1 WHERE "id" = 1 RETURNING "seq", "hash"')
+        head = cursor.fetchone()
+        if head is None:
+            # Only a store whose tables were emptied (e.g. a test flush) has no head; with receipts
+            # present that would hide a deletion, so it is refused rather than silently restarted.
+            if _q(Receipt).exists():
+                raise StoreUnavailable(
+                    "the receipt chain head row is missing while receipts exist; run 'ctrlrun receipts "
+                    "--verify-chain' and restore the store from a backup"
+                )
+            _q(ChainHead).create(id=1, seq=1, hash=GENESIS_HASH)
+            head = (1, GENESIS_HASH)
+        doc["seq"], doc["prev_hash"] = head
+        digest = receipt_hash(doc, trusted=True)
+        cursor.execute(
+            'INSERT INTO "ctrlrun_receipt" ("receipt_id","seq","action_id","action","agent","decision","result",'
+            '"effect_key","ts","document","prev_hash","hash") VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)',
+            [doc["receipt_id"], doc["seq"], action.action_id, action.name, action.principal.agent,
+             call.decision.value, result.value, call.effect_key, ops.adapt_datetimefield_value(now),
+             dump_receipt(doc), doc["prev_hash"], digest],
+        )
+        cursor.execute('UPDATE "ctrlrun_chainhead" SET "hash" = %s WHERE "id" = 1', [digest])
+    return doc
 
 
 def _new_receipt_id() -> str:
@@ -330,7 +359,7 @@ def record_denial(call: Call, data: dict[str, Any], *, with_policy: bool = True)
     with _phase():
         events = _opening_events(call, now) if with_policy else _opening_events(call, now)[:1]
         events.append(_event(EventType.ACTION_DENIED, call, call.effect_key, data, now, call.approval_id))
-        _q(Event).bulk_create(events)
+        _insert_events(events)
         _append_receipt(call, Result.DENIED, data.get("error"), None, now, decision_reason=data["reason"])
 
 
@@ -348,14 +377,14 @@ def begin_unkeyed(call: Call, presented: str | None = None) -> Reserved | Refuse
             call = _consume_if_matching(call, presented, now, events)
         events.append(_event(EventType.EXECUTION_STARTED, call, None, {"task": None, "hop": None}, now,
                              call.approval_id))
-        _q(Event).bulk_create(events)
+        _insert_events(events)
     return Reserved(1, now, call)
 
 
 # --------------------------------------------------------------------------- reservation
 
 
-def _refusal_for(record: EffectRecord, now: dt.datetime) -> CTRLRunError:
+def _refusal_for(record: Any, now: dt.datetime) -> CTRLRunError:
     key = record.effect_key
     if record.state == S.COMMITTED:
         return DuplicateEffect(
@@ -387,13 +416,13 @@ def _refusal_evidence(call: Call, error: CTRLRunError, attempt: int, now: dt.dat
         data = {"reason": "duplicate", "state": error.state}
     else:
         data = {"reason": "ambiguous"}
-    _q(Event).bulk_create([
+    _insert_events([
         _event(EventType.EFFECT_RESERVATION_REFUSED, call, call.effect_key, data, now, call.approval_id)
     ])
     _append_receipt(call, Result.BLOCKED, str(error), attempt, now)
 
 
-def _lapse(record: EffectRecord, now: dt.datetime, events: list[Event]) -> None:
+def _lapse(record: EffectRecord, now: dt.datetime, events: list[EventRow]) -> None:
     """A held record whose lease ran out: nobody knows what its worker did. Mark it ambiguous."""
     record.state = S.AMBIGUOUS
     record.error = LEASE_LAPSED_ERROR
@@ -406,22 +435,54 @@ def _lapse(record: EffectRecord, now: dt.datetime, events: list[Event]) -> None:
     )
 
 
-def _lock_or_insert(call: Call, now: dt.datetime, lease_until: dt.datetime) -> tuple[EffectRecord, bool]:
-    """The locked row for the call's key, inserting (as this call's) when there is none."""
-    key = call.effect_key
-    record = _q(EffectRecord).select_for_update().filter(pk=key).first()
-    if record is not None:
-        return record, False
-    fresh = EffectRecord(
-        effect_key=key, action=call.action.name, state=S.EXECUTING, action_id=call.action.action_id,
-        attempt=1, lease_expires_at=lease_until, created_at=now, updated_at=now,
-    )
-    try:
-        with transaction.atomic(using=_db()):  # a savepoint: losing the insert race is an answer
-            fresh.save(using=_db(), force_insert=True)
-        return fresh, True
-    except IntegrityError:
-        return _q(EffectRecord).select_for_update().get(pk=key), False
+def _insert_fresh(call: Call, now: dt.datetime, lease_until: dt.datetime) -> bool:
+    """Insert the key's record as this call's, executing at attempt 1; False if the key exists.
+
+    ``ON CONFLICT DO NOTHING`` makes losing the race an answer, not an error: on PostgreSQL a
+    concurrent insert of the same key waits for the other transaction and then does nothing.
+    """
+    ops = connections[_db()].ops
+    stamp = ops.adapt_datetimefield_value(now)
+    with _cursor() as cursor:
+        cursor.execute(
+            'INSERT INTO "ctrlrun_effectrecord" ("effect_key","action","state","action_id","attempt",'
+            '"lease_expires_at","reconcile_failures","created_at","updated_at") '
+            'VALUES (%s,%s,%s,%s,1,%s,0,%s,%s) ON CONFLICT ("effect_key") DO NOTHING RETURNING "attempt"',
+            [call.effect_key, call.action.name, S.EXECUTING.value, call.action.action_id,
+             ops.adapt_datetimefield_value(lease_until), stamp, stamp],
+        )
+        return cursor.fetchone() is not None
+
+
+@dataclass(frozen=True)
+class _Peek:
+    """The columns a refusal needs, read (and locked, on PostgreSQL) without building a model."""
+
+    effect_key: str
+    state: str
+    action_id: str
+    attempt: int
+    lease_expires_at: dt.datetime | None
+    error: str | None
+    resolved_by: str | None
+
+
+def _as_datetime(value: Any) -> dt.datetime | None:
+    if value is None or isinstance(value, dt.datetime):
+        return value if value is None or value.tzinfo else value.replace(tzinfo=dt.timezone.utc)
+    parsed = parse_datetime(value)  # SQLite hands back text
+    return parsed.replace(tzinfo=dt.timezone.utc) if parsed and parsed.tzinfo is None else parsed
+
+
+def _peek(effect_key: str) -> _Peek:
+    connection = connections[_db()]
+    lock = " FOR UPDATE" if connection.features.has_select_for_update else ""  # SQLite: BEGIN IMMEDIATE
+    with connection.cursor() as cursor:
+        cursor.execute(
+            'SELECT "state","action_id","attempt","lease_expires_at","error","resolved_by" '
+            'FROM "ctrlrun_effectrecord" WHERE "effect_key" = %s' + lock, [effect_key])
+        state, action_id, attempt, lease, error, resolved_by = cursor.fetchone()
+    return _Peek(effect_key, state, action_id, attempt, _as_datetime(lease), error, resolved_by)
 
 
 def reserve(call: Call, lease: dt.timedelta, *, opening: bool, hold_ambiguous: bool,
@@ -447,8 +508,16 @@ def reserve(call: Call, lease: dt.timedelta, *, opening: bool, hold_ambiguous: b
         if presented is not None and call.decision is Decision.ALLOW:
             # Lock order is always approval row, then effect row (as on the approve path): no deadlock.
             _q(Approval).select_for_update().filter(pk=presented).first()
-        record, inserted = _lock_or_insert(call, now, lease_until)
-        if not inserted and record.state == S.FAILED:
+        record: Any = None
+        if _insert_fresh(call, now, lease_until):
+            attempt, inserted = 1, True
+        else:
+            record = _peek(call.effect_key)
+            attempt, inserted = record.attempt, False
+            if record.state == S.FAILED or (record.state in (S.RESERVED, S.EXECUTING)
+                                            and record.lease_expires_at <= now):
+                record = _q(EffectRecord).select_for_update().get(pk=call.effect_key)  # it will change
+        if record is not None and record.state == S.FAILED:
             record.state = S.EXECUTING
             record.action = call.action.name
             record.action_id = call.action.action_id
@@ -459,7 +528,7 @@ def reserve(call: Call, lease: dt.timedelta, *, opening: bool, hold_ambiguous: b
             record.reconcile_after = None
             record.updated_at = now
             record.save()
-            inserted = True
+            attempt, inserted = record.attempt, True
         if inserted:
             if approval is not None:
                 _consume(approval, call, now, events)
@@ -467,20 +536,21 @@ def reserve(call: Call, lease: dt.timedelta, *, opening: bool, hold_ambiguous: b
                 call = _consume_if_matching(call, presented, now, events)
             events += [
                 _event(EventType.EFFECT_RESERVED, call, call.effect_key,
-                       {"attempt": record.attempt, "lease_expires_at": evidence_time(lease_until)}, now,
+                       {"attempt": attempt, "lease_expires_at": evidence_time(lease_until)}, now,
                        call.approval_id),
                 _event(EventType.EXECUTION_STARTED, call, call.effect_key, {"task": None, "hop": None}, now,
                        call.approval_id),
             ]
-            _q(Event).bulk_create(events)
-            return Reserved(record.attempt, lease_until, call)
+            _insert_events(events)
+            return Reserved(attempt, lease_until, call)
+        assert record is not None
         if record.state in (S.RESERVED, S.EXECUTING) and record.lease_expires_at <= now:
             _lapse(record, now, events)  # kept even though this attempt is refused
         error = _refusal_for(record, now)
         if isinstance(error, AmbiguousEffect) and hold_ambiguous:
-            _q(Event).bulk_create(events)
+            _insert_events(events)
             return Refused(error, record.attempt, False, call)
-        _q(Event).bulk_create(events)
+        _insert_events(events)
         _refusal_evidence(call, error, record.attempt, now)
         return Refused(error, record.attempt, True, call)
 
@@ -546,11 +616,11 @@ def request_approval(call: Call, ttl: dt.timedelta) -> ApprovalView:
         events.append(_event(EventType.APPROVAL_REQUESTED, call, call.effect_key,
                              {"action_hash": action.hash, "expires_at": evidence_time(row.expires_at)}, now,
                              row.approval_id))
-        _q(Event).bulk_create(events)
+        _insert_events(events)
     return _approval_view(row)
 
 
-def _expire(row: Approval, now: dt.datetime, events: list[Event], call: Call | None = None) -> None:
+def _expire(row: Approval, now: dt.datetime, events: list[EventRow], call: Call | None = None) -> None:
     """Mark ``row`` expired; the event belongs to ``call`` when a call presenting it found it lapsed."""
     row.status = ApprovalStatus.EXPIRED
     row.save(update_fields=["status"])
@@ -576,9 +646,9 @@ def answer_approval(approval_id: str, grant: bool, *, by: str, note: str | None 
         if row.status != ApprovalStatus.PENDING:
             raise InvalidArgument(f"approval request {approval_id} is already {row.status}")
         if row.expires_at <= now:
-            events: list[Event] = []
+            events: list[EventRow] = []
             _expire(row, now, events)
-            _q(Event).bulk_create(events)
+            _insert_events(events)
             expired = _approval_view(row)
         else:
             if row.user is not None and row.user == by:
@@ -596,7 +666,7 @@ def answer_approval(approval_id: str, grant: bool, *, by: str, note: str | None 
             if note:
                 data["note"] = note
             kind = EventType.APPROVAL_GRANTED if grant else EventType.APPROVAL_DENIED
-            _q(Event).bulk_create([_event(kind, row.action_id, row.effect_key, data, now, row.approval_id)])
+            _insert_events([_event(kind, row.action_id, row.effect_key, data, now, row.approval_id)])
     if expired is not None:
         raise InvalidArgument(
             f"approval {approval_id} expired at {evidence_time(expired.expires_at)}; the agent must ask again"
@@ -612,9 +682,9 @@ def expire_if_due(approval_id: str) -> ApprovalView | None:
         if row is None:
             return None
         if row.status in (ApprovalStatus.PENDING, ApprovalStatus.GRANTED) and row.expires_at <= now:
-            events: list[Event] = []
+            events: list[EventRow] = []
             _expire(row, now, events)
-            _q(Event).bulk_create(events)
+            _insert_events(events)
     return _approval_view(row)
 
 
@@ -639,7 +709,7 @@ def approvals_for_hash(action_hash: str) -> list[ApprovalView]:
 
 
 def _take_presented(call: Call, presented: str | None, now: dt.datetime,
-                    events: list[Event]) -> tuple[Call, Approval | None, Refused | None]:
+                    events: list[EventRow]) -> tuple[Call, Approval | None, Refused | None]:
     """Check a presented approval for an ``approve`` decision, in §8.4's order.
 
     Returns the call stamped with the approval, the row to consume once the effect is taken,
@@ -676,17 +746,17 @@ def _take_presented(call: Call, presented: str | None, now: dt.datetime,
         events.append(_event(EventType.APPROVAL_DENIED, call, call.effect_key, {"approver": row.approver}, now,
                              presented))
         events.append(_event(EventType.ACTION_DENIED, call, call.effect_key, {"reason": "approval_denied"}, now))
-        _q(Event).bulk_create(events)
+        _insert_events(events)
         _append_receipt(call, Result.DENIED, str(error), None, now, decision_reason="approval_denied")
     else:
         events.append(_event(EventType.APPROVAL_INVALIDATED, call, call.effect_key,
                              {"reason": error.reason, "action_hash": call.action.hash}, now, presented))
-        _q(Event).bulk_create(events)
+        _insert_events(events)
         _append_receipt(call, Result.BLOCKED, str(error), None, now)
     return call, None, Refused(error, None, True, call)
 
 
-def _consume(row: Approval, call: Call, now: dt.datetime, events: list[Event], *, required: bool = True) -> None:
+def _consume(row: Approval, call: Call, now: dt.datetime, events: list[EventRow], *, required: bool = True) -> None:
     row.status = ApprovalStatus.CONSUMED
     row.consumed_at = now
     row.consumed_by = call.action.action_id
@@ -697,7 +767,7 @@ def _consume(row: Approval, call: Call, now: dt.datetime, events: list[Event], *
     events.append(_event(EventType.APPROVAL_CONSUMED, call, call.effect_key, data, now, row.approval_id))
 
 
-def _consume_if_matching(call: Call, presented: str, now: dt.datetime, events: list[Event]) -> Call:
+def _consume_if_matching(call: Call, presented: str, now: dt.datetime, events: list[EventRow]) -> Call:
     """An approval presented on an allowed call is used up only if it is for exactly this call."""
     row = _q(Approval).select_for_update().filter(pk=presented).first()
     if (row is None or row.action_hash != call.action.hash or row.status != ApprovalStatus.GRANTED
@@ -720,6 +790,9 @@ def _jsonable_result(value: Any) -> str:
         return json.dumps(repr(value))
 
 
+_STATE_FOR = {Result.COMMITTED: S.COMMITTED, Result.FAILED: S.FAILED, Result.AMBIGUOUS: S.AMBIGUOUS}
+
+
 def record_outcome(call: Call, attempt: int | None, result: Result, *, error: str | None = None,
                    value: Any = None, write_receipt: bool = True) -> OutcomeWrite:
     """Record how the function ended (§5.4), if this attempt still holds the row.
@@ -735,29 +808,28 @@ def record_outcome(call: Call, attempt: int | None, result: Result, *, error: st
     with _phase():
         if key is None:
             data = {} if result is Result.COMMITTED else {"error": error}
-            _q(Event).bulk_create([_event(event_type, call, None, data, now, call.approval_id)])
+            _insert_events([_event(event_type, call, None, data, now, call.approval_id)])
             _append_receipt(call, result, error, attempt, now)
             return OutcomeWrite(True)
-        record = _q(EffectRecord).select_for_update().filter(pk=key).first()
-        holds = (
-            record is not None and record.action_id == call.action.action_id and record.attempt == attempt
-            and (record.state in (S.RESERVED, S.EXECUTING)
-                 or (record.state == S.AMBIGUOUS and result is Result.AMBIGUOUS and record.resolved_by is None))
-        )
+        # One conditional UPDATE both checks that this attempt still holds the row and moves it.
+        held = "'reserved','executing'" + (",'ambiguous'" if result is Result.AMBIGUOUS else "")
+        ops = connections[_db()].ops
+        with _cursor() as cursor:
+            cursor.execute(
+                'UPDATE "ctrlrun_effectrecord" SET "state" = %s, "lease_expires_at" = NULL, "error" = %s, '
+                '"result_json" = %s, "updated_at" = %s WHERE "effect_key" = %s AND "action_id" = %s AND '
+                f'"attempt" = %s AND "state" IN ({held}) AND "resolved_by" IS NULL',
+                [_STATE_FOR[result].value, error, _jsonable_result(value) if result is Result.COMMITTED else None,
+                 ops.adapt_datetimefield_value(now), key, call.action.action_id, attempt],
+            )
+            holds = cursor.rowcount == 1
         if holds:
-            assert record is not None
-            record.state = {Result.COMMITTED: S.COMMITTED, Result.FAILED: S.FAILED,
-                            Result.AMBIGUOUS: S.AMBIGUOUS}[result]
-            record.lease_expires_at = None
-            record.error = error
-            record.result_json = _jsonable_result(value) if result is Result.COMMITTED else None
-            record.updated_at = now
-            record.save(update_fields=["state", "lease_expires_at", "error", "result_json", "updated_at"])
             data = {} if result is Result.COMMITTED else {"error": error}
-            _q(Event).bulk_create([_event(event_type, call, key, data, now, call.approval_id)])
+            _insert_events([_event(event_type, call, key, data, now, call.approval_id)])
             if write_receipt:
                 _append_receipt(call, result, error, attempt, now)
             return OutcomeWrite(True)
+        record = _q(EffectRecord).filter(pk=key).first()
         refusal = _outcome_refusal(key, record)
         if result is Result.COMMITTED:
             why = f"the function returned, so the remote may well have acted, and the outcome write was refused: AmbiguousEffect: {refusal}"
@@ -765,7 +837,7 @@ def record_outcome(call: Call, attempt: int | None, result: Result, *, error: st
             why = f"the function raised NotExecuted: {error}, and the outcome write was refused: AmbiguousEffect: {refusal}"
         else:
             why = f"{error}; and the outcome write was refused: AmbiguousEffect: {refusal}"
-        _q(Event).bulk_create([_event(EventType.EXECUTION_AMBIGUOUS, call, key, {"error": why}, now, call.approval_id)])
+        _insert_events([_event(EventType.EXECUTION_AMBIGUOUS, call, key, {"error": why}, now, call.approval_id)])
         _append_receipt(call, Result.AMBIGUOUS, why, attempt, now)
         return OutcomeWrite(False, refusal)
 
@@ -834,7 +906,7 @@ def record_reconciliation(effect_key: str, action_id: str | None, resolver: str,
             record.reconcile_failures += 1
             record.reconcile_after = now + delay
             record.save(update_fields=["reconcile_failures", "reconcile_after"])
-        _q(Event).bulk_create(events)
+        _insert_events(events)
         if receipt_for is not None:
             _append_receipt(receipt_for, Result.AMBIGUOUS, receipt_error, receipt_attempt, now)
     return moved
@@ -877,7 +949,7 @@ def resolve(effect_key: str, outcome: str, *, by: str, reason: str | None = None
         data = {"state": state.value, "resolver": resolver, "resolved_by": "human", "attempt": record.attempt}
         if reason:
             data["reason"] = reason
-        _q(Event).bulk_create([_event(EventType.EFFECT_RESOLVED, record.action_id, effect_key, data, now)])
+        _insert_events([_event(EventType.EFFECT_RESOLVED, record.action_id, effect_key, data, now)])
     return _effect_view(record)
 
 
@@ -896,9 +968,9 @@ def sweep_lapsed(now: dt.datetime | None = None, action: str | None = None,
             record = _q(EffectRecord).select_for_update().filter(pk=key).first()
             if record is None or record.state not in (S.RESERVED, S.EXECUTING) or record.lease_expires_at > now:
                 continue  # its worker finished, or someone else swept it, meanwhile
-            events: list[Event] = []
+            events: list[EventRow] = []
             _lapse(record, now, events)
-            _q(Event).bulk_create(events)
+            _insert_events(events)
         swept.append(_effect_view(record))
     return swept
 

@@ -107,6 +107,7 @@ STORAGES = {
     "staticfiles": {"BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage" if not DEBUG
                     else "django.contrib.staticfiles.storage.StaticFilesStorage"},
 }
+WHITENOISE_USE_FINDERS = WHITENOISE_AUTOREFRESH = DEBUG  # `runserver` without collectstatic
 CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
 SESSION_COOKIE_SECURE = env.bool("SESSION_COOKIE_SECURE", default=False)
 CSRF_COOKIE_SECURE = env.bool("CSRF_COOKIE_SECURE", default=False)

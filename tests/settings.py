@@ -16,6 +16,7 @@ if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
     DATABASES["default"]["NAME"] = os.path.join(_folder, "main.db")
     DATABASES["default"]["TEST"] = {"NAME": os.path.join(_folder, "test.db")}
 
+STATIC_ROOT = tempfile.mkdtemp(prefix="ctrlrun-static-")  # exists, so whitenoise has nothing to warn about
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # fast logins in tests
 CTRLRUN_POLICY = os.path.join(os.path.dirname(__file__), "policies", "default.yaml")
 
