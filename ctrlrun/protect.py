@@ -434,12 +434,17 @@ class _Guard:
                  and isinstance(exc, Exception))
         try:
             written = store.record_outcome(call, attempt, result, error=error, value=value, write_receipt=not eager)
-        except store.StoreUnavailable:
+        except store.StoreUnavailable as failure:
             if result is Result.AMBIGUOUS:
                 logger.error("%s: the ambiguous outcome of %s could not be recorded; the lease will lapse and the "
                              "sweeper will mark it", self.name, key, exc_info=True)
                 return  # the caller gets the function's own exception
-            raise
+            # Never report success (or a clean failure) that was not recorded.
+            raise store.StoreUnavailable(
+                f"{self.name} ran, but its outcome could not be recorded ({failure.__cause__ or failure}). Treat it as "
+                f"ambiguous: {'effect ' + repr(key) + ' stays held until its lease lapses, then ' if key else ''}"
+                f"'ctrlrun reconcile' marks it ambiguous and asks the remote; do not retry blindly"
+            ) from failure
         if not written.accepted:
             if result is not Result.AMBIGUOUS:
                 raise written.refusal  # type: ignore[misc]

@@ -227,6 +227,9 @@ def _phase() -> Iterator[None]:
             ) from None
         raise
     except DatabaseError as exc:
+        # A dropped connection stays broken until closed; close it now so that the next call
+        # reconnects (Django would only do this at the end of a web request).
+        connections[_db()].close_if_unusable_or_obsolete()
         raise StoreUnavailable(
             f"the ctrlrun store could not complete a write ({type(exc).__name__}: {exc}); nothing was "
             f"recorded by that step"

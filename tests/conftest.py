@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import store_environment
+from tests.support import evidence_guard, store_environment
 
 REFUND_POLICY = """\
 schema: ctrlrun.policy/v2
@@ -33,6 +33,25 @@ actions:
   iam.grant_admin:
     decision: deny
 """
+
+
+@pytest.fixture(autouse=True)
+def _evidence_guard_lifted_for_flush(request):
+    """Tests on a committed database end with a flush, which the append-only triggers refuse.
+
+    The guard is put back (it may have been lifted by the previous test's teardown) once the
+    database is set up, and lifted again just before the flush; everything in between runs
+    with the triggers in place, exactly as in production.
+    """
+    if not {"transactional_db", "live_server", "store_db"} & set(request.fixturenames):
+        yield
+        return
+    from django.db import connection
+
+    request.getfixturevalue("transactional_db")
+    evidence_guard().install(connection)
+    yield
+    evidence_guard().remove(connection)
 
 
 @pytest.fixture

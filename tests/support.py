@@ -24,3 +24,25 @@ def store_environment() -> dict[str, str]:
         port = settings_dict.get("PORT") or 5432
         env["CTRLRUN_STORE_URL"] = f"postgresql://{user}{password}@{host}:{port}/{settings_dict['NAME']}"
     return env
+
+
+def evidence_guard():
+    """The migration module that installs and removes the append-only triggers."""
+    import importlib
+
+    return importlib.import_module("ctrlrun.migrations.0006_evidence_append_only")
+
+
+class evidence_unguarded:
+    """Drop the append-only triggers for a block, as an attacker with DDL rights could, then restore them."""
+
+    def __enter__(self):
+        from django.db import connection
+
+        evidence_guard().remove(connection)
+
+    def __exit__(self, *exc):
+        from django.db import connection
+
+        evidence_guard().install(connection)
+        return False

@@ -17,7 +17,8 @@ from django.db import connection
 
 import ctrlrun
 from ctrlrun.models import EffectRecord, Receipt
-from tests.conftest import REFUND_POLICY, store_environment
+from tests.conftest import REFUND_POLICY
+from tests.support import evidence_unguarded, store_environment
 
 pytestmark = pytest.mark.usefixtures("store_db")
 
@@ -38,7 +39,7 @@ def recompute(document: str) -> str:
 
 def sql(statement: str, *params) -> None:
     """Tamper with the receipts table directly, as someone with database access could."""
-    with connection.cursor() as cursor:
+    with evidence_unguarded(), connection.cursor() as cursor:
         cursor.execute(statement.replace("{table}", connection.ops.quote_name(TABLE)), params)
 
 
