@@ -76,3 +76,34 @@ def test_racing_processes_execute_each_key_once(transactional_db, tmp_path):
     assert EffectRecord.objects.filter(state="committed").count() == keys + workers
     seqs = list(Receipt.objects.order_by("seq").values_list("seq", flat=True))
     assert seqs == list(range(1, len(seqs) + 1)) and len(seqs) == keys * workers + workers
+
+
+DISTINCT = RACER.replace('post(entry_id=f"k{k}")', 'post(entry_id=f"w{worker}-k{k}")')
+
+
+@pytest.mark.slow
+def test_processes_on_distinct_keys_all_execute_once(transactional_db, tmp_path):
+    """Four processes on their own keys: every call executes exactly once, and the chain stays linear."""
+    from ctrlrun import store
+
+    workers, keys = 4, 25
+    (tmp_path / "ctrlrun.yaml").write_text(POLICY)
+    (tmp_path / "racer.py").write_text(DISTINCT)
+    env = store_environment()
+    env["CTRLRUN_CONFIG"] = str(tmp_path / "ctrlrun.yaml")
+    start_at = time.time() + 4.0
+    procs = [
+        subprocess.Popen([sys.executable, "racer.py", str(start_at), str(keys), str(n)], cwd=tmp_path, env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for n in range(workers)
+    ]
+    outputs = [p.communicate(timeout=180) for p in procs]
+    for proc, (out, err) in zip(procs, outputs):
+        assert proc.returncode == 0, err
+    counts = [json.loads(out) for out, _ in outputs]
+    assert [c["ran"] for c in counts] == [keys] * workers
+    assert [c["duplicate"] for c in counts] == [0] * workers
+    executed = [line for line in (tmp_path / "executions.log").read_text().split() if "-k" in line]
+    assert sorted(executed) == sorted(f"w{n}-k{k}" for n in range(workers) for k in range(keys))
+    report = store.verify()
+    assert report.ok and report.verified == workers * keys + workers
