@@ -14,6 +14,7 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin.utils import quote, unquote
 from django.core.exceptions import PermissionDenied
 from django.db.models import Case, IntegerField, Q, Value, When
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
@@ -65,7 +66,8 @@ class DecisionForm(forms.Form):
 
 @admin.register(Approval)
 class ApprovalAdmin(EvidenceAdmin):
-    list_display = ("approval_id", "status", "action", "key_arguments", "principal", "age", "expiry")
+    list_display = ("request", "status", "action", "key_arguments", "principal", "age", "expiry")
+    list_display_links = ("request",)
     list_filter = ("status", "action", "agent")
     search_fields = ("approval_id", "action", "agent", "user", "effect_key", "action_hash")
     list_per_page = 50
@@ -85,6 +87,17 @@ class ApprovalAdmin(EvidenceAdmin):
             waiting=Case(When(status=ApprovalStatus.PENDING, then=Value(0)), default=Value(1),
                          output_field=IntegerField())
         ).order_by("waiting", "created_at")
+
+    def get_ordering(self, request: HttpRequest) -> list[Any]:
+        # The change list orders by this first and only then by the queryset's own order, so
+        # without it Meta.ordering (created_at) would put answered requests among the pending.
+        pending_first = Case(When(status=ApprovalStatus.PENDING, then=Value(0)), default=Value(1),
+                             output_field=IntegerField())
+        return [pending_first.asc(), "created_at"]
+
+    @admin.display(description="request", ordering="approval_id")
+    def request(self, obj: Approval) -> str:
+        return format_html('<span title="{}">{}…</span>', obj.approval_id, obj.approval_id[:12])
 
     @admin.display(description="arguments")
     def key_arguments(self, obj: Approval) -> str:
@@ -129,10 +142,12 @@ class ApprovalAdmin(EvidenceAdmin):
 
     def change_view(self, request: HttpRequest, object_id: str, form_url: str = "",
                     extra_context: dict[str, Any] | None = None) -> HttpResponse:
-        approval = store.get_approval(object_id)
+        approval = store.get_approval(unquote(object_id))  # the admin's URLs quote the pk (apr_5F...)
         pending = approval is not None and approval.status == ApprovalStatus.PENDING
+        own = approval is not None and approval.user is not None and approval.user == request.user.get_username()
         context = {
-            "can_decide": pending and request.user.has_perm(DECIDE),
+            "can_decide": pending and request.user.has_perm(DECIDE) and not own,
+            "own_request": own,
             "is_pending": pending,
             **(extra_context or {}),
         }
@@ -143,11 +158,12 @@ class ApprovalAdmin(EvidenceAdmin):
             raise Http404("unknown answer")
         if not request.user.has_perm(DECIDE):
             raise PermissionDenied("deciding approvals needs the ctrlrun.decide_approval permission")
+        object_id = unquote(object_id)
         approval = store.get_approval(object_id)
         if approval is None:
             raise Http404(f"no approval request {object_id}")
-        change_url = reverse("admin:ctrlrun_approval_change", args=[object_id])
-        form = DecisionForm(request.POST or None)
+        change_url = reverse("admin:ctrlrun_approval_change", args=[quote(object_id)])
+        form = DecisionForm(request.POST if request.method == "POST" else None)
         if request.method == "POST" and form.is_valid():
             note = form.cleaned_data["note"] or None
             try:
@@ -159,7 +175,8 @@ class ApprovalAdmin(EvidenceAdmin):
             verb = "granted" if answer == "approve" else "denied"
             self.log_change(request, Approval.objects.get(pk=object_id),
                             f"{verb} {object_id}" + (f": {note}" if note else ""))
-            self.message_user(request, f"{object_id} {verb}. "
+            # Not starting with the id: the admin capitalises a message's first letter (Apr_...).
+            self.message_user(request, f"Request {object_id} {verb}. "
                               + (f"The agent may now retry inside ctrlrun.with_approval('{object_id}')."
                                  if result.status == ApprovalStatus.GRANTED else ""), messages.SUCCESS)
             return HttpResponseRedirect(change_url)
@@ -333,7 +350,7 @@ class EffectRecordAdmin(EvidenceAdmin):
             return HttpResponseRedirect(change_url)
         self.log_change(request, EffectRecord.objects.get(pk=key), f"resolved {outcome} (attempt {attempt}): {reason}")
         after = ("a retry is now permitted" if outcome == "failed" else "a retry will be refused as a duplicate")
-        self.message_user(request, f"{key} resolved {outcome} by {request.user.get_username()}; {after}",
+        self.message_user(request, f"Effect {key} resolved {outcome} by {request.user.get_username()}; {after}",
                           messages.SUCCESS)
         return HttpResponseRedirect(change_url)
 

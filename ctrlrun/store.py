@@ -656,7 +656,8 @@ def answer_approval(approval_id: str, grant: bool, *, by: str, note: str | None 
         else:
             if row.user is not None and row.user == by:
                 raise InvalidArgument(
-                    f"{by} asked for this action ({row.action}) and cannot approve or deny it; another person must"
+                    f"this request for {row.action} was made on behalf of user {by}, who cannot answer it; another "
+                    f"person must"
                 )
             row.status = ApprovalStatus.GRANTED if grant else ApprovalStatus.DENIED
             row.approver = by
