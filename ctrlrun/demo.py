@@ -46,18 +46,31 @@ class Remote:
         self.name = name
         self.ledger: dict[str, dict] = {}
         self.calls = 0
+        self.lose_next_reply = False
 
-    def act(self, key: str, body: dict, *, lose_reply: bool = False, never_arrives: bool = False) -> dict:
+    def act(self, key: str, body: dict, *, never_arrives: bool = False) -> dict:
         if never_arrives:  # the connection dropped before the request reached the remote
             raise ConnectionResetError(f"connection to {self.name} reset while sending")
         self.calls += 1
         self.ledger[key] = body
-        if lose_reply:  # the remote acted, but its answer never came back
+        if self.lose_next_reply:  # the remote acted, but its answer never came back
+            self.lose_next_reply = False
             raise TimeoutError(f"no response from {self.name} after 30s")
         return {"id": f"re_{key}", **body}
 
     def lookup(self, effect_key: str) -> str:
         return "committed" if effect_key.split(":", 1)[1] in self.ledger else "not_executed"
+
+
+def refund_at(stripe: Remote, **protect_options: object):
+    """The protected refund tool most scenarios use, acting on the given stand-in remote."""
+    import ctrlrun
+
+    @ctrlrun.protect("stripe.refund", effect="refund:{payment_id}", **protect_options)  # type: ignore[arg-type]
+    def refund(payment_id: str, amount: int) -> dict:
+        return stripe.act(payment_id, {"amount": amount})
+
+    return refund
 
 
 def say(text: str = "") -> None:
@@ -76,13 +89,11 @@ def lost_reply() -> None:
     heading(1, "A lost reply: the remote acted, the answer never came back")
     stripe = Remote("api.stripe.com")
 
-    @ctrlrun.protect("stripe.refund", effect="refund:{payment_id}", reconcile=lambda k: stripe.lookup(k),
-                     reconcile_eagerly=True)
-    def refund(payment_id: str, amount: int) -> dict:
-        return stripe.act(payment_id, {"amount": amount}, lose_reply=True)
+    refund = refund_at(stripe, reconcile=stripe.lookup, reconcile_eagerly=True)
 
     with ctrlrun.context(agent="refund-agent"):
         try:
+            stripe.lose_next_reply = True
             refund(payment_id="txn_9", amount=50000)
         except TimeoutError as exc:
             say(f"  refund txn_9 -> TimeoutError ({exc}): the outcome is AMBIGUOUS, never 'failed'")
@@ -122,9 +133,7 @@ def duplicate_after_commit() -> None:
     heading(3, "A duplicate after a commit: the agent repeats itself")
     stripe = Remote("api.stripe.com")
 
-    @ctrlrun.protect("stripe.refund", effect="refund:{payment_id}")
-    def refund(payment_id: str, amount: int) -> dict:
-        return stripe.act(payment_id, {"amount": amount})
+    refund = refund_at(stripe)
 
     with ctrlrun.context(agent="refund-agent"):
         refund(payment_id="txn_10", amount=1200)
@@ -143,9 +152,7 @@ def denied() -> None:
     stripe = Remote("api.stripe.com")
     iam = Remote("iam")
 
-    @ctrlrun.protect("stripe.refund", effect="refund:{payment_id}")
-    def refund(payment_id: str, amount: int) -> dict:
-        return stripe.act(payment_id, {"amount": amount})
+    refund = refund_at(stripe)
 
     @ctrlrun.protect("iam.grant_admin")
     def grant_admin(user: str) -> None:
@@ -185,9 +192,7 @@ def approval() -> None:
     heading(6, "A large refund waits for a human")
     stripe = Remote("api.stripe.com")
 
-    @ctrlrun.protect("stripe.refund", effect="refund:{payment_id}")
-    def refund(payment_id: str, amount: int) -> dict:
-        return stripe.act(payment_id, {"amount": amount})
+    refund = refund_at(stripe)
 
     with ctrlrun.context(agent="refund-agent"):
         try:
