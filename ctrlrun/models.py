@@ -22,6 +22,8 @@ Only ``store.py`` reads or writes these models.
 """
 from __future__ import annotations
 
+import json
+
 from django.db import models
 from django.db.models import Q
 
@@ -32,6 +34,28 @@ _STORED_STATES = [(s.value, s.value) for s in EffectState if s is not EffectStat
 _HOLDING = [EffectState.RESERVED.value, EffectState.EXECUTING.value]
 ID_LENGTH = 36  # "act_" + 32 hex characters
 HASH_LENGTH = 71  # "sha256:" + 64 hex characters
+
+
+class JSONTextField(models.TextField):
+    """JSON kept as text, in the order it was written.
+
+    Event data is read by people (``inspect``, the console) in the order the kernel wrote it;
+    PostgreSQL's jsonb would reorder keys, so the same event would print differently on SQLite
+    and PostgreSQL. Nobody queries inside event data, so text loses nothing.
+    """
+
+    def from_db_value(self, value: str | None, expression: object, connection: object) -> object:
+        return None if value is None else json.loads(value)
+
+    def to_python(self, value: object) -> object:
+        return json.loads(value) if isinstance(value, str) else value
+
+    def get_prep_value(self, value: object) -> str | None:
+        return None if value is None else dumps_json(value)
+
+
+def dumps_json(value: object) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
 class PolicyDocument(models.Model):
@@ -91,7 +115,7 @@ class Event(models.Model):
     action_id = models.CharField(max_length=ID_LENGTH, null=True, blank=True, db_index=True)
     effect_key = models.CharField(max_length=MAX_KEY_LENGTH, null=True, blank=True, db_index=True)
     approval_id = models.CharField(max_length=ID_LENGTH, null=True, blank=True)
-    data = models.JSONField(default=dict)
+    data = JSONTextField(default=dict)
 
     class Meta:
         ordering = ["id"]

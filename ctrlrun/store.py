@@ -50,7 +50,7 @@ from .errors import (
     InvalidArgument,
     StoreUnavailable,
 )
-from .models import Approval, ChainHead, EffectRecord, Event, PolicyDocument, Receipt
+from .models import Approval, ChainHead, EffectRecord, Event, PolicyDocument, Receipt, dumps_json
 from .receipts import StoredReceipt, build_receipt, dump_receipt, receipt_hash, verify_chain, ChainReport
 from .states import ApprovalStatus, Decision, EffectState, EventType, Result
 
@@ -257,7 +257,7 @@ def _insert_events(events: Sequence[EventRow]) -> None:
     params: list[Any] = []
     for ts, type_, action_id, effect_key, approval_id, data in events:
         params += [ops.adapt_datetimefield_value(ts), type_, action_id, effect_key, approval_id,
-                   ops.adapt_json_value(data, None)]
+                   dumps_json(data)]
     values = ",".join(["(%s,%s,%s,%s,%s,%s)"] * len(events))
     with _cursor() as cursor:
         cursor.execute(
