@@ -403,7 +403,8 @@ class _Guard:
                 except BaseException:
                     store.record_refusal(taken)
                     raise
-                store.record_reconciliation(key, call.action.action_id, f"reconcile:{self.name}", "blocking", answer)
+                store.record_reconciliation(key, call.action.action_id, f"reconcile:{self.name}", "blocking", answer,
+                                            attempt=taken.attempt)
                 taken = store.reserve(call, lease, opening=False, hold_ambiguous=False, presented=presented)
         if isinstance(taken, store.Refused):
             raise taken.error
@@ -457,4 +458,5 @@ class _Guard:
                 store.write_ambiguous_receipt(call, attempt, error or "")
                 raise
             store.record_reconciliation(key, call.action.action_id, f"reconcile:{self.name}", "eager", answer,
+                                        attempt=attempt,
                                         receipt_for=call, receipt_attempt=attempt, receipt_error=error)

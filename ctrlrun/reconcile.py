@@ -80,7 +80,7 @@ def ask(effect: store.EffectView, *, requested_by: str | None = None) -> Line:
     answer = call_hook(hook, effect.effect_key)
     try:
         moved = store.record_reconciliation(effect.effect_key, effect.action_id, f"reconcile:{effect.action}",
-                                            "deferred", answer, requested_by=requested_by)
+                                            "deferred", answer, attempt=effect.attempt, requested_by=requested_by)
     except StoreUnavailable as exc:
         return Line(effect.effect_key, effect.action, "error", str(exc))
     if moved:

@@ -875,14 +875,16 @@ def _move_ambiguous(record: EffectRecord, state: EffectState, resolver: str, now
 
 
 def record_reconciliation(effect_key: str, action_id: str | None, resolver: str, trigger: str,
-                          answer: HookAnswer, *, receipt_for: Call | None = None,
+                          answer: HookAnswer, *, attempt: int, receipt_for: Call | None = None,
                           receipt_attempt: int | None = None, receipt_error: str | None = None,
                           requested_by: str | None = None) -> str | None:
     """Record a hook's answer and apply it to an ambiguous record. Returns the new state or None.
 
     ``unknown`` (and a hook that raised or said nonsense) moves nothing; it pushes the next
-    deferred attempt back (exponential, capped). If the record is no longer ambiguous, someone
-    else answered first and this answer is dropped. ``receipt_for`` writes the eager trigger's
+    deferred attempt back (exponential, capped). The answer is about ``attempt``, the attempt
+    the hook was asked about: if the record is no longer ambiguous at that attempt (someone else
+    answered first, or a later attempt has run since), the answer is dropped, never applied to an
+    attempt it does not describe. ``receipt_for`` writes the eager trigger's
     ambiguous receipt after the reconciliation events, in the same transaction.
     """
     now = conf.now()
@@ -895,9 +897,11 @@ def record_reconciliation(effect_key: str, action_id: str | None, resolver: str,
                     **({"requested_by": requested_by} if requested_by else {})}, answer.started_at or now),
             _event(EventType.RECONCILIATION_RESOLVED, action_id, effect_key, answer.data(), now),
         ]
-        if record is None or record.state != S.AMBIGUOUS:
-            logger.warning("reconcile answer %r for %s dropped: the record is %s now", answer.outcome, effect_key,
-                           record.state if record else "gone")
+        if record is None or record.state != S.AMBIGUOUS or record.attempt != attempt:
+            now_is = f"{record.state} at attempt {record.attempt}" if record else "gone"
+            logger.warning("reconcile answer %r for %s (attempt %s) dropped: the record is %s now", answer.outcome,
+                           effect_key, attempt, now_is)
+            events[-1][5]["dropped"] = f"the record is {now_is}; this answer was about attempt {attempt}"
         elif answer.outcome in ("committed", "not_executed"):
             state = S.COMMITTED if answer.outcome == "committed" else S.FAILED
             _move_ambiguous(record, state, resolver, now)
