@@ -312,8 +312,12 @@ def _append_receipt(call: Call, result: Result, error: str | None, attempt: int 
                     "the receipt chain head row is missing while receipts exist; run 'ctrlrun receipts "
                     "--verify-chain' and restore the store from a backup"
                 )
-            _q(ChainHead).create(id=1, seq=1, hash=GENESIS_HASH)
-            head = (1, GENESIS_HASH)
+            # Two first writers may race here: the loser's insert does nothing, and its UPDATE then
+            # waits for the winner's transaction and takes the next seq after it.
+            cursor.execute('INSERT INTO "ctrlrun_chainhead" ("id","seq","hash") VALUES (1, 0, %s) '
+                           'ON CONFLICT ("id") DO NOTHING', [GENESIS_HASH])
+            cursor.execute('UPDATE "ctrlrun_chainhead" SET "seq" = "seq" + 1 WHERE "id" = 1 RETURNING "seq", "hash"')
+            head = cursor.fetchone()
         doc["seq"], doc["prev_hash"] = head
         digest = receipt_hash(doc, trusted=True)
         cursor.execute(

@@ -1,9 +1,11 @@
-"""Fixtures shared by the integration tests: a policy per test, a principal, a test clock,
-and a way to run a plain Python script as a separate OS process against the test store."""
+"""Fixtures shared by the tests: a policy per test, a principal, a test clock, the stand-in remote
+and the refund protected in front of it, a clean reconcile-hook registry, the console's groups,
+and a way to run a plain Python script as a separate OS process against the test store.
+
+The plain helpers these are built on live in ``tests/support.py``."""
 from __future__ import annotations
 
 import datetime as dt
-import os
 import subprocess
 import sys
 import textwrap
@@ -11,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import evidence_guard, store_environment
+pytest.register_assert_rewrite("tests.support")
+
+from tests.support import GROUPS, Remote, evidence_guard, protected_refund, script_environment  # noqa: E402
 
 REFUND_POLICY = """\
 schema: ctrlrun.policy/v2
@@ -113,13 +117,56 @@ def run_script(tmp_path):
     """Run Python source as a separate OS process on the test store; return the CompletedProcess."""
 
     def run(source: str, policy: str = REFUND_POLICY, timeout: float = 120, **extra_env: str):
-        (tmp_path / "ctrlrun.yaml").write_text(policy)
+        env = script_environment(tmp_path, policy)
         script = tmp_path / "script.py"
         script.write_text(textwrap.dedent(source))
-        env = store_environment()
-        env["CTRLRUN_CONFIG"] = str(tmp_path / "ctrlrun.yaml")
         env.update(extra_env)
         return subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True,
                               text=True, timeout=timeout)
 
     return run
+
+
+@pytest.fixture
+def remote():
+    return Remote()
+
+
+@pytest.fixture
+def refund(remote):
+    """stripe.refund, keyed by payment, calling the stand-in remote; no reconcile hook."""
+    return protected_refund(remote)
+
+
+@pytest.fixture
+def hook_registry():
+    """Each test registers its own reconcile hooks (none from another test); the process-wide registry
+    is restored afterwards."""
+    from ctrlrun.protect import _hooks  # the registry of reconcile hooks, by action name
+
+    saved = dict(_hooks)
+    _hooks.clear()
+    yield _hooks
+    _hooks.clear()
+    _hooks.update(saved)
+
+
+@pytest.fixture
+def console_groups(transactional_db):
+    """approvers, resolvers and auditors as migration 0005 makes them (re-made after an earlier test's flush).
+
+    The flush that ends a test on a committed database empties the auth tables; post_migrate
+    brings the permissions back but not a data migration's rows, so when the groups are gone this
+    runs that migration's own function again, on the migration state, as ``migrate`` did.
+    """
+    import importlib
+    from types import SimpleNamespace
+
+    from django.contrib.auth.models import Group
+    from django.db import connection
+    from django.db.migrations.loader import MigrationLoader
+
+    if Group.objects.filter(name__in=GROUPS.values()).count() != len(GROUPS):
+        migration = importlib.import_module("ctrlrun.migrations.0005_console_groups")
+        state = MigrationLoader(connection).project_state(("ctrlrun", "0005_console_groups"))
+        migration.create_groups(state.apps, SimpleNamespace(connection=connection))

@@ -6,17 +6,11 @@ Screenshots go to ``$CTRLRUN_TEST_OUTPUT/screenshots/<test>-<page>.png`` (defaul
 """
 from __future__ import annotations
 
-import importlib
 import os
 import re
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
-from django.contrib.auth import get_user_model
-from django.contrib.auth.models import Group
-from django.db import connection
-from django.db.migrations.loader import MigrationLoader
 from selenium import webdriver
 from selenium.common.exceptions import NoSuchElementException
 from selenium.webdriver.chrome.service import Service
@@ -25,42 +19,17 @@ from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.ui import WebDriverWait
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.support import PASSWORD, REPO
+
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
 WIDTH, HEIGHT = 1400, 1000
-PASSWORD = "console-pass-1"
-GROUPS = {"approver": "approvers", "resolver": "resolvers", "auditor": "auditors"}
 
 
 def screenshot_folder() -> Path:
     folder = Path(os.environ.get("CTRLRUN_TEST_OUTPUT") or REPO / "test-output") / "screenshots"
     folder.mkdir(parents=True, exist_ok=True)
     return folder
-
-
-def make_user(role: str, username: str):
-    """A staff member of a group the data migration created (or a superuser)."""
-    User = get_user_model()
-    if role == "superuser":
-        return User.objects.create_superuser(username, f"{username}@example.com", PASSWORD)
-    user = User.objects.create_user(username, f"{username}@example.com", PASSWORD, is_staff=True)
-    user.groups.add(Group.objects.get(name=GROUPS[role]))
-    return user
-
-
-@pytest.fixture
-def console_groups(transactional_db):
-    """approvers, resolvers and auditors as migration 0005 makes them (re-made after an earlier test's flush).
-
-    The flush that ends a test on a committed database empties the auth tables; post_migrate
-    brings the permissions back but not a data migration's rows, so when the groups are gone this
-    runs that migration's own function again, on the migration state, as ``migrate`` did.
-    """
-    if Group.objects.filter(name__in=GROUPS.values()).count() != len(GROUPS):
-        migration = importlib.import_module("ctrlrun.migrations.0005_console_groups")
-        state = MigrationLoader(connection).project_state(("ctrlrun", "0005_console_groups"))
-        migration.create_groups(state.apps, SimpleNamespace(connection=connection))
 
 
 class Console:

@@ -13,61 +13,12 @@ from selenium.webdriver.common.by import By
 import ctrlrun
 from ctrlrun.canonical import idempotency_token_for
 from ctrlrun.models import Approval, EffectRecord, Event, Receipt
-from ctrlrun.protect import _hooks  # the registry of reconcile hooks, by action name
-from tests.support import evidence_unguarded
+from tests.support import evidence_unguarded, make_ambiguous, make_user
 
-from .conftest import make_user
-
-pytestmark = pytest.mark.usefixtures("store_db", "console_groups")
+# No reconcile hook from another test: a person decides here.
+pytestmark = pytest.mark.usefixtures("hook_registry", "store_db", "console_groups")
 
 APPROVED_AMOUNT = 60000  # in the approve band of REFUND_POLICY
-
-
-class Remote:
-    """A stand-in remote API that counts the calls that reached it, and loses the reply when told to."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, int]] = []
-        self.fail_with: BaseException | None = None
-
-    def refund(self, payment_id: str, amount: int) -> dict:
-        self.calls.append((payment_id, amount))
-        if self.fail_with is not None:
-            raise self.fail_with
-        return {"id": f"re_{payment_id}", "amount": amount}
-
-
-@pytest.fixture(autouse=True)
-def hook_registry():
-    """No reconcile hook from another test: a person decides here."""
-    saved = dict(_hooks)
-    _hooks.clear()
-    yield
-    _hooks.clear()
-    _hooks.update(saved)
-
-
-@pytest.fixture
-def remote():
-    return Remote()
-
-
-@pytest.fixture
-def refund(remote):
-    @ctrlrun.protect("stripe.refund", effect="refund:{payment_id}")
-    def refund(payment_id: str, amount: int) -> dict:
-        return remote.refund(payment_id, amount)
-
-    return refund
-
-
-def make_ambiguous(refund, remote: Remote, payment_id: str) -> str:
-    """An allowed call whose reply is lost: its key is left AMBIGUOUS."""
-    remote.fail_with = TimeoutError("read timed out")
-    with ctrlrun.context(agent="support-agent"), pytest.raises(TimeoutError):
-        refund(payment_id=payment_id, amount=100)
-    remote.fail_with = None
-    return f"refund:{payment_id}"
 
 
 def tile(console, kind: str):

@@ -5,22 +5,17 @@ overview and the ordering of the inbox. Data is made through ``ctrlrun.protect``
 users go into the groups the data migration created."""
 from __future__ import annotations
 
-import datetime as dt
 import html
-import importlib
 import json
 import re
 from html.parser import HTMLParser
-from types import SimpleNamespace
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
 from django.contrib.admin.models import CHANGE, LogEntry
 from django.contrib.admin.utils import quote
-from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.db import connection
-from django.db.migrations.loader import MigrationLoader
 from django.test import Client
 from django.urls import reverse
 
@@ -28,16 +23,11 @@ import ctrlrun
 from ctrlrun import store
 from ctrlrun.canonical import idempotency_token_for
 from ctrlrun.models import Approval, EffectRecord, Event, PolicyDocument, Receipt
-from ctrlrun.protect import _hooks  # the registry of reconcile hooks, by action name
-from tests.support import evidence_unguarded
+from tests.support import Hook, Remote, evidence_unguarded, hold_key, make_ambiguous, make_user, protected_refund
 
-pytestmark = pytest.mark.usefixtures("store_db", "console_groups")
+pytestmark = pytest.mark.usefixtures("hook_registry", "store_db", "console_groups")
 
 APPROVED_AMOUNT = 60000  # in the approve band of REFUND_POLICY (above 50000, at most 1000000)
-PASSWORD = "console-pass-1"
-USERNAMES = {"superuser": "root", "approver": "ana", "resolver": "rita", "auditor": "otto", "staff": "sam",
-             "outsider": "olga"}
-GROUPS = {"approver": "approvers", "resolver": "resolvers", "auditor": "auditors"}
 ROLES = ["superuser", "approver", "resolver", "auditor", "staff", "outsider", "anonymous"]
 READERS = {"superuser", "approver", "resolver", "auditor"}
 DECIDERS = {"superuser", "approver"}
@@ -46,78 +36,6 @@ LOGGED_OUT = {"outsider", "anonymous"}
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-class Remote:
-    """A stand-in remote API that counts the calls that reached it, and loses the reply when told to."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, int]] = []
-        self.fail_with: BaseException | None = None
-
-    def refund(self, payment_id: str, amount: int) -> dict:
-        self.calls.append((payment_id, amount))
-        if self.fail_with is not None:
-            raise self.fail_with
-        return {"id": f"re_{payment_id}", "amount": amount}
-
-
-class Hook:
-    """A reconcile hook that always gives one answer and remembers what it was asked."""
-
-    def __init__(self, answer: str) -> None:
-        self.answer = answer
-        self.asked: list[str] = []
-
-    def __call__(self, effect_key: str) -> str:
-        self.asked.append(effect_key)
-        return self.answer
-
-
-@pytest.fixture
-def console_groups(transactional_db):
-    """approvers, resolvers and auditors as migration 0005 makes them.
-
-    The flush that ends a test on a committed database empties the auth tables too; post_migrate
-    brings the permissions back but not a data migration's rows, so when the groups are gone this
-    runs that migration's own function again, on the migration state, as ``migrate`` did.
-    """
-    if Group.objects.filter(name__in=GROUPS.values()).count() != len(GROUPS):
-        migration = importlib.import_module("ctrlrun.migrations.0005_console_groups")
-        state = MigrationLoader(connection).project_state(("ctrlrun", "0005_console_groups"))
-        migration.create_groups(state.apps, SimpleNamespace(connection=connection))
-
-
-@pytest.fixture(autouse=True)
-def hook_registry():
-    """Each test registers its own hooks; the process-wide registry is restored afterwards."""
-    saved = dict(_hooks)
-    _hooks.clear()
-    yield _hooks
-    _hooks.clear()
-    _hooks.update(saved)
-
-
-@pytest.fixture
-def remote():
-    return Remote()
-
-
-@pytest.fixture
-def refund(remote):
-    @ctrlrun.protect("stripe.refund", effect="refund:{payment_id}")
-    def refund(payment_id: str, amount: int) -> dict:
-        return remote.refund(payment_id, amount)
-
-    return refund
-
-
-def hooked_refund(remote: Remote, hook: Hook):
-    @ctrlrun.protect("stripe.refund", effect="refund:{payment_id}", reconcile=hook)
-    def refund(payment_id: str, amount: int) -> dict:
-        return remote.refund(payment_id, amount)
-
-    return refund
 
 
 def ask(refund, payment_id: str = "txn_1", amount: int = APPROVED_AMOUNT, user: str | None = None) -> str:
@@ -132,37 +50,6 @@ def pay(refund, payment_id: str, amount: int = 100) -> None:
     """An allowed call that commits and writes a receipt."""
     with ctrlrun.context(agent="support-agent"):
         refund(payment_id=payment_id, amount=amount)
-
-
-def make_ambiguous(refund, remote: Remote, payment_id: str = "txn_9") -> str:
-    """An allowed call whose reply is lost: its effect key is left AMBIGUOUS. Returns the key."""
-    remote.fail_with = TimeoutError("read timed out")
-    with ctrlrun.context(agent="support-agent"), pytest.raises(TimeoutError):
-        refund(payment_id=payment_id, amount=100)
-    remote.fail_with = None
-    return f"refund:{payment_id}"
-
-
-def hold_key(key: str, minutes: float = 5) -> None:
-    """Reserve ``key`` as another worker would (a real row, written through the store)."""
-    principal = ctrlrun.Principal(agent="other-worker")
-    action = ctrlrun.Action("stripe.refund", {"payment_id": key.split(":", 1)[1], "amount": 1}, principal,
-                            environment=store.conf.environment())
-    call = store.Call(action, ctrlrun.Decision.ALLOW, "rule[0]", None, key, store.conf.now())
-    assert isinstance(store.reserve(call, dt.timedelta(minutes=minutes), opening=True, hold_ambiguous=False),
-                      store.Reserved)
-
-
-def make_user(role: str, username: str | None = None):
-    """A console user: a superuser, a staff member of a migration-created group, staff alone, or not staff."""
-    User = get_user_model()
-    name = username or USERNAMES[role]
-    if role == "superuser":
-        return User.objects.create_superuser(name, f"{name}@example.com", PASSWORD)
-    user = User.objects.create_user(name, f"{name}@example.com", PASSWORD, is_staff=role != "outsider")
-    if role in GROUPS:
-        user.groups.add(Group.objects.get(name=GROUPS[role]))
-    return user
 
 
 @pytest.fixture
@@ -321,7 +208,7 @@ def test_overview_only_for_those_who_may_read(role, world, as_role, client):
 def test_buttons_by_permission(role, refund, remote, as_role, client):
     """Approve/Deny only for deciders; Ask and the resolve form only for resolvers; others read a note instead."""
     approval_id = ask(refund)
-    key = make_ambiguous(hooked_refund(remote, Hook("unknown")), remote)
+    key = make_ambiguous(protected_refund(remote, reconcile=Hook("unknown")), remote)
     as_role(role)
 
     page = client.get(approval_url(approval_id))
@@ -623,7 +510,7 @@ def test_resolving_a_settled_record_is_refused(refund, as_role, client):
 def test_resolve_and_ask_by_role(role, remote, as_role, client):
     """Only resolvers may post Resolve or Ask; others get 403 (or the login) and neither the record nor the hook moves."""
     hook = Hook("committed")
-    key = make_ambiguous(hooked_refund(remote, hook), remote)
+    key = make_ambiguous(protected_refund(remote, reconcile=hook), remote)
     as_role(role)
     resolve = client.post(effect_url(key, "resolve"), {"outcome": "committed", "reason": "seen", "attempt": "1"})
     if role in RESOLVERS:
@@ -645,7 +532,7 @@ def test_resolve_and_ask_by_role(role, remote, as_role, client):
 def test_ask_the_remote_moves_the_record_and_shows_the_answer(remote, as_role, client):
     """Ask the remote runs the registered hook once, as the deferred command does, and shows its answer."""
     hook = Hook("committed")
-    refund = hooked_refund(remote, hook)
+    refund = protected_refund(remote, reconcile=hook)
     key = make_ambiguous(refund, remote)
     user = as_role("resolver")
     page = client.get(effect_url(key))
@@ -667,7 +554,7 @@ def test_ask_the_remote_moves_the_record_and_shows_the_answer(remote, as_role, c
 def test_ask_the_remote_unknown_leaves_the_record(remote, as_role, client):
     """A hook answering unknown moves nothing; the page says so and the record waits for its backoff."""
     hook = Hook("unknown")
-    key = make_ambiguous(hooked_refund(remote, hook), remote)
+    key = make_ambiguous(protected_refund(remote, reconcile=hook), remote)
     as_role("resolver")
     response = client.post(effect_url(key, "ask"), follow=True)
     assert shown_messages(response) == [f"asked the remote about {key}: unknown (the hook answered unknown)"]
@@ -706,7 +593,7 @@ def test_ask_on_a_settled_record_is_refused(refund, as_role, client):
 def test_action_urls_refuse_get(action, remote, as_role, client):
     """The Ask and Resolve URLs act only on a POST: a GET is refused with 403 and changes nothing."""
     hook = Hook("committed")
-    key = make_ambiguous(hooked_refund(remote, hook), remote)
+    key = make_ambiguous(protected_refund(remote, reconcile=hook), remote)
     as_role("superuser")
     response = client.get(effect_url(key, action), {"outcome": "committed", "reason": "x", "attempt": "1"})
     assert response.status_code == 403
@@ -980,7 +867,7 @@ def test_effect_list_shows_ambiguous_then_lapsed_first(refund, remote, as_role, 
 def test_console_forms_carry_a_csrf_token(refund, remote, as_role, client):
     """The confirmation, Ask and Resolve forms each include Django's CSRF token."""
     approval_id = ask(refund)
-    key = make_ambiguous(hooked_refund(remote, Hook("unknown")), remote)
+    key = make_ambiguous(protected_refund(remote, reconcile=Hook("unknown")), remote)
     as_role("superuser")
     confirm = client.get(approval_url(approval_id, "approve")).content.decode()
     assert re.search(r'id="ctrlrun-decide-form">\s*<input type="hidden" name="csrfmiddlewaretoken"', confirm)
@@ -1017,7 +904,7 @@ def form_parents(response) -> dict[str | None, str | None]:
 def test_console_forms_are_not_nested(refund, remote, as_role, client):
     """No console form sits inside the admin's change form: a browser would drop it and post the outer one."""
     approval_id = ask(refund)
-    key = make_ambiguous(hooked_refund(remote, Hook("unknown")), remote)
+    key = make_ambiguous(protected_refund(remote, reconcile=Hook("unknown")), remote)
     as_role("superuser")
     effect = form_parents(client.get(effect_url(key)))
     assert effect["ctrlrun-resolve-form"] is None and effect[effect_url(key, "ask")] is None
@@ -1030,7 +917,7 @@ def test_posts_without_csrf_token_are_refused(refund, remote):
     """With CSRF checks on, a POST without the token is 403 for approve, ask and resolve; with the page's token it works."""
     approval_id = ask(refund)
     hook = Hook("committed")
-    key = make_ambiguous(hooked_refund(remote, hook), remote)
+    key = make_ambiguous(protected_refund(remote, reconcile=hook), remote)
     browser = Client(enforce_csrf_checks=True)
     browser.force_login(make_user("superuser"))
     assert browser.post(approval_url(approval_id, "approve"), {"note": "x"}).status_code == 403

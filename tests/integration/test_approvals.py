@@ -6,14 +6,11 @@ from __future__ import annotations
 import datetime as dt
 import getpass
 import json
-import subprocess
-import sys
 import threading
 import time
-from io import StringIO
 
 import pytest
-from django.core.management import CommandError, call_command
+from django.core.management import CommandError
 from django.db import connections
 
 import ctrlrun
@@ -24,7 +21,8 @@ from ctrlrun.protect import runtime
 from ctrlrun.states import Result
 
 from tests.conftest import REFUND_POLICY
-from tests.support import store_environment
+from tests.support import (event, events, hold_key, protected_refund, receipts, run_command, run_together,
+                           script_environment)
 
 pytestmark = pytest.mark.usefixtures("store_db")
 
@@ -51,49 +49,6 @@ WITH_UNKEYED_APPROVE = REFUND_POLICY + """\
 # --------------------------------------------------------------------------- helpers
 
 
-def run(name: str, *args: str) -> list[str]:
-    out, err = StringIO(), StringIO()
-    call_command(name, *args, stdout=out, stderr=err)
-    return out.getvalue().splitlines()
-
-
-def types(action_id: str) -> list[str]:
-    return [e.type for e in Event.objects.filter(action_id=action_id).order_by("id")]
-
-
-def event(type_: str, **filters) -> Event:
-    return Event.objects.filter(type=type_, **filters).get()
-
-
-def receipts() -> list[dict]:
-    return [json.loads(r.document) for r in Receipt.objects.order_by("seq")]
-
-
-class Remote:
-    """A stand-in remote API that counts the calls that reached it."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, int]] = []
-
-    def refund(self, payment_id: str, amount: int) -> dict:
-        self.calls.append((payment_id, amount))
-        return {"id": f"re_{payment_id}", "amount": amount}
-
-
-@pytest.fixture
-def remote():
-    return Remote()
-
-
-@pytest.fixture
-def refund(remote):
-    @ctrlrun.protect("stripe.refund", effect="refund:{payment_id}")
-    def refund(payment_id: str, amount: int) -> dict:
-        return remote.refund(payment_id, amount)
-
-    return refund
-
-
 def ask(fn, **kwargs) -> ctrlrun.ApprovalRequired:
     """Call ``fn`` with nothing presented and return the ApprovalRequired it must raise."""
     with pytest.raises(ctrlrun.ApprovalRequired) as caught:
@@ -104,23 +59,12 @@ def ask(fn, **kwargs) -> ctrlrun.ApprovalRequired:
 def granted(fn, by: str = "bob", **kwargs) -> str:
     """Ask for ``fn(**kwargs)`` and have ``by`` approve it through the real command; the request id."""
     request_id = ask(fn, **kwargs).request_id
-    run("approve", request_id, "--by", by)
+    run_command("approve", request_id, "--by", by)
     return request_id
 
 
 def status(approval_id: str) -> str:
     return Approval.objects.get(pk=approval_id).status
-
-
-def hold_key(key: str, amount: int = 1) -> store.Reserved:
-    """Reserve ``key`` as another worker would (a real row, through the store)."""
-    principal = ctrlrun.Principal(agent="other-worker")
-    action = ctrlrun.Action("stripe.refund", {"payment_id": key.split(":", 1)[1], "amount": amount}, principal,
-                            environment=conf.environment())
-    call = store.Call(action, ctrlrun.Decision.ALLOW, "rule[0]", None, key, conf.now())
-    taken = store.reserve(call, dt.timedelta(minutes=5), opening=True, hold_ambiguous=False)
-    assert isinstance(taken, store.Reserved)
-    return taken
 
 
 def answer_when_asked(grant: bool, by: str = "bob") -> tuple[threading.Thread, list]:
@@ -175,7 +119,7 @@ def test_request_stores_pending_row_and_events_without_receipt(refund, remote, a
     assert (row.policy_hash, row.decision_reason, row.effect_key) == (runtime().policy.hash, "rule[1]", "refund:txn_1")
     assert (row.created_at, row.expires_at) == (clock.now, clock.now + dt.timedelta(seconds=120))
     assert row.approver is None and row.consumed_at is None
-    assert types(required.action_id) == ["ACTION_PROPOSED", "POLICY_EVALUATED", "APPROVAL_REQUESTED"]
+    assert events(required.action_id) == ["ACTION_PROPOSED", "POLICY_EVALUATED", "APPROVAL_REQUESTED"]
     assert event("ACTION_PROPOSED").data["action_hash"] == row.action_hash
     assert event("POLICY_EVALUATED").data == {"decision": "approve", "reason": "rule[1]"}
     requested = event("APPROVAL_REQUESTED")
@@ -225,7 +169,7 @@ def test_request_approve_present_runs_once(refund, remote, agent, clock):
     required = ask(refund, payment_id="txn_1", amount=APPROVED_AMOUNT)
     request_id = required.request_id
     row = Approval.objects.get(pk=request_id)
-    lines = run("approve", request_id, "--by", "bob", "--note", "customer called")
+    lines = run_command("approve", request_id, "--by", "bob", "--note", "customer called")
     assert lines[0] == f"granted {request_id} for {row.action_hash}"
     assert lines[1] == f"expires {evidence_time(row.expires_at)}"
     assert f"ctrlrun.with_approval('{request_id}')" in lines[2]
@@ -243,7 +187,7 @@ def test_request_approve_present_runs_once(refund, remote, agent, clock):
     assert (doc["result"], doc["decision"], doc["decision_reason"]) == ("committed", "approve", "rule[1]")
     assert (doc["approval_id"], doc["approver"], doc["action_hash"]) == (request_id, "bob", row.action_hash)
     assert doc["action_id"] != required.action_id
-    assert types(doc["action_id"]) == ["ACTION_PROPOSED", "POLICY_EVALUATED", "APPROVAL_CONSUMED", "EFFECT_RESERVED",
+    assert events(doc["action_id"]) == ["ACTION_PROPOSED", "POLICY_EVALUATED", "APPROVAL_CONSUMED", "EFFECT_RESERVED",
                                        "EXECUTION_STARTED", "EXECUTION_COMMITTED"]
     consumed = event("APPROVAL_CONSUMED")
     assert (consumed.approval_id, consumed.data) == (request_id, {"approver": "bob"})
@@ -268,7 +212,7 @@ def test_unknown_approval_is_refused(refund, remote, agent):
     [doc] = receipts()
     assert invalidated.approval_id == "apr_nope"
     assert invalidated.data == {"reason": "unknown", "action_hash": doc["action_hash"]}
-    assert types(doc["action_id"]) == ["ACTION_PROPOSED", "POLICY_EVALUATED", "APPROVAL_INVALIDATED"]
+    assert events(doc["action_id"]) == ["ACTION_PROPOSED", "POLICY_EVALUATED", "APPROVAL_INVALIDATED"]
     assert (doc["result"], doc["decision"], doc["approval_id"], doc["approver"]) == ("blocked", "approve", "apr_nope",
                                                                                      None)
     assert doc["error"] == str(caught.value)
@@ -310,7 +254,7 @@ def test_another_agent_gets_mismatch(refund, remote, agent):
 def test_denied_approval_raises_action_denied(refund, remote, agent):
     """A denied request presented: APPROVAL_DENIED then ACTION_DENIED(approval_denied), a denied receipt, nothing runs."""
     request_id = ask(refund, payment_id="txn_1", amount=APPROVED_AMOUNT).request_id
-    assert run("deny", request_id, "--by", "carol") == [f"denied {request_id}"]
+    assert run_command("deny", request_id, "--by", "carol") == [f"denied {request_id}"]
     with ctrlrun.with_approval(request_id):
         with pytest.raises(ctrlrun.ActionDenied) as caught:
             refund(payment_id="txn_1", amount=APPROVED_AMOUNT)
@@ -320,7 +264,7 @@ def test_denied_approval_raises_action_denied(refund, remote, agent):
     assert status(request_id) == "denied"
     [doc] = receipts()
     assert caught.value.action_id == doc["action_id"]
-    assert types(doc["action_id"]) == ["ACTION_PROPOSED", "POLICY_EVALUATED", "APPROVAL_DENIED", "ACTION_DENIED"]
+    assert events(doc["action_id"]) == ["ACTION_PROPOSED", "POLICY_EVALUATED", "APPROVAL_DENIED", "ACTION_DENIED"]
     presented_denied = event("APPROVAL_DENIED", action_id=doc["action_id"])
     assert (presented_denied.approval_id, presented_denied.data) == (request_id, {"approver": "carol"})
     action_denied = event("ACTION_DENIED")
@@ -340,7 +284,7 @@ def test_pending_approval_is_refused_then_usable_once_granted(refund, remote, ag
     assert event("APPROVAL_INVALIDATED").data["reason"] == "pending"
     assert receipts()[-1]["result"] == "blocked"
 
-    run("approve", request_id, "--by", "bob")
+    run_command("approve", request_id, "--by", "bob")
     with ctrlrun.with_approval(request_id):
         refund(payment_id="txn_1", amount=APPROVED_AMOUNT)
     assert remote.calls == [("txn_1", APPROVED_AMOUNT)]
@@ -393,7 +337,7 @@ def test_expiry_is_checked_at_consumption(refund, remote, agent, clock):
     assert remote.calls == [] and not EffectRecord.objects.exists()
     assert status(request_id) == "expired"
     [doc] = receipts()
-    assert types(doc["action_id"]) == ["ACTION_PROPOSED", "POLICY_EVALUATED", "APPROVAL_EXPIRED",
+    assert events(doc["action_id"]) == ["ACTION_PROPOSED", "POLICY_EVALUATED", "APPROVAL_EXPIRED",
                                        "APPROVAL_INVALIDATED"]
     expired = event("APPROVAL_EXPIRED")
     assert (expired.approval_id, expired.data) == (request_id, {})
@@ -411,7 +355,7 @@ def test_grant_is_usable_until_the_expiry_instant(refund, remote, agent, clock):
     request_id = ask(refund, payment_id="txn_1", amount=APPROVED_AMOUNT).request_id
     row = Approval.objects.get(pk=request_id)
     clock.advance(minutes=14)
-    run("approve", request_id, "--by", "bob")
+    run_command("approve", request_id, "--by", "bob")
     assert Approval.objects.get(pk=request_id).expires_at == row.expires_at
     clock.now = row.expires_at - dt.timedelta(seconds=1)
     with ctrlrun.with_approval(request_id):
@@ -437,7 +381,7 @@ def test_approve_without_effect_key_consumes_the_approval_alone(use_policy, agen
     doc = receipts()[-1]
     assert (doc["result"], doc["approval_id"], doc["approver"], doc["effect_key"]) == ("committed", request_id, "bob",
                                                                                        None)
-    assert types(doc["action_id"]) == ["ACTION_PROPOSED", "POLICY_EVALUATED", "APPROVAL_CONSUMED",
+    assert events(doc["action_id"]) == ["ACTION_PROPOSED", "POLICY_EVALUATED", "APPROVAL_CONSUMED",
                                        "EXECUTION_STARTED", "EXECUTION_COMMITTED"]
     with ctrlrun.with_approval(request_id):
         with pytest.raises(ctrlrun.ApprovalMismatch) as caught:
@@ -513,7 +457,7 @@ def test_allowed_call_consumes_a_matching_approval(refund, remote, agent, use_po
                                                                                      "bob")
     consumed = event("APPROVAL_CONSUMED")
     assert consumed.data == {"approver": "bob", "required": False}
-    assert types(doc["action_id"]) == ["ACTION_PROPOSED", "POLICY_EVALUATED", "APPROVAL_CONSUMED", "EFFECT_RESERVED",
+    assert events(doc["action_id"]) == ["ACTION_PROPOSED", "POLICY_EVALUATED", "APPROVAL_CONSUMED", "EFFECT_RESERVED",
                                        "EXECUTION_STARTED", "EXECUTION_COMMITTED"]
 
 
@@ -565,9 +509,9 @@ def test_already_answered_is_refused(refund, agent):
     """A request can be answered once: approving or denying it again is an error naming its status."""
     request_id = granted(refund, payment_id="txn_1", amount=APPROVED_AMOUNT)
     with pytest.raises(CommandError, match=f"approval request {request_id} is already granted"):
-        run("approve", request_id, "--by", "bob")
+        run_command("approve", request_id, "--by", "bob")
     with pytest.raises(CommandError, match="is already granted"):
-        run("deny", request_id, "--by", "carol")
+        run_command("deny", request_id, "--by", "carol")
     row = Approval.objects.get(pk=request_id)
     assert (row.status, row.approver) == ("granted", "bob")
     assert Event.objects.filter(type__in=["APPROVAL_GRANTED", "APPROVAL_DENIED"]).count() == 1
@@ -576,9 +520,9 @@ def test_already_answered_is_refused(refund, agent):
 def test_unknown_request_is_refused():
     """Answering an id that does not exist is an error naming it, and writes nothing."""
     with pytest.raises(CommandError, match="no approval request apr_nope"):
-        run("approve", "apr_nope", "--by", "bob")
+        run_command("approve", "apr_nope", "--by", "bob")
     with pytest.raises(CommandError, match="no approval request apr_nope"):
-        run("deny", "apr_nope", "--by", "bob")
+        run_command("deny", "apr_nope", "--by", "bob")
     assert not Event.objects.exists()
 
 
@@ -588,13 +532,13 @@ def test_expired_request_is_marked_expired_and_refused(refund, agent, clock):
     expires_at = Approval.objects.get(pk=required.request_id).expires_at
     clock.advance(minutes=16)
     with pytest.raises(CommandError, match=f"expired at {evidence_time(expires_at)}"):
-        run("approve", required.request_id, "--by", "bob")
+        run_command("approve", required.request_id, "--by", "bob")
     row = Approval.objects.get(pk=required.request_id)
     assert (row.status, row.approver) == ("expired", None)
     expired = event("APPROVAL_EXPIRED")
     assert (expired.action_id, expired.approval_id) == (required.action_id, required.request_id)
     with pytest.raises(CommandError, match="is already expired"):
-        run("deny", required.request_id, "--by", "bob")
+        run_command("deny", required.request_id, "--by", "bob")
 
 
 def test_requesting_user_cannot_answer_their_own_request(refund, remote):
@@ -602,12 +546,12 @@ def test_requesting_user_cannot_answer_their_own_request(refund, remote):
     with ctrlrun.context(agent="support-agent", user="alice"):
         request_id = ask(refund, payment_id="txn_1", amount=APPROVED_AMOUNT).request_id
         with pytest.raises(CommandError, match="made on behalf of user alice, who cannot answer it"):
-            run("approve", request_id, "--by", "alice")
+            run_command("approve", request_id, "--by", "alice")
         with pytest.raises(CommandError, match="made on behalf of user alice, who cannot answer it"):
-            run("deny", request_id, "--by", "alice")
+            run_command("deny", request_id, "--by", "alice")
         assert status(request_id) == "pending"
         assert not Event.objects.filter(type__in=["APPROVAL_GRANTED", "APPROVAL_DENIED"]).exists()
-        run("approve", request_id, "--by", "bob")
+        run_command("approve", request_id, "--by", "bob")
         with ctrlrun.with_approval(request_id):
             refund(payment_id="txn_1", amount=APPROVED_AMOUNT)
     assert remote.calls == [("txn_1", APPROVED_AMOUNT)]
@@ -618,14 +562,14 @@ def test_blank_approver_is_refused(refund, agent):
     """An answer needs a named person: a blank --by is refused and the request stays pending."""
     request_id = ask(refund, payment_id="txn_1", amount=APPROVED_AMOUNT).request_id
     with pytest.raises(CommandError, match="--by NAME"):
-        run("approve", request_id, "--by", "  ")
+        run_command("approve", request_id, "--by", "  ")
     assert status(request_id) == "pending"
 
 
 def test_default_approver_is_the_os_user(refund, agent):
     """Without --by the approver recorded (row and event) is the operating-system user."""
     request_id = ask(refund, payment_id="txn_1", amount=APPROVED_AMOUNT).request_id
-    run("approve", request_id)
+    run_command("approve", request_id)
     assert Approval.objects.get(pk=request_id).approver == getpass.getuser()
     assert event("APPROVAL_GRANTED").data["approver"] == getpass.getuser()
 
@@ -633,7 +577,8 @@ def test_default_approver_is_the_os_user(refund, agent):
 def test_deny_command_records_the_denial(refund, agent, clock):
     """deny ID --by NAME --note TEXT: row denied with approver and note, APPROVAL_DENIED under the requester."""
     required = ask(refund, payment_id="txn_1", amount=APPROVED_AMOUNT)
-    assert run("deny", required.request_id, "--by", "carol", "--note", "too large") == [f"denied {required.request_id}"]
+    assert run_command("deny", required.request_id, "--by", "carol", "--note", "too large") == [
+        f"denied {required.request_id}"]
     row = Approval.objects.get(pk=required.request_id)
     assert (row.status, row.approver, row.note, row.answered_at) == ("denied", "carol", "too large", clock.now)
     denied = event("APPROVAL_DENIED")
@@ -644,7 +589,7 @@ def test_deny_command_records_the_denial(refund, agent, clock):
 def test_deny_defaults_to_the_os_user(refund, agent):
     """deny without --by records the operating-system user."""
     request_id = ask(refund, payment_id="txn_1", amount=APPROVED_AMOUNT).request_id
-    run("deny", request_id)
+    run_command("deny", request_id)
     assert Approval.objects.get(pk=request_id).approver == getpass.getuser()
 
 
@@ -653,40 +598,40 @@ def test_deny_defaults_to_the_os_user(refund, agent):
 
 def test_approvals_lists_pending_first_and_filters_by_status(refund, agent, clock):
     """approvals lists pending requests (oldest first) before answered ones; --status keeps one status."""
-    assert run("approvals") == ["no approval requests yet"]
+    assert run_command("approvals") == ["no approval requests yet"]
     first = ask(refund, payment_id="txn_1", amount=APPROVED_AMOUNT).request_id
     clock.advance(minutes=1)
     second = ask(refund, payment_id="txn_2", amount=70000).request_id
     clock.advance(minutes=1)
     third = ask(refund, payment_id="txn_3", amount=80000).request_id
-    run("approve", second, "--by", "bob")
+    run_command("approve", second, "--by", "bob")
     clock.advance(minutes=2)
 
-    lines = run("approvals")
+    lines = run_command("approvals")
     assert [line.split()[0] for line in lines] == [first, third, second]
     assert lines[0] == (f'{first}  pending  stripe.refund  {{"amount":{APPROVED_AMOUNT},"payment_id":"txn_1"}}  '
                         f"support-agent  age 4m  expires in 11m")
     assert lines[2] == (f'{second}  granted  stripe.refund  {{"amount":70000,"payment_id":"txn_2"}}  '
                         f"support-agent  age 3m  granted by bob")
 
-    granted_lines = run("approvals", "--status", "granted")
+    granted_lines = run_command("approvals", "--status", "granted")
     assert [line.split()[0] for line in granted_lines] == [second]
-    assert [line.split()[0] for line in run("approvals", "--status", "pending")] == [first, third]
-    assert run("approvals", "--status", "denied") == ["no approval requests are denied"]
+    assert [line.split()[0] for line in run_command("approvals", "--status", "pending")] == [first, third]
+    assert run_command("approvals", "--status", "denied") == ["no approval requests are denied"]
 
 
 def test_approvals_shows_the_requesting_user(refund):
     """A request made for a user lists that user beside the agent."""
     with ctrlrun.context(agent="support-agent", user="alice"):
         request_id = ask(refund, payment_id="txn_1", amount=APPROVED_AMOUNT).request_id
-    [line] = run("approvals")
+    [line] = run_command("approvals")
     assert line.startswith(f"{request_id}  pending") and "support-agent (user alice)" in line
 
 
 def test_approvals_rejects_an_unknown_status():
     """--status accepts only the five statuses."""
     with pytest.raises(CommandError):
-        run("approvals", "--status", "approved")
+        run_command("approvals", "--status", "approved")
 
 
 # --------------------------------------------------------------------------- §8.5 wait=True
@@ -695,12 +640,7 @@ def test_approvals_rejects_an_unknown_status():
 @pytest.fixture
 def waiting_refund(remote, settings):
     settings.CTRLRUN_APPROVAL_POLL_SECONDS = 0.01
-
-    @ctrlrun.protect("stripe.refund", effect="refund:{payment_id}", wait=True)
-    def refund(payment_id: str, amount: int) -> dict:
-        return remote.refund(payment_id, amount)
-
-    return refund
+    return protected_refund(remote, wait=True)
 
 
 def test_wait_runs_once_a_human_grants(waiting_refund, remote, agent, clock):
@@ -714,7 +654,7 @@ def test_wait_runs_once_a_human_grants(waiting_refund, remote, agent, clock):
     assert row.status == "consumed" and row.consumed_by == row.action_id  # the same action re-ran
     [doc] = receipts()
     assert (doc["action_id"], doc["approval_id"], doc["approver"]) == (row.action_id, row.approval_id, "bob")
-    assert types(row.action_id)[-4:] == ["APPROVAL_CONSUMED", "EFFECT_RESERVED", "EXECUTION_STARTED",
+    assert events(row.action_id)[-4:] == ["APPROVAL_CONSUMED", "EFFECT_RESERVED", "EXECUTION_STARTED",
                                          "EXECUTION_COMMITTED"]
 
 
@@ -742,7 +682,7 @@ def test_wait_times_out_and_marks_the_request_expired(waiting_refund, remote, ag
     row = Approval.objects.get()
     assert caught.value.request_id == row.approval_id
     assert row.status == "expired"
-    assert types(row.action_id) == ["ACTION_PROPOSED", "POLICY_EVALUATED", "APPROVAL_REQUESTED", "APPROVAL_EXPIRED"]
+    assert events(row.action_id) == ["ACTION_PROPOSED", "POLICY_EVALUATED", "APPROVAL_REQUESTED", "APPROVAL_EXPIRED"]
     assert remote.calls == [] and not Receipt.objects.exists() and not EffectRecord.objects.exists()
 
 
@@ -796,20 +736,11 @@ def test_two_processes_presenting_one_approval_run_once(refund, agent, tmp_path)
     """Two OS processes present the same grant at the same moment: exactly one runs, the other is refused."""
     request_id = granted(refund, payment_id="txn_race", amount=APPROVED_AMOUNT)
     (tmp_path / "racer.py").write_text(RACER)
-    (tmp_path / "ctrlrun.yaml").write_text(REFUND_POLICY)
-    env = store_environment()
-    env["CTRLRUN_CONFIG"] = str(tmp_path / "ctrlrun.yaml")
+    env = script_environment(tmp_path, REFUND_POLICY)
     env["CTRLRUN_ENVIRONMENT"] = conf.environment()
     start_at = time.time() + 5.0  # both workers have imported Django and warmed up by then
-    procs = [
-        subprocess.Popen([sys.executable, "racer.py", str(start_at), request_id, str(n)], cwd=tmp_path, env=env,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for n in range(2)
-    ]
-    outputs = [p.communicate(timeout=180) for p in procs]
-    for proc, (out, err) in zip(procs, outputs):
-        assert proc.returncode == 0, err
-    outcomes = [json.loads(out) for out, _ in outputs]
+    outputs = run_together(tmp_path, "racer.py", [[str(start_at), request_id, str(n)] for n in range(2)], env)
+    outcomes = [json.loads(out) for out in outputs]
     assert sorted(o["ran"] for o in outcomes) == [False, True]
     [loser] = [o for o in outcomes if not o["ran"]]
     assert (loser["refused"], loser["reason"]) in {("ApprovalMismatch", "consumed"), ("DuplicateEffect", "in_progress")}

@@ -18,7 +18,7 @@ from django.db import connection
 import ctrlrun
 from ctrlrun.models import EffectRecord, Receipt
 from tests.conftest import REFUND_POLICY
-from tests.support import evidence_unguarded, store_environment
+from tests.support import evidence_unguarded, script_environment
 
 pytestmark = pytest.mark.usefixtures("store_db")
 
@@ -303,10 +303,8 @@ print(json.dumps(outcomes))
 
 def test_two_processes_writing_at_once_keep_one_linear_chain(mixed, tmp_path):
     """Two OS processes making 50 calls each at once leave seq 1..N without gaps and a chain that verifies."""
-    (tmp_path / "ctrlrun.yaml").write_text(REFUND_POLICY)
+    env = script_environment(tmp_path, REFUND_POLICY)
     (tmp_path / "worker.py").write_text(textwrap.dedent(WORKER))
-    env = store_environment()
-    env["CTRLRUN_CONFIG"] = str(tmp_path / "ctrlrun.yaml")
     workers = {}
     for name in ("w1", "w2"):
         workers[name] = subprocess.Popen(

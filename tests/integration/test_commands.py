@@ -2,7 +2,6 @@
 system check on the policy, and the ``ctrlrun`` console script as a real process."""
 from __future__ import annotations
 
-import datetime as dt
 import getpass
 import json
 import os
@@ -17,12 +16,11 @@ from django.core.management import CommandError, call_command
 from django.core.management.base import SystemCheckError
 
 import ctrlrun
-from ctrlrun import store
 from ctrlrun.models import EffectRecord, Event, Receipt
+from tests.support import REPO, hold_key, make_ambiguous, receipts, run_command
 
 pytestmark = pytest.mark.usefixtures("store_db")
 
-REPO = Path(__file__).resolve().parents[2]
 WHEN = "2026-11-29T12:00:00.000Z"  # the clock fixture's time, as evidence prints it
 
 RECEIPT_KEYS = [
@@ -34,60 +32,11 @@ RECEIPT_KEYS = [
 ]
 
 
-def run(name: str, *args: str) -> list[str]:
-    out, err = StringIO(), StringIO()
-    call_command(name, *args, stdout=out, stderr=err)
-    return out.getvalue().splitlines()
-
-
-def receipts() -> list[dict]:
-    return [json.loads(r.document) for r in Receipt.objects.order_by("seq")]
-
-
-class Remote:
-    def __init__(self) -> None:
-        self.calls: list[str] = []
-        self.fail_with: BaseException | None = None
-
-    def refund(self, payment_id: str, amount: int) -> dict:
-        self.calls.append(payment_id)
-        if self.fail_with is not None:
-            raise self.fail_with
-        return {"id": f"re_{payment_id}"}
-
-
-@pytest.fixture
-def remote():
-    return Remote()
-
-
-@pytest.fixture
-def refund(remote):
-    @ctrlrun.protect("stripe.refund", effect="refund:{payment_id}")
-    def refund(payment_id: str, amount: int) -> dict:
-        return remote.refund(payment_id, amount)
-
-    return refund
-
-
 @pytest.fixture
 def ambiguous(refund, remote, agent):
     """refund:txn_1 left AMBIGUOUS by a lost reply; returns its action_id."""
-    remote.fail_with = TimeoutError("read timed out")
-    with pytest.raises(TimeoutError):
-        refund(payment_id="txn_1", amount=100)
-    remote.fail_with = None
+    make_ambiguous(refund, remote, "txn_1")
     return EffectRecord.objects.get(pk="refund:txn_1").action_id
-
-
-def hold_key(key: str) -> str:
-    """Reserve ``key`` as another worker would (a real row, through the store); return its action_id."""
-    principal = ctrlrun.Principal(agent="other-worker")
-    action = ctrlrun.Action("stripe.refund", {"payment_id": key.split(":", 1)[1], "amount": 1}, principal)
-    call = store.Call(action, ctrlrun.Decision.ALLOW, "rule[0]", None, key, store.conf.now())
-    assert isinstance(store.reserve(call, dt.timedelta(minutes=5), opening=True, hold_ambiguous=False),
-                      store.Reserved)
-    return action.action_id
 
 
 # --------------------------------------------------------------------------- receipts
@@ -95,7 +44,7 @@ def hold_key(key: str) -> str:
 
 def test_receipts_empty():
     """With no receipts the command says so."""
-    assert run("receipts") == ["no receipts yet"]
+    assert run_command("receipts") == ["no receipts yet"]
 
 
 def test_receipts_lines(refund, agent, clock):
@@ -108,7 +57,7 @@ def test_receipts_lines(refund, agent, clock):
     def note(text: str) -> None: ...
 
     note(text="hello")
-    lines = run("receipts")
+    lines = run_command("receipts")
     ids = [d["receipt_id"] for d in receipts()]
     assert lines == [
         f"{WHEN}  {ids[0]}  stripe.refund  allow/committed  refund:txn_1  support-agent",
@@ -122,14 +71,14 @@ def test_receipts_last(refund, agent, clock):
     """--last 1 prints only the most recent receipt."""
     refund(payment_id="txn_1", amount=100)
     refund(payment_id="txn_2", amount=100)
-    [line] = run("receipts", "--last", "1")
+    [line] = run_command("receipts", "--last", "1")
     assert "refund:txn_2" in line and receipts()[-1]["receipt_id"] in line
 
 
 def test_receipts_last_must_be_positive():
     """--last 0 is a usage error."""
     with pytest.raises(CommandError):
-        run("receipts", "--last", "0")
+        run_command("receipts", "--last", "0")
 
 
 def test_receipts_json_lines_have_34_keys_in_order(refund, agent, clock):
@@ -137,7 +86,7 @@ def test_receipts_json_lines_have_34_keys_in_order(refund, agent, clock):
     refund(payment_id="txn_1", amount=100)
     with pytest.raises(ctrlrun.DuplicateEffect):
         refund(payment_id="txn_1", amount=100)
-    lines = run("receipts", "--json")
+    lines = run_command("receipts", "--json")
     docs = [json.loads(line) for line in lines]
     assert [list(d) for d in docs] == [RECEIPT_KEYS, RECEIPT_KEYS]
     assert len(RECEIPT_KEYS) == 34
@@ -151,28 +100,29 @@ def test_receipts_json_lines_have_34_keys_in_order(refund, agent, clock):
 
 def test_effects_empty():
     """With no effect records the command says so; with a state filter it names the state."""
-    assert run("effects") == ["no effects yet"]
-    assert run("effects", "--state", "ambiguous") == ["no effects are ambiguous"]
+    assert run_command("effects") == ["no effects yet"]
+    assert run_command("effects", "--state", "ambiguous") == ["no effects are ambiguous"]
 
 
 def test_effects_lines_and_state_filter(clock, refund, ambiguous):
     """Each record is one line: key, state, attempt, holder, last change; --state filters."""
     refund(payment_id="txn_2", amount=100)
     committed_by = EffectRecord.objects.get(pk="refund:txn_2").action_id
-    assert run("effects") == [
+    assert run_command("effects") == [
         f"refund:txn_1  ambiguous  attempt 1  {ambiguous}  {WHEN}",
         f"refund:txn_2  committed  attempt 1  {committed_by}  {WHEN}",
     ]
-    assert run("effects", "--state", "ambiguous") == [f"refund:txn_1  ambiguous  attempt 1  {ambiguous}  {WHEN}"]
-    assert run("effects", "--state", "failed") == ["no effects are failed"]
+    assert run_command("effects", "--state", "ambiguous") == [
+        f"refund:txn_1  ambiguous  attempt 1  {ambiguous}  {WHEN}"]
+    assert run_command("effects", "--state", "failed") == ["no effects are failed"]
 
 
 def test_effects_marks_lapsed_lease_and_resolver(clock, refund, ambiguous):
     """A held record past its lease says '(lease expired)'; a resolved one says who resolved it."""
     hold_key("refund:txn_9")
-    run("resolve", "refund:txn_1", "--committed", "--by", "alice")
+    run_command("resolve", "refund:txn_1", "--committed", "--by", "alice")
     clock.advance(minutes=6)
-    lines = run("effects")
+    lines = run_command("effects")
     assert lines[0].endswith("resolved by alice") and lines[0].startswith("refund:txn_1  committed")
     assert lines[1].startswith("refund:txn_9  executing  attempt 1") and lines[1].endswith("(lease expired)")
 
@@ -180,7 +130,7 @@ def test_effects_marks_lapsed_lease_and_resolver(clock, refund, ambiguous):
 def test_effects_refuses_an_unknown_state():
     """--state takes only a stored state."""
     with pytest.raises(CommandError, match="invalid choice"):
-        run("effects", "--state", "new")
+        run_command("effects", "--state", "new")
 
 
 # --------------------------------------------------------------------------- inspect
@@ -191,7 +141,7 @@ def test_inspect_text(refund, agent, clock):
     refund(payment_id="txn_1", amount=100)
     [doc] = receipts()
     action_id = doc["action_id"]
-    lines = run("inspect", action_id)
+    lines = run_command("inspect", action_id)
     assert lines[0] == f"{action_id}  stripe.refund"
     body = "\n".join(lines)
     assert re.search(r"^principal +support-agent$", body, re.M)
@@ -212,7 +162,7 @@ def test_inspect_json(refund, agent, clock):
     """inspect --json prints a ctrlrun.inspection/v2 document with the receipt, effect and events."""
     refund(payment_id="txn_1", amount=100)
     [doc] = receipts()
-    document = json.loads("\n".join(run("inspect", doc["action_id"], "--json")))
+    document = json.loads("\n".join(run_command("inspect", doc["action_id"], "--json")))
     assert document["schema"] == "ctrlrun.inspection/v2"
     assert (document["action_id"], document["name"], document["decision"], document["reason"]) == (
         doc["action_id"], "stripe.refund", "allow", "rule[0]")
@@ -224,8 +174,8 @@ def test_inspect_json(refund, agent, clock):
 
 def test_inspect_unfinished_action_has_no_receipt(clock, ambiguous):
     """inspect of an action whose worker has not finished shows '-' for the receipt."""
-    action_id = hold_key("refund:txn_9")
-    lines = run("inspect", action_id)
+    action_id = hold_key("refund:txn_9").call.action.action_id
+    lines = run_command("inspect", action_id)
     assert any(re.match(r"^receipt +-  ", line) for line in lines)
     assert any(re.match(r"^effect +refund:txn_9  executing  attempt 1$", line) for line in lines)
 
@@ -233,7 +183,7 @@ def test_inspect_unfinished_action_has_no_receipt(clock, ambiguous):
 def test_inspect_unknown_action():
     """inspect of an id the store never saw is an error starting 'no action'."""
     with pytest.raises(CommandError) as caught:
-        run("inspect", "act_nope")
+        run_command("inspect", "act_nope")
     assert str(caught.value).startswith("no action act_nope")
     assert caught.value.returncode == 1
 
@@ -244,7 +194,7 @@ def test_inspect_unknown_action():
 def test_resolve_failed_moves_row_and_records_the_human(clock, ambiguous):
     """resolve --failed --by alice: row failed, resolved_by alice, one EFFECT_RESOLVED naming her and the reason."""
     receipts_before = Receipt.objects.count()
-    lines = run("resolve", "refund:txn_1", "--failed", "--by", "alice", "--reason", "stripe shows no refund")
+    lines = run_command("resolve", "refund:txn_1", "--failed", "--by", "alice", "--reason", "stripe shows no refund")
     assert lines == ["refund:txn_1 resolved failed by alice", "a retry of this effect is now permitted"]
     record = EffectRecord.objects.get(pk="refund:txn_1")
     assert (record.state, record.resolved_by) == ("failed", "alice")
@@ -258,28 +208,28 @@ def test_resolve_failed_moves_row_and_records_the_human(clock, ambiguous):
 
 def test_retry_after_resolve_failed_renews_at_attempt_2(refund, remote, ambiguous, agent):
     """After --failed the next call renews the key at attempt 2 and runs."""
-    run("resolve", "refund:txn_1", "--failed", "--by", "alice")
-    assert refund(payment_id="txn_1", amount=100) == {"id": "re_txn_1"}
+    run_command("resolve", "refund:txn_1", "--failed", "--by", "alice")
+    assert refund(payment_id="txn_1", amount=100) == {"id": "re_txn_1", "amount": 100}
     record = EffectRecord.objects.get(pk="refund:txn_1")
     assert (record.state, record.attempt, record.resolved_by) == ("committed", 2, None)
-    assert remote.calls == ["txn_1", "txn_1"]
+    assert remote.calls == [("txn_1", 100), ("txn_1", 100)]
 
 
 def test_retry_after_resolve_committed_is_duplicate(refund, remote, ambiguous, agent):
     """After --committed the next call is refused as DuplicateEffect(committed) and does not run."""
-    lines = run("resolve", "refund:txn_1", "--committed", "--by", "bob")
+    lines = run_command("resolve", "refund:txn_1", "--committed", "--by", "bob")
     assert lines[0] == "refund:txn_1 resolved committed by bob"
     with pytest.raises(ctrlrun.DuplicateEffect) as caught:
         refund(payment_id="txn_1", amount=100)
     assert caught.value.state == "committed"
-    assert remote.calls == ["txn_1"]
+    assert remote.calls == [("txn_1", 100)]
 
 
 def test_resolve_refuses_a_row_that_is_not_ambiguous(refund, agent):
     """Only an ambiguous row can be resolved: a committed one is an error and stays as it is."""
     refund(payment_id="txn_1", amount=100)
     with pytest.raises(CommandError, match="is committed, not ambiguous") as caught:
-        run("resolve", "refund:txn_1", "--failed", "--by", "alice")
+        run_command("resolve", "refund:txn_1", "--failed", "--by", "alice")
     assert caught.value.returncode == 1
     assert EffectRecord.objects.get(pk="refund:txn_1").state == "committed"
     assert not Event.objects.filter(type="EFFECT_RESOLVED").exists()
@@ -290,13 +240,13 @@ def test_resolve_refuses_a_lapsed_executing_row_with_a_hint(clock):
     hold_key("refund:txn_9")
     clock.advance(minutes=6)
     with pytest.raises(CommandError, match="is executing, not ambiguous.*ctrlrun reconcile"):
-        run("resolve", "refund:txn_9", "--failed", "--by", "alice")
+        run_command("resolve", "refund:txn_9", "--failed", "--by", "alice")
 
 
 def test_resolve_unknown_key():
     """Resolving a key the store does not hold is an error naming it."""
     with pytest.raises(CommandError, match="no effect 'refund:nope'") as caught:
-        run("resolve", "refund:nope", "--failed", "--by", "alice")
+        run_command("resolve", "refund:nope", "--failed", "--by", "alice")
     assert caught.value.returncode == 1
 
 
@@ -310,9 +260,9 @@ def test_resolve_refuses_a_stale_attempt(refund, remote, agent):
         refund(payment_id="txn_1", amount=100)
     assert EffectRecord.objects.get(pk="refund:txn_1").attempt == 2
     with pytest.raises(CommandError, match="at attempt 2, not 1"):
-        run("resolve", "refund:txn_1", "--failed", "--by", "alice", "--attempt", "1")
+        run_command("resolve", "refund:txn_1", "--failed", "--by", "alice", "--attempt", "1")
     assert EffectRecord.objects.get(pk="refund:txn_1").state == "ambiguous"
-    run("resolve", "refund:txn_1", "--failed", "--by", "alice", "--attempt", "2")
+    run_command("resolve", "refund:txn_1", "--failed", "--by", "alice", "--attempt", "2")
     assert EffectRecord.objects.get(pk="refund:txn_1").state == "failed"
     assert Event.objects.get(type="EFFECT_RESOLVED").data["attempt"] == 2
 
@@ -321,14 +271,14 @@ def test_resolve_refuses_a_stale_attempt(refund, remote, agent):
 def test_resolve_needs_exactly_one_answer(ambiguous, flags):
     """Neither or both of --committed/--failed is a usage error (exit 2) and moves nothing."""
     with pytest.raises(CommandError, match="exactly one of --committed or --failed") as caught:
-        run("resolve", "refund:txn_1", *flags, "--by", "alice")
+        run_command("resolve", "refund:txn_1", *flags, "--by", "alice")
     assert caught.value.returncode == 2
     assert EffectRecord.objects.get(pk="refund:txn_1").state == "ambiguous"
 
 
 def test_resolve_by_defaults_to_the_os_user(ambiguous):
     """Without --by the resolver is the operating-system user."""
-    lines = run("resolve", "refund:txn_1", "--committed")
+    lines = run_command("resolve", "refund:txn_1", "--committed")
     user = getpass.getuser()
     assert lines[0] == f"refund:txn_1 resolved committed by {user}"
     assert EffectRecord.objects.get(pk="refund:txn_1").resolved_by == user
@@ -338,21 +288,26 @@ def test_resolve_by_defaults_to_the_os_user(ambiguous):
 def test_resolve_refuses_a_blank_name(ambiguous):
     """--by with a blank name is refused: a resolution names a person."""
     with pytest.raises(CommandError, match="--by NAME"):
-        run("resolve", "refund:txn_1", "--failed", "--by", "  ")
+        run_command("resolve", "refund:txn_1", "--failed", "--by", "  ")
     assert EffectRecord.objects.get(pk="refund:txn_1").state == "ambiguous"
 
 
 # --------------------------------------------------------------------------- manage.py check
 
 
+def check_refusal(settings, policy: Path, text: str) -> str:
+    """Write ``text`` to ``policy`` and make it the project's policy; check must fail: its message."""
+    policy.write_text(text)
+    settings.CTRLRUN_POLICY = str(policy)
+    with pytest.raises(SystemCheckError) as caught:
+        call_command("check", stdout=StringIO(), stderr=StringIO())
+    return str(caught.value)
+
+
 def test_check_reports_a_malformed_policy_with_file_and_line(settings, tmp_path):
     """check fails on a malformed policy, naming the file and the line of the problem."""
     bad = tmp_path / "bad.yaml"
-    bad.write_text("schema: ctrlrun.policy/v2\nactions:\n  stripe.refund:\n    decision: maybe\n")
-    settings.CTRLRUN_POLICY = str(bad)
-    with pytest.raises(SystemCheckError) as caught:
-        call_command("check", stdout=StringIO(), stderr=StringIO())
-    text = str(caught.value)
+    text = check_refusal(settings, bad, "schema: ctrlrun.policy/v2\nactions:\n  stripe.refund:\n    decision: maybe\n")
     assert "ctrlrun.E002" in text
     assert f"{bad}, line 4" in text
     assert "maybe" in text
@@ -361,11 +316,9 @@ def test_check_reports_a_malformed_policy_with_file_and_line(settings, tmp_path)
 def test_check_reports_duplicate_key_line(settings, tmp_path):
     """A duplicate key is refused by check with the line it repeats on."""
     bad = tmp_path / "dup.yaml"
-    bad.write_text("schema: ctrlrun.policy/v2\nactions:\n  a:\n    decision: allow\n  a:\n    decision: deny\n")
-    settings.CTRLRUN_POLICY = str(bad)
-    with pytest.raises(SystemCheckError) as caught:
-        call_command("check", stdout=StringIO(), stderr=StringIO())
-    assert str(bad) in str(caught.value) and "line 5" in str(caught.value)
+    text = check_refusal(settings, bad,
+                         "schema: ctrlrun.policy/v2\nactions:\n  a:\n    decision: allow\n  a:\n    decision: deny\n")
+    assert str(bad) in text and "line 5" in text
 
 
 def test_check_passes_with_a_good_policy(use_policy):
@@ -389,9 +342,9 @@ def test_read_commands_work_with_a_malformed_policy(settings, tmp_path, ambiguou
     bad = tmp_path / "bad.yaml"
     bad.write_text("schema: nope\n")
     settings.CTRLRUN_POLICY = str(bad)
-    assert run("effects")[0].startswith("refund:txn_1  ambiguous")
-    assert len(run("receipts")) == 1
-    run("resolve", "refund:txn_1", "--failed", "--by", "alice")
+    assert run_command("effects")[0].startswith("refund:txn_1  ambiguous")
+    assert len(run_command("receipts")) == 1
+    run_command("resolve", "refund:txn_1", "--failed", "--by", "alice")
 
 
 # --------------------------------------------------------------------------- the console script

@@ -23,15 +23,7 @@ from django.db import DatabaseError, connection, transaction
 import ctrlrun
 from ctrlrun import conf
 from ctrlrun.models import EffectRecord, Event, Receipt
-from tests.support import REPO, store_environment
-
-POLICY = """\
-schema: ctrlrun.policy/v2
-actions:
-  ledger.post:
-    effect: "post:{entry_id}"
-    decision: allow
-"""
+from tests.support import LEDGER_POLICY, REPO, script_environment
 
 pytestmark = pytest.mark.usefixtures("store_db")
 
@@ -115,10 +107,9 @@ def _wait_for(path: Path, process: subprocess.Popen, seconds: float = 60) -> Non
 
 def test_sigkilled_worker_is_refused_then_swept_and_reconciled(tmp_path, agent):
     """A worker killed mid-function: refused within its lease; then swept, reconciled, never run twice."""
-    (tmp_path / "ctrlrun.yaml").write_text(POLICY)
+    env = script_environment(tmp_path, LEDGER_POLICY)
     (tmp_path / "worker.py").write_text(WORKER)
     ledger, ready = tmp_path / "ledger.txt", tmp_path / "ready"
-    env = {**store_environment(), "CTRLRUN_CONFIG": str(tmp_path / "ctrlrun.yaml")}
     worker = subprocess.Popen([sys.executable, "worker.py", str(ready), str(ledger)], cwd=tmp_path, env=env,
                               stderr=subprocess.PIPE, text=True)
     _wait_for(ready, worker)
@@ -185,9 +176,8 @@ with ctrlrun.context(agent="fragile-worker"):
 
 def test_worker_killed_inside_a_transaction_leaves_no_partial_rows(tmp_path, agent):
     """SIGKILL between two statements of the reservation: the database keeps nothing of it."""
-    (tmp_path / "ctrlrun.yaml").write_text(POLICY)
+    env = script_environment(tmp_path, LEDGER_POLICY)
     (tmp_path / "worker.py").write_text(KILL_IN_TRANSACTION)
-    env = {**store_environment(), "CTRLRUN_CONFIG": str(tmp_path / "ctrlrun.yaml")}
     result = subprocess.run([sys.executable, "worker.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
                             timeout=120)
     assert result.returncode == -signal.SIGKILL, result.stderr
@@ -266,7 +256,7 @@ def scratch_postgres():
 
 
 def _standalone(tmp_path: Path, source: str, *args: str, **env: str) -> subprocess.CompletedProcess:
-    (tmp_path / "ctrlrun.yaml").write_text(POLICY)
+    (tmp_path / "ctrlrun.yaml").write_text(LEDGER_POLICY)
     (tmp_path / "script.py").write_text(source)
     base = {k: v for k, v in os.environ.items()
             if k not in ("DJANGO_SETTINGS_MODULE", "DATABASE_URL", "CTRLRUN_STORE_URL", "CTRLRUN_STATE")}

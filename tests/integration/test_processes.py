@@ -2,15 +2,13 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 
 import pytest
 
 from ctrlrun.models import EffectRecord, Receipt
 
-from tests.support import store_environment
+from tests.support import LEDGER_POLICY, run_together, script_environment
 
 RACER = """
 import fcntl, json, sys, time
@@ -41,34 +39,25 @@ with ctrlrun.context(agent="worker-" + worker):
 print(json.dumps(counts))
 """
 
-POLICY = """\
-schema: ctrlrun.policy/v2
-actions:
-  ledger.post:
-    effect: "post:{entry_id}"
-    decision: allow
-"""
+DISTINCT = RACER.replace('post(entry_id=f"k{k}")', 'post(entry_id=f"w{worker}-k{k}")')
+
+
+def race(tmp_path, source: str, workers: int, keys: int) -> tuple[list[dict], list[str]]:
+    """Run ``source`` as ``workers`` OS processes released at the same instant, each calling ``keys``
+    times; what each counted, and the lines the executions wrote to executions.log."""
+    env = script_environment(tmp_path, LEDGER_POLICY)
+    (tmp_path / "racer.py").write_text(source)
+    start_at = time.time() + 4.0  # every worker has imported Django and warmed up by then
+    outputs = run_together(tmp_path, "racer.py", [[str(start_at), str(keys), str(n)] for n in range(workers)], env)
+    return [json.loads(out) for out in outputs], (tmp_path / "executions.log").read_text().split()
 
 
 @pytest.mark.slow
 def test_racing_processes_execute_each_key_once(transactional_db, tmp_path):
     """Four processes race for the same 25 keys: each key runs exactly once, every loser is a duplicate."""
     workers, keys = 4, 25
-    (tmp_path / "ctrlrun.yaml").write_text(POLICY)
-    (tmp_path / "racer.py").write_text(RACER)
-    env = store_environment()
-    env["CTRLRUN_CONFIG"] = str(tmp_path / "ctrlrun.yaml")
-    start_at = time.time() + 4.0  # every worker has imported Django and warmed up by then
-    procs = [
-        subprocess.Popen([sys.executable, "racer.py", str(start_at), str(keys), str(n)], cwd=tmp_path, env=env,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for n in range(workers)
-    ]
-    outputs = [p.communicate(timeout=180) for p in procs]
-    for proc, (out, err) in zip(procs, outputs):
-        assert proc.returncode == 0, err
-    counts = [json.loads(out) for out, _ in outputs]
-    executed = [line for line in (tmp_path / "executions.log").read_text().split() if line.startswith("k")]
+    counts, lines = race(tmp_path, RACER, workers, keys)
+    executed = [line for line in lines if line.startswith("k")]
     assert sorted(executed) == sorted(f"k{k}" for k in range(keys))  # each exactly once
     assert sum(c["ran"] for c in counts) == keys
     assert sum(c["duplicate"] for c in counts) == keys * (workers - 1)
@@ -78,32 +67,16 @@ def test_racing_processes_execute_each_key_once(transactional_db, tmp_path):
     assert seqs == list(range(1, len(seqs) + 1)) and len(seqs) == keys * workers + workers
 
 
-DISTINCT = RACER.replace('post(entry_id=f"k{k}")', 'post(entry_id=f"w{worker}-k{k}")')
-
-
 @pytest.mark.slow
 def test_processes_on_distinct_keys_all_execute_once(transactional_db, tmp_path):
     """Four processes on their own keys: every call executes exactly once, and the chain stays linear."""
     from ctrlrun import store
 
     workers, keys = 4, 25
-    (tmp_path / "ctrlrun.yaml").write_text(POLICY)
-    (tmp_path / "racer.py").write_text(DISTINCT)
-    env = store_environment()
-    env["CTRLRUN_CONFIG"] = str(tmp_path / "ctrlrun.yaml")
-    start_at = time.time() + 4.0
-    procs = [
-        subprocess.Popen([sys.executable, "racer.py", str(start_at), str(keys), str(n)], cwd=tmp_path, env=env,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for n in range(workers)
-    ]
-    outputs = [p.communicate(timeout=180) for p in procs]
-    for proc, (out, err) in zip(procs, outputs):
-        assert proc.returncode == 0, err
-    counts = [json.loads(out) for out, _ in outputs]
+    counts, lines = race(tmp_path, DISTINCT, workers, keys)
     assert [c["ran"] for c in counts] == [keys] * workers
     assert [c["duplicate"] for c in counts] == [0] * workers
-    executed = [line for line in (tmp_path / "executions.log").read_text().split() if "-k" in line]
+    executed = [line for line in lines if "-k" in line]
     assert sorted(executed) == sorted(f"w{n}-k{k}" for n in range(workers) for k in range(keys))
     report = store.verify()
     assert report.ok and report.verified == workers * keys + workers

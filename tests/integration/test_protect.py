@@ -10,47 +10,9 @@ import pytest
 import ctrlrun
 from ctrlrun import store
 from ctrlrun.models import EffectRecord, Event, Receipt
+from tests.support import events, hold_key, receipts
 
 pytestmark = pytest.mark.usefixtures("store_db")
-
-
-def events(action_id: str | None = None) -> list[str]:
-    query = Event.objects.order_by("id")
-    if action_id:
-        query = query.filter(action_id=action_id)
-    return [e.type for e in query]
-
-
-def receipts() -> list[dict]:
-    return [json.loads(r.document) for r in Receipt.objects.order_by("seq")]
-
-
-class Remote:
-    """A stand-in remote API that counts the calls that reached it."""
-
-    def __init__(self) -> None:
-        self.calls: list[str] = []
-        self.fail_with: BaseException | None = None
-
-    def refund(self, payment_id: str, amount: int) -> dict:
-        self.calls.append(payment_id)
-        if self.fail_with is not None:
-            raise self.fail_with
-        return {"id": f"re_{payment_id}", "amount": amount}
-
-
-@pytest.fixture
-def remote():
-    return Remote()
-
-
-@pytest.fixture
-def refund(remote):
-    @ctrlrun.protect("stripe.refund", effect="refund:{payment_id}")
-    def refund(payment_id: str, amount: int) -> dict:
-        return remote.refund(payment_id, amount)
-
-    return refund
 
 
 # --------------------------------------------------------------------------- decisions
@@ -59,7 +21,7 @@ def refund(remote):
 def test_allowed_call_returns_value_and_commits(refund, remote, agent):
     """An allowed call runs once, returns the function's value and leaves a committed record."""
     assert refund(payment_id="txn_1", amount=100) == {"id": "re_txn_1", "amount": 100}
-    assert remote.calls == ["txn_1"]
+    assert remote.calls == [("txn_1", 100)]
     record = EffectRecord.objects.get(pk="refund:txn_1")
     assert (record.state, record.attempt, record.lease_expires_at) == ("committed", 1, None)
     assert json.loads(record.result_json) == {"id": "re_txn_1", "amount": 100}
@@ -180,7 +142,7 @@ def test_committed_key_refused_as_duplicate(refund, remote, agent):
     with pytest.raises(ctrlrun.DuplicateEffect) as caught:
         refund(payment_id="txn_1", amount=100)
     assert (caught.value.state, caught.value.effect_key) == ("committed", "refund:txn_1")
-    assert remote.calls == ["txn_1"]
+    assert remote.calls == [("txn_1", 100)]
     refused = Event.objects.filter(type="EFFECT_RESERVATION_REFUSED").get()
     assert refused.data == {"reason": "duplicate", "state": "committed"}
     blocked = receipts()[-1]
@@ -188,20 +150,9 @@ def test_committed_key_refused_as_duplicate(refund, remote, agent):
     assert blocked["error"] == str(caught.value)
 
 
-def _hold_key(key: str, action_id: str = "act_" + "a" * 32, lease_minutes: float = 5) -> store.Reserved:
-    """Reserve ``key`` as another attempt would (a real row, written through the store)."""
-    principal = ctrlrun.Principal(agent="other-worker")
-    action = ctrlrun.Action("stripe.refund", {"payment_id": key.split(":")[1], "amount": 1}, principal,
-                            action_id=action_id)
-    call = store.Call(action, ctrlrun.Decision.ALLOW, "rule[0]", None, key, store.conf.now())
-    taken = store.reserve(call, dt.timedelta(minutes=lease_minutes), opening=True, hold_ambiguous=False)
-    assert isinstance(taken, store.Reserved)
-    return taken
-
-
 def test_live_lease_refused_as_in_progress(refund, remote, agent, clock):
     """A key held under a live lease refuses the retry as DuplicateEffect(in_progress)."""
-    _hold_key("refund:txn_1")
+    hold_key("refund:txn_1")
     with pytest.raises(ctrlrun.DuplicateEffect) as caught:
         refund(payment_id="txn_1", amount=100)
     assert caught.value.state == "in_progress"
@@ -212,7 +163,7 @@ def test_live_lease_refused_as_in_progress(refund, remote, agent, clock):
 
 def test_lapsed_lease_becomes_ambiguous_and_refuses(refund, remote, agent, clock):
     """A lapsed lease turns the record ambiguous (kept) and refuses with AmbiguousEffect."""
-    _hold_key("refund:txn_1")
+    hold_key("refund:txn_1")
     clock.advance(minutes=6)
     with pytest.raises(ctrlrun.AmbiguousEffect) as caught:
         refund(payment_id="txn_1", amount=100)
@@ -232,7 +183,7 @@ def test_ambiguous_key_refuses_retry(refund, remote, agent):
     with pytest.raises(ctrlrun.AmbiguousEffect) as caught:
         refund(payment_id="txn_1", amount=100)
     assert "ctrlrun resolve refund:txn_1" in str(caught.value)
-    assert remote.calls == ["txn_1"]
+    assert remote.calls == [("txn_1", 100)]
     blocked = receipts()[-1]
     assert blocked["result"] == "blocked"
     assert Event.objects.filter(type="EFFECT_RESERVATION_REFUSED").get().data == {"reason": "ambiguous"}
@@ -249,7 +200,7 @@ def test_failed_key_renews_with_next_attempt(refund, remote, agent):
     record = EffectRecord.objects.get(pk="refund:txn_1")
     assert (record.state, record.attempt, record.error) == ("committed", 2, None)
     assert [d["attempt"] for d in receipts()] == [1, 2]
-    assert remote.calls == ["txn_1", "txn_1"]
+    assert remote.calls == [("txn_1", 100), ("txn_1", 100)]
 
 
 # --------------------------------------------------------------------------- §5.4 executor outcomes

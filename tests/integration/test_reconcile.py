@@ -4,20 +4,19 @@ sweeps lapsed leases to AMBIGUOUS before asking each record's hook."""
 from __future__ import annotations
 
 import datetime as dt
-import json
 import sys
-from io import StringIO
 
 import pytest
-from django.core.management import CommandError, call_command
+from django.core.management import CommandError
 
 import ctrlrun
 from ctrlrun import reconcile, store
 from ctrlrun.canonical import evidence_time
 from ctrlrun.models import EffectRecord, Event, Receipt
-from ctrlrun.protect import _hooks  # the registry of reconcile hooks, by action name
+from tests.support import (Hook, Remote, event, events, hold_key, make_ambiguous, protected_refund, receipts,
+                           run_command)
 
-pytestmark = pytest.mark.usefixtures("store_db")
+pytestmark = pytest.mark.usefixtures("hook_registry", "store_db")
 
 SEED_POLICY = """\
 schema: ctrlrun.policy/v2
@@ -29,91 +28,8 @@ actions:
 """
 
 
-@pytest.fixture(autouse=True)
-def hook_registry():
-    """Each test registers its own hooks; the process-wide registry is restored afterwards."""
-    saved = dict(_hooks)
-    _hooks.clear()
-    yield _hooks
-    _hooks.clear()
-    _hooks.update(saved)
-
-
-def events(action_id: str | None = None) -> list[str]:
-    query = Event.objects.order_by("id")
-    if action_id:
-        query = query.filter(action_id=action_id)
-    return [e.type for e in query]
-
-
-def event(type_: str, **filters) -> Event:
-    return Event.objects.filter(type=type_, **filters).order_by("id").get()
-
-
-def receipts() -> list[dict]:
-    return [json.loads(r.document) for r in Receipt.objects.order_by("seq")]
-
-
-class Hook:
-    """A reconcile hook that answers from a script and remembers what it was asked."""
-
-    def __init__(self, *answers) -> None:
-        self.answers = list(answers)
-        self.asked: list[str] = []
-
-    def __call__(self, effect_key: str):
-        self.asked.append(effect_key)
-        answer = self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
-        if isinstance(answer, BaseException):
-            raise answer
-        return answer
-
-
-class Remote:
-    """A stand-in remote: counts the calls that reached it, and loses the reply when told to."""
-
-    def __init__(self) -> None:
-        self.calls: list[str] = []
-        self.fail_with: BaseException | None = None
-
-    def refund(self, payment_id: str, amount: int) -> dict:
-        self.calls.append(payment_id)
-        if self.fail_with is not None:
-            raise self.fail_with
-        return {"id": f"re_{payment_id}", "amount": amount}
-
-
-@pytest.fixture
-def remote():
-    return Remote()
-
-
 def refund_with(hook, remote: Remote, *, eagerly: bool, lease: dt.timedelta | None = None):
-    @ctrlrun.protect("stripe.refund", effect="refund:{payment_id}", reconcile=hook, reconcile_eagerly=eagerly,
-                     lease=lease)
-    def refund(payment_id: str, amount: int) -> dict:
-        return remote.refund(payment_id, amount)
-
-    return refund
-
-
-def make_ambiguous(remote: Remote, refund, payment_id: str = "txn_1", error: BaseException | None = None) -> None:
-    """One call whose reply is lost, leaving its key AMBIGUOUS."""
-    remote.fail_with = error or TimeoutError("read timed out")
-    with pytest.raises(type(remote.fail_with)):
-        refund(payment_id=payment_id, amount=100)
-    remote.fail_with = None
-
-
-def _hold_key(key: str, action: str = "stripe.refund", action_id: str = "act_" + "a" * 32,
-              lease_minutes: float = 5) -> store.Reserved:
-    """Reserve ``key`` as another (soon dead) worker would: a real row, written through the store."""
-    principal = ctrlrun.Principal(agent="other-worker")
-    action_obj = ctrlrun.Action(action, {"id": key.split(":", 1)[1]}, principal, action_id=action_id)
-    call = store.Call(action_obj, ctrlrun.Decision.ALLOW, "decision", None, key, store.conf.now())
-    taken = store.reserve(call, dt.timedelta(minutes=lease_minutes), opening=True, hold_ambiguous=False)
-    assert isinstance(taken, store.Reserved)
-    return taken
+    return protected_refund(remote, reconcile=hook, reconcile_eagerly=eagerly, lease=lease)
 
 
 # --------------------------------------------------------------------------- eager trigger
@@ -150,7 +66,7 @@ def test_eager_receipt_is_written_after_the_reconciliation_events(remote, agent,
 
     seen: list[int] = []
     refund = refund_with(slow_hook, remote, eagerly=True)
-    make_ambiguous(remote, refund)
+    make_ambiguous(refund, remote, "txn_1")
     assert seen == [0]
     [doc] = receipts()
     ambiguous_at = event("EXECUTION_AMBIGUOUS").ts
@@ -162,7 +78,7 @@ def test_eager_receipt_is_written_after_the_reconciliation_events(remote, agent,
 def test_eager_not_executed_marks_failed(remote, agent, clock):
     """Eager 'not_executed': the row becomes failed (a retry may run); the exception still propagates."""
     refund = refund_with(Hook("not_executed"), remote, eagerly=True)
-    make_ambiguous(remote, refund)
+    make_ambiguous(refund, remote, "txn_1")
     record = EffectRecord.objects.get(pk="refund:txn_1")
     assert (record.state, record.resolved_by) == ("failed", "reconcile:stripe.refund")
     assert event("EFFECT_RESOLVED").data["state"] == "failed"
@@ -172,7 +88,7 @@ def test_eager_not_executed_marks_failed(remote, agent, clock):
 def test_eager_unknown_leaves_row_ambiguous(remote, agent, clock):
     """Eager 'unknown': recorded, nothing moves, no EFFECT_RESOLVED."""
     refund = refund_with(Hook("unknown"), remote, eagerly=True)
-    make_ambiguous(remote, refund)
+    make_ambiguous(refund, remote, "txn_1")
     record = EffectRecord.objects.get(pk="refund:txn_1")
     assert (record.state, record.resolved_by, record.error) == ("ambiguous", None, "TimeoutError: read timed out")
     assert event("RECONCILIATION_RESOLVED").data == {"outcome": "unknown"}
@@ -183,7 +99,7 @@ def test_eager_unknown_leaves_row_ambiguous(remote, agent, clock):
 def test_eager_hook_that_raises_is_recorded_not_read_as_answer(remote, agent, clock):
     """A hook raising an Exception: reason 'raised', error '<Type>: <msg>', row unchanged, original exception wins."""
     refund = refund_with(Hook(LookupError("stripe is down")), remote, eagerly=True)
-    make_ambiguous(remote, refund)  # raises the executor's TimeoutError, not the hook's LookupError
+    make_ambiguous(refund, remote, "txn_1")  # raises the executor's TimeoutError, not the hook's LookupError
     assert event("RECONCILIATION_RESOLVED").data == {"outcome": "unknown", "reason": "raised",
                                                      "error": "LookupError: stripe is down"}
     record = EffectRecord.objects.get(pk="refund:txn_1")
@@ -196,7 +112,7 @@ def test_eager_hook_that_raises_is_recorded_not_read_as_answer(remote, agent, cl
 def test_eager_hook_nonsense_answer_is_invalid_return(remote, agent, clock, answer, error):
     """A hook returning anything but the three answers: reason 'invalid_return' with its repr; row unchanged."""
     refund = refund_with(Hook(answer), remote, eagerly=True)
-    make_ambiguous(remote, refund)
+    make_ambiguous(refund, remote, "txn_1")
     assert event("RECONCILIATION_RESOLVED").data == {"outcome": "unknown", "reason": "invalid_return",
                                                      "error": error}
     assert EffectRecord.objects.get(pk="refund:txn_1").state == "ambiguous"
@@ -217,8 +133,8 @@ def test_eager_hook_not_asked_after_base_exception_or_not_executed(remote, agent
     """The eager hook runs only after an Exception: not after KeyboardInterrupt, nor after NotExecuted."""
     hook = Hook("committed")
     refund = refund_with(hook, remote, eagerly=True)
-    make_ambiguous(remote, refund, "txn_1", KeyboardInterrupt())
-    make_ambiguous(remote, refund, "txn_2", ctrlrun.NotExecuted("refused before any byte was sent"))
+    make_ambiguous(refund, remote, "txn_1", KeyboardInterrupt())
+    make_ambiguous(refund, remote, "txn_2", ctrlrun.NotExecuted("refused before any byte was sent"))
     assert hook.asked == []
     assert EffectRecord.objects.get(pk="refund:txn_1").state == "ambiguous"
     assert EffectRecord.objects.get(pk="refund:txn_2").state == "failed"
@@ -229,7 +145,7 @@ def test_hook_without_eager_is_not_asked_on_own_outcome(remote, agent, clock):
     """Without reconcile_eagerly the hook waits for a blocked retry: the first ambiguous outcome asks nobody."""
     hook = Hook("committed")
     refund = refund_with(hook, remote, eagerly=False)
-    make_ambiguous(remote, refund)
+    make_ambiguous(refund, remote, "txn_1")
     assert hook.asked == []
     assert receipts()[-1]["result"] == "ambiguous"
 
@@ -241,12 +157,12 @@ def test_blocking_committed_refuses_retry_as_duplicate(remote, agent, clock):
     """A retry of an ambiguous key asks the hook; 'committed' gives DuplicateEffect(committed) and a blocked receipt."""
     hook = Hook("committed")
     refund = refund_with(hook, remote, eagerly=False)
-    make_ambiguous(remote, refund)
+    make_ambiguous(refund, remote, "txn_1")
     with pytest.raises(ctrlrun.DuplicateEffect) as caught:
         refund(payment_id="txn_1", amount=100)
     assert (caught.value.state, caught.value.effect_key) == ("committed", "refund:txn_1")
     assert hook.asked == ["refund:txn_1"]
-    assert remote.calls == ["txn_1"]
+    assert remote.calls == [("txn_1", 100)]
     retry = receipts()[-1]
     assert events(retry["action_id"]) == [
         "ACTION_PROPOSED", "POLICY_EVALUATED", "RECONCILIATION_STARTED", "RECONCILIATION_RESOLVED",
@@ -263,9 +179,9 @@ def test_blocking_not_executed_runs_the_function_now(remote, agent, clock):
     """'not_executed' on a blocked retry: the row is renewed at attempt 2 and the function runs in this call."""
     hook = Hook("not_executed")
     refund = refund_with(hook, remote, eagerly=False)
-    make_ambiguous(remote, refund)
+    make_ambiguous(refund, remote, "txn_1")
     assert refund(payment_id="txn_1", amount=100) == {"id": "re_txn_1", "amount": 100}
-    assert remote.calls == ["txn_1", "txn_1"]
+    assert remote.calls == [("txn_1", 100), ("txn_1", 100)]
     record = EffectRecord.objects.get(pk="refund:txn_1")
     assert (record.state, record.attempt, record.resolved_by) == ("committed", 2, None)
     retry = receipts()[-1]
@@ -281,11 +197,11 @@ def test_blocking_unknown_refuses_with_ambiguous(remote, agent, clock):
     """'unknown' on a blocked retry moves nothing: AmbiguousEffect, blocked receipt, function not run."""
     hook = Hook("unknown")
     refund = refund_with(hook, remote, eagerly=False)
-    make_ambiguous(remote, refund)
+    make_ambiguous(refund, remote, "txn_1")
     with pytest.raises(ctrlrun.AmbiguousEffect):
         refund(payment_id="txn_1", amount=100)
     assert hook.asked == ["refund:txn_1"]
-    assert remote.calls == ["txn_1"]
+    assert remote.calls == [("txn_1", 100)]
     retry = receipts()[-1]
     assert retry["result"] == "blocked"
     assert events(retry["action_id"])[-3:] == ["RECONCILIATION_STARTED", "RECONCILIATION_RESOLVED",
@@ -296,19 +212,19 @@ def test_blocking_unknown_refuses_with_ambiguous(remote, agent, clock):
 def test_blocking_hook_raising_refuses_with_ambiguous(remote, agent, clock):
     """A blocking hook that raises is recorded as 'raised' and the retry is refused with AmbiguousEffect."""
     refund = refund_with(Hook(ConnectionError("lookup failed")), remote, eagerly=False)
-    make_ambiguous(remote, refund)
+    make_ambiguous(refund, remote, "txn_1")
     with pytest.raises(ctrlrun.AmbiguousEffect):
         refund(payment_id="txn_1", amount=100)
     assert event("RECONCILIATION_RESOLVED").data == {"outcome": "unknown", "reason": "raised",
                                                      "error": "ConnectionError: lookup failed"}
-    assert remote.calls == ["txn_1"]
+    assert remote.calls == [("txn_1", 100)]
 
 
 def test_blocking_trigger_on_lapsed_lease(remote, agent, clock):
     """A retry that finds a dead worker's lapsed lease flips it ambiguous, then asks the hook before refusing."""
     hook = Hook("committed")
     refund = refund_with(hook, remote, eagerly=False)
-    _hold_key("refund:txn_1")
+    hold_key("refund:txn_1", action_id="act_" + "a" * 32)
     clock.advance(minutes=6)
     with pytest.raises(ctrlrun.DuplicateEffect) as caught:
         refund(payment_id="txn_1", amount=100)
@@ -323,7 +239,7 @@ def test_hook_asked_at_most_once_per_call(remote, agent, clock):
     """An eager call whose retry is blocked asks the hook once per execute, never twice in one call."""
     hook = Hook("unknown")
     refund = refund_with(hook, remote, eagerly=True)
-    make_ambiguous(remote, refund)
+    make_ambiguous(refund, remote, "txn_1")
     with pytest.raises(ctrlrun.AmbiguousEffect):
         refund(payment_id="txn_1", amount=100)
     assert hook.asked == ["refund:txn_1", "refund:txn_1"]
@@ -372,7 +288,7 @@ def test_sweeper_moves_lapsed_lease_to_ambiguous_then_asks_hook(remote, agent, c
     hook = Hook("committed")
     refund_with(hook, remote, eagerly=False)
     holder = "act_" + "b" * 32
-    _hold_key("refund:txn_1", action_id=holder)
+    hold_key("refund:txn_1", action_id=holder)
     clock.advance(minutes=5, seconds=1)
     result = reconcile.run_once()
     assert [e.effect_key for e in result.swept] == ["refund:txn_1"]
@@ -392,7 +308,7 @@ def test_sweeper_leaves_live_lease_alone(remote, agent, clock):
     """A worker whose lease is still live is neither swept nor asked about."""
     hook = Hook("committed")
     refund_with(hook, remote, eagerly=False)
-    _hold_key("refund:txn_1")
+    hold_key("refund:txn_1")
     clock.advance(minutes=4)
     result = reconcile.run_once()
     assert result.swept == [] and result.lines == [] and hook.asked == []
@@ -442,7 +358,7 @@ def test_one_hook_raising_touches_only_its_record(remote, agent, clock):
     def send(msg_id: str) -> None:
         raise TimeoutError("smtp timed out")
 
-    make_ambiguous(remote, refund)
+    make_ambiguous(refund, remote, "txn_1")
     with pytest.raises(TimeoutError):
         send(msg_id="m1")
     result = reconcile.run_once()
@@ -461,7 +377,7 @@ def test_unknown_answer_backs_off_until_reconcile_after(remote, agent, clock):
     """After 'unknown' the record is not asked again until the clock passes reconcile_after; then it is."""
     hook = Hook("unknown", "unknown", "committed")
     refund = refund_with(hook, remote, eagerly=False)
-    make_ambiguous(remote, refund)
+    make_ambiguous(refund, remote, "txn_1")
     first = reconcile.run_once()
     assert [line.outcome for line in first.lines] == ["unknown"]
     due = EffectRecord.objects.get(pk="refund:txn_1").reconcile_after
@@ -489,7 +405,7 @@ def test_backoff_is_capped(remote, agent, clock, settings):
     settings.CTRLRUN_RECONCILE_BACKOFF_SECONDS = 10
     settings.CTRLRUN_RECONCILE_BACKOFF_MAX_SECONDS = 25
     refund = refund_with(Hook("unknown"), remote, eagerly=False)
-    make_ambiguous(remote, refund)
+    make_ambiguous(refund, remote, "txn_1")
     delays = []
     for _ in range(4):
         reconcile.run_once()
@@ -502,7 +418,7 @@ def test_backoff_is_capped(remote, agent, clock, settings):
 def test_failed_answer_permits_a_retry(remote, agent, clock):
     """A deferred 'not_executed' leaves the record failed, and the next call renews it at attempt 2."""
     refund = refund_with(Hook("not_executed"), remote, eagerly=False)
-    make_ambiguous(remote, refund)
+    make_ambiguous(refund, remote, "txn_1")
     [line] = reconcile.run_once().lines
     assert (line.outcome, line.detail) == ("failed", "the hook answered not_executed")
     refund(payment_id="txn_1", amount=100)
@@ -517,7 +433,7 @@ def test_answer_dropped_when_a_human_resolved_first(remote, agent, clock):
         return "committed"
 
     refund = refund_with(hook, remote, eagerly=False)
-    make_ambiguous(remote, refund)
+    make_ambiguous(refund, remote, "txn_1")
     reconcile.run_once()
     record = EffectRecord.objects.get(pk="refund:txn_1")
     assert (record.state, record.resolved_by) == ("failed", "alice")
@@ -528,9 +444,7 @@ def test_answer_dropped_when_a_human_resolved_first(remote, agent, clock):
 
 
 def reconcile_command(*args: str) -> list[str]:
-    out = StringIO()
-    call_command("reconcile", *args, stdout=out)
-    return out.getvalue().splitlines()
+    return run_command("reconcile", *args)
 
 
 def test_command_prints_one_line_per_record_and_a_summary(remote, agent, clock):
@@ -542,7 +456,7 @@ def test_command_prints_one_line_per_record_and_a_summary(remote, agent, clock):
         raise TimeoutError("smtp timed out")
 
     holder = "act_" + "c" * 32
-    _hold_key("refund:txn_1", action_id=holder)
+    hold_key("refund:txn_1", action_id=holder)
     clock.advance(minutes=10)
     with pytest.raises(TimeoutError):
         send(msg_id="m1")
@@ -571,7 +485,7 @@ def test_command_action_option_limits_to_one_action(remote, agent, clock):
     def send(msg_id: str) -> None:
         raise TimeoutError("smtp timed out")
 
-    make_ambiguous(remote, refund)
+    make_ambiguous(refund, remote, "txn_1")
     with pytest.raises(TimeoutError):
         send(msg_id="m1")
     lines = reconcile_command("--action", "email.send")
@@ -583,8 +497,8 @@ def test_command_action_option_limits_to_one_action(remote, agent, clock):
 
 def test_command_action_option_also_limits_the_sweep(remote, agent, clock):
     """--action sweeps only that action's lapsed leases."""
-    _hold_key("refund:txn_1", action="stripe.refund", action_id="act_" + "d" * 32)
-    _hold_key("email:m1", action="email.send", action_id="act_" + "e" * 32)
+    hold_key("refund:txn_1", action="stripe.refund", action_id="act_" + "d" * 32)
+    hold_key("email:m1", action="email.send", action_id="act_" + "e" * 32)
     clock.advance(minutes=6)
     lines = reconcile_command("--action", "email.send")
     assert lines[0] == f"email:m1  swept  lease lapsed under {'act_' + 'e' * 32}; now ambiguous"
@@ -596,9 +510,9 @@ def test_command_limit_asks_at_most_n_hooks_oldest_first(remote, agent, clock):
     """--limit N asks at most N hooks in a pass, the longest-waiting record first; the rest wait."""
     hook = Hook("committed")
     refund = refund_with(hook, remote, eagerly=False)
-    make_ambiguous(remote, refund, "txn_1")
+    make_ambiguous(refund, remote, "txn_1")
     clock.advance(seconds=1)
-    make_ambiguous(remote, refund, "txn_2")
+    make_ambiguous(refund, remote, "txn_2")
     lines = reconcile_command("--limit", "1")
     assert lines[0] == "refund:txn_1  committed  the hook answered committed"
     assert hook.asked == ["refund:txn_1"]
@@ -617,7 +531,7 @@ def test_command_refuses_a_limit_below_one(clock):
 def test_command_imports_hook_modules(tmp_path, monkeypatch, remote, agent, clock):
     """--import MODULE registers the hooks its protected functions declare before the pass."""
     refund = refund_with(None, remote, eagerly=False)
-    make_ambiguous(remote, refund)
+    make_ambiguous(refund, remote, "txn_1")
     (tmp_path / "refund_tools_for_test.py").write_text(
         "import ctrlrun\n"
         "@ctrlrun.protect('stripe.refund', effect='refund:{payment_id}', reconcile=lambda key: 'committed')\n"

@@ -19,14 +19,8 @@ actions:
 
 
 @pytest.fixture
-def payouts(transactional_db, use_policy):
+def payouts(transactional_db, use_policy, hook_registry):
     use_policy(POLICY)
-    from ctrlrun.protect import _hooks
-
-    saved = dict(_hooks)
-    yield
-    _hooks.clear()
-    _hooks.update(saved)
 
 
 def test_stale_deferred_answer_is_not_applied_to_a_later_attempt(payouts):
