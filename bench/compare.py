@@ -23,8 +23,9 @@ Scenarios (per-call cost: mean µs per call in each round, median over ``--round
                  the call inside ``with_approval(request_id)`` is timed;
 - ``contention`` ``--workers`` OS processes race over the same ``--keys`` keys (half walk them
                  forwards, half backwards); throughput is attempts/s from the common start to the
-                 last worker's end, and every key must have executed exactly once (an append-only
-                 log under ``flock``).
+                 last worker's end, median over ``--races`` races (fresh keys each, same processes
+                 and store), and every key must have executed exactly once (an append-only log
+                 under ``flock``).
 
 The reference on PostgreSQL: its ``protect()`` ignores ``CTRLRUN_STORE_URL`` / ``DATABASE_URL``
 and always uses SQLite, so its PostgreSQL runs go through the measurement shim in
@@ -33,6 +34,9 @@ set, builds the reference's default ``Control`` on its own public ``PostgresStat
 Approvals are granted through each implementation's own surface: ours with
 ``ctrlrun.store.answer_approval`` (what ``ctrlrun approve ID --by NAME`` calls), the reference's
 with its ``ctrlrun approve ID`` command, invoked in-process (click), against the same store.
+
+On a busy machine use ``--passes 3``: every measurement is repeated, alternating which side runs
+first, and the median is reported with each pass's value beside it.
 
 Targets (from the issue) are printed as met / not met; they never change the exit status. The
 exit status is non-zero only when a measurement could not be made or a correctness check failed
@@ -248,7 +252,7 @@ def worker_calls(scenario: str, calls: int, rounds: int) -> dict[str, Any]:
             "rounds": rounds, "per_round_us": per_round, "median_us": statistics.median(per_round)}
 
 
-def worker_contention_child(index: int, keys: int) -> dict[str, Any]:
+def worker_contention_child(index: int, keys: int, races: int) -> dict[str, Any]:
     import ctrlrun
 
     log = Path("executions.log")
@@ -264,34 +268,47 @@ def worker_contention_child(index: int, keys: int) -> dict[str, Any]:
     samples: list[str] = []
     with ctrlrun.context(agent=f"worker-{index}"):
         post(entry_id=f"warm-{index}")  # connection and store opened before the race
-        Path(f"ready-{index}").touch()
-        go = Path("go")
-        while not go.exists():
-            time.sleep(0.002)
-        order = range(keys) if index % 2 == 0 else reversed(range(keys))
-        for k in order:
-            try:
-                post(entry_id=f"k{k}")
-                ran += 1
-            except ctrlrun.DuplicateEffect:
-                refused += 1
-            except Exception as exc:  # another refusal class, or a store error: counted, shown
-                other += 1
-                if len(samples) < 3:
-                    samples.append(f"{type(exc).__name__}: {exc}"[:300])
-        ended = time.time()
-    return {"index": index, "ran": ran, "refused": refused, "other": other, "samples": samples, "ended": ended}
+        if index < 0:  # the setup run: it only creates the store
+            return {"index": index, "ran": 0, "refused": 0, "other": 0, "samples": []}
+        for race in range(races):
+            Path(f"ready-{race}-{index}").touch()
+            go = Path(f"go-{race}")
+            while not go.exists():
+                time.sleep(0.002)
+            order = range(keys) if index % 2 == 0 else reversed(range(keys))
+            for k in order:
+                try:
+                    post(entry_id=f"r{race}k{k}")
+                    ran += 1
+                except ctrlrun.DuplicateEffect:
+                    refused += 1
+                except Exception as exc:  # another refusal class, or a store error: counted, shown
+                    other += 1
+                    if len(samples) < 3:
+                        samples.append(f"{type(exc).__name__}: {exc}"[:300])
+            Path(f"done-{race}-{index}.tmp").write_text(repr(time.time()))
+            os.replace(f"done-{race}-{index}.tmp", f"done-{race}-{index}")
+    return {"index": index, "ran": ran, "refused": refused, "other": other, "samples": samples}
 
 
-def worker_contention(workers: int, keys: int, timeout: float) -> dict[str, Any]:
+def worker_contention(workers: int, keys: int, races: int, timeout: float) -> dict[str, Any]:
+    """``races`` races over fresh keys in one store, the same processes; median attempts/s."""
     here = Path.cwd()
-    base = [sys.executable, str(HERE), "--worker", "contention-child", "--dir", str(here)]
+    base = [sys.executable, str(HERE), "--worker", "contention-child", "--dir", str(here), "--races", str(races)]
 
     def result_of(stdout: str) -> dict[str, Any]:
         for line in stdout.splitlines():
             if line.startswith(RESULT_MARK):
                 return json.loads(line[len(RESULT_MARK):])
         raise RuntimeError("no result")
+
+    def wait_for(names: list[str], deadline: float) -> bool:
+        while not all((here / name).exists() for name in names):
+            codes = [c.poll() for c in children]
+            if any(codes) or all(code is not None for code in codes) or time.time() > deadline:
+                return all((here / name).exists() for name in names)  # a last look: it may just have landed
+            time.sleep(0.002)
+        return True
 
     # One process creates the store first, so the race is for keys, not for the schema.
     setup = subprocess.run([*base, "--index", "-1", "--keys", "0"], capture_output=True, text=True, timeout=timeout)
@@ -300,15 +317,17 @@ def worker_contention(workers: int, keys: int, timeout: float) -> dict[str, Any]
     children = [subprocess.Popen([*base, "--index", str(n), "--keys", str(keys)], stdout=subprocess.PIPE,
                                  stderr=subprocess.PIPE, text=True) for n in range(workers)]
     deadline = time.time() + timeout
+    elapsed: list[float] = []
     try:
-        while not all((here / f"ready-{n}").exists() for n in range(workers)):
-            if any(c.poll() is not None for c in children):
+        for race in range(races):
+            if not wait_for([f"ready-{race}-{n}" for n in range(workers)], deadline):
                 break
-            if time.time() > deadline:
-                raise SystemExit("contention: workers did not get ready in time")
-            time.sleep(0.01)
-        started = time.time()
-        (here / "go").touch()
+            started = time.time()
+            (here / f"go-{race}").touch()
+            if not wait_for([f"done-{race}-{n}" for n in range(workers)], deadline):
+                break
+            ended = max(float((here / f"done-{race}-{n}").read_text()) for n in range(workers))
+            elapsed.append(ended - started)
         outputs = [c.communicate(timeout=max(1.0, deadline - time.time())) for c in children]
     finally:
         for c in children:
@@ -319,16 +338,20 @@ def worker_contention(workers: int, keys: int, timeout: float) -> dict[str, Any]
         if child.returncode:
             raise SystemExit(f"contention worker exited {child.returncode}:\n{err[-3000:]}")
         results.append(result_of(out))
-    elapsed = max(r["ended"] for r in results) - started
+    if len(elapsed) != races:
+        raise SystemExit(f"contention: only {len(elapsed)} of {races} races finished")
     with open(here / "executions.log") as handle:
-        counts = Counter(line.strip() for line in handle if line.startswith("k"))
+        counts = Counter(line.strip() for line in handle if line.startswith("r"))
+    expected = [f"r{race}k{k}" for race in range(races) for k in range(keys)]
     twice = {k: c for k, c in counts.items() if c > 1}
-    never = [f"k{k}" for k in range(keys) if f"k{k}" not in counts]
+    never = [k for k in expected if k not in counts]
+    rates = [workers * keys / e for e in elapsed]
     import ctrlrun
 
     return {
-        **_describe(ctrlrun), "scenario": "contention", "workers": workers, "keys": keys,
-        "attempts": workers * keys, "elapsed_s": elapsed, "attempts_per_s": workers * keys / elapsed,
+        **_describe(ctrlrun), "scenario": "contention", "workers": workers, "keys": keys, "races": races,
+        "attempts": workers * keys, "elapsed_s": elapsed, "per_race": rates,
+        "attempts_per_s": statistics.median(rates),
         "ran": sum(r["ran"] for r in results), "refused": sum(r["refused"] for r in results),
         "other": sum(r["other"] for r in results), "samples": [s for r in results for s in r["samples"]][:5],
         "executed_twice": len(twice), "twice_examples": sorted(twice.items())[:5], "never_executed": len(never),
@@ -343,9 +366,9 @@ def worker_main(args: argparse.Namespace) -> int:
     if args.worker in CALL_SCENARIOS:
         _emit(worker_calls(args.worker, args.calls, args.rounds))
     elif args.worker == "contention":
-        _emit(worker_contention(args.workers, args.keys, args.timeout))
+        _emit(worker_contention(args.workers, args.keys, args.races, args.timeout))
     elif args.worker == "contention-child":
-        _emit(worker_contention_child(args.index, args.keys))
+        _emit(worker_contention_child(args.index, args.keys, args.races))
     else:
         raise SystemExit(f"unknown worker scenario {args.worker!r}")
     return 0
@@ -419,7 +442,7 @@ def run_worker(impl: str, python: str, scenario: str, db: str, args: argparse.Na
             env["CTRLRUN_STORE_URL"] = url  # the reference's CLI (the approval grant) honours this
         cmd = [python, str(HERE), "--worker", scenario, "--dir", workdir, "--timeout", str(args.timeout)]
         if scenario == "contention":
-            cmd += ["--workers", str(args.workers), "--keys", str(args.keys)]
+            cmd += ["--workers", str(args.workers), "--keys", str(args.keys), "--races", str(args.races)]
         else:
             calls = args.approval_calls if scenario == "approval" else args.calls
             cmd += ["--calls", str(calls), "--rounds", str(args.rounds)]
@@ -496,29 +519,36 @@ def driver_main(args: argparse.Namespace) -> int:
             return 2
 
     scenarios = [s for s in args.scenarios.split(",") if s]
-    results: dict[tuple[str, str, str], dict[str, Any]] = {}
+    passes: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
     try:
-        for db in dbs:
-            for n, scenario in enumerate(scenarios):
-                order = impls if n % 2 == 0 else list(reversed(impls))  # alternate who runs first
-                for impl, python in order:
-                    if (impl == "reference" and db == "postgresql"
-                            and not (Path(args.reference_pg_shim) / "sitecustomize.py").exists()):
-                        results[(scenario, db, impl)] = {"error": "no PostgreSQL shim for the reference"}
-                        continue
-                    print(f"... {scenario:10s} {db:10s} {impl}", file=sys.stderr, flush=True)
-                    began = time.time()
-                    results[(scenario, db, impl)] = run_worker(impl, python, scenario, db, args, databases)
-                    result = results[(scenario, db, impl)]
-                    print(f"    {time.time() - began:.1f}s" + (f"  ERROR {result['error']}" if "error" in result else ""),
-                          file=sys.stderr, flush=True)
+        for pass_no in range(args.passes):
+            for db in dbs:
+                for n, scenario in enumerate(scenarios):
+                    # Alternate who runs first, by scenario and by pass, so drift in the machine's
+                    # load does not always favour the same side.
+                    order = impls if (n + pass_no) % 2 == 0 else list(reversed(impls))
+                    for impl, python in order:
+                        if (impl == "reference" and db == "postgresql"
+                                and not (Path(args.reference_pg_shim) / "sitecustomize.py").exists()):
+                            result = {"error": "no PostgreSQL shim for the reference"}
+                        else:
+                            label = f" (pass {pass_no + 1}/{args.passes})" if args.passes > 1 else ""
+                            print(f"... {scenario:10s} {db:10s} {impl}{label}", file=sys.stderr, flush=True)
+                            began = time.time()
+                            result = run_worker(impl, python, scenario, db, args, databases)
+                            print(f"    {time.time() - began:.1f}s"
+                                  + (f"  ERROR {result['error']}" if "error" in result else ""),
+                                  file=sys.stderr, flush=True)
+                        passes.setdefault((scenario, db, impl), []).append(result)
     finally:
         if databases is not None:
             databases.drop_all()
 
+    results = {key: _merge(runs) for key, runs in passes.items()}
     failed = False
-    print()
-    print(f"{'scenario':11s} {'db':11s} {'ours µs':>10s} {'reference µs':>13s} {'ratio':>7s}  target")
+    if any(s != "contention" for s in scenarios):
+        print()
+        print(f"{'scenario':11s} {'db':11s} {'ours µs':>10s} {'reference µs':>13s} {'ratio':>7s}  target")
     for db in dbs:
         for scenario in [s for s in scenarios if s != "contention"]:
             ours, ref = results[(scenario, db, "ours")], results.get((scenario, db, "reference"), {"error": "-"})
@@ -526,8 +556,12 @@ def driver_main(args: argparse.Namespace) -> int:
             r = ref.get("median_us")
             ratio = o / r if o and r else None
             failed |= "error" in ours or (len(impls) == 2 and "error" in ref)
+            spread = ""
+            if args.passes > 1 and "per_pass" in ours:
+                spread = ("   passes: ours " + "/".join(f"{v:.0f}" for v in ours["per_pass"]) + ", ref "
+                          + "/".join(f"{v:.0f}" for v in ref.get("per_pass", [])))
             print(f"{scenario:11s} {db:11s} {_num(o, ours):>10s} {_num(r, ref):>13s} "
-                  f"{(f'{ratio:.2f}x' if ratio else '-'):>7s}  {_verdict(scenario, db, ratio)}")
+                  f"{(f'{ratio:.2f}x' if ratio else '-'):>7s}  {_verdict(scenario, db, ratio)}{spread}")
     if "contention" in scenarios:
         print()
         print(f"{'contention':11s} {'db':11s} {'ours att/s':>10s} {'reference att/s':>16s} {'ratio':>7s}  target; "
@@ -546,8 +580,10 @@ def driver_main(args: argparse.Namespace) -> int:
             for impl, _ in impls:
                 res = results.get(("contention", db, impl), {})
                 if "attempts" in res:
-                    print(f"  {db} {impl}: {res['workers']} workers x {res['keys']} keys, {res['elapsed_s']:.2f}s; "
-                          f"ran {res['ran']}, refused as duplicate {res['refused']}, other {res['other']}"
+                    races = ", ".join(f"{r:.0f}" for r in res["per_race"])
+                    print(f"  {db} {impl}: {res['races']} races of {res['workers']} workers x {res['keys']} keys "
+                          f"({races} att/s); ran {res['ran']}, refused as duplicate {res['refused']}, "
+                          f"other {res['other']}"
                           + (f"; e.g. {res['samples'][0]}" if res["samples"] else ""))
     errors = [(k, v["error"]) for k, v in results.items() if "error" in v]
     if errors:
@@ -565,8 +601,32 @@ def driver_main(args: argparse.Namespace) -> int:
     print(f"ours: ctrlrun {ours_any.get('version', '?')} from {REPO}; reference: ctrlrun {ref_any.get('version', '-')} "
           f"via {reference if len(impls) == 2 else '(not run)'}")
     print(f"per-call: median over {args.rounds} rounds of the mean per call ({args.calls} calls/round; approval "
-          f"{args.approval_calls} calls/round); contention: {args.workers} processes x {args.keys} keys")
+          f"{args.approval_calls} calls/round); contention: median of {args.races} races, "
+          f"{args.workers} processes x {args.keys} keys each"
+          + (f"; each the median of {args.passes} passes" if args.passes > 1 else ""))
     return 1 if failed else 0
+
+
+def _merge(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One result from ``--passes`` runs: the median of the pass medians; any error wins."""
+    errors = [r["error"] for r in runs if "error" in r]
+    if errors:
+        return {"error": errors[0]}
+    if len(runs) == 1:
+        return runs[0]
+    merged = dict(runs[-1])
+    for field in ("median_us", "attempts_per_s"):
+        if field in merged:
+            merged[field] = statistics.median(r[field] for r in runs)
+            merged["per_pass"] = [r[field] for r in runs]
+    if "per_race" in merged:
+        merged["per_race"] = [x for r in runs for x in r["per_race"]]
+        merged["races"] = sum(r["races"] for r in runs)
+        for field in ("ran", "refused", "other", "executed_twice", "never_executed"):
+            merged[field] = sum(r[field] for r in runs)
+        merged["exactly_once"] = all(r["exactly_once"] for r in runs)
+        merged["samples"] = [s for r in runs for s in r["samples"]][:5]
+    return merged
 
 
 def _num(value: float | None, result: dict[str, Any], digits: int = 1) -> str:
@@ -594,6 +654,11 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--workers", type=int, default=8, help="contention: racing processes (default 8)")
     parser.add_argument("--keys", type=int, default=200, help="contention: keys every worker tries (default 200)")
+    parser.add_argument("--passes", type=int, default=1,
+                        help="repeat every measurement this many times, alternating who goes first, and "
+                             "report the median (use 3 on a busy machine)")
+    parser.add_argument("--races", type=int, default=3,
+                        help="contention: races (fresh keys each, same processes and store); median reported")
     parser.add_argument("--scenarios", default="allowed,duplicate,denied,approval,contention",
                         help="comma-separated subset (default: all five)")
     parser.add_argument("--reference-python", default="/tmp/ref/bin/python")
@@ -612,7 +677,7 @@ def main() -> int:
         return worker_main(args)
     if args.approval_calls is None:
         args.approval_calls = min(args.calls, 50)
-    for name in ("calls", "approval_calls", "rounds", "workers", "keys"):
+    for name in ("calls", "approval_calls", "rounds", "workers", "keys", "races", "passes"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
     unknown = set(args.scenarios.split(",")) - {*CALL_SCENARIOS, "contention", ""}

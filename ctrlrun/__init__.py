@@ -30,12 +30,24 @@ from .errors import (
     StoreUnavailable,
 )
 from .protect import context, idempotency_token, protect, with_approval
+
+
+def setup() -> None:
+    """Configure Django (and the embedded store) as the first protected call would.
+
+    A plain script needs it only before using ``ctrlrun.store`` or ``ctrlrun.reconcile``
+    directly; inside a Django project it only makes sure ``django.setup()`` has run.
+    """
+    from .standalone import ensure_ready
+
+    ensure_ready()
 from .states import Decision, EffectState, ReconcileOutcome, Result
 
 __version__ = "0.1.0"
 
 __all__ = [
     "protect",
+    "setup",
     "context",
     "with_approval",
     "idempotency_token",

@@ -25,7 +25,7 @@ __all__ = ["Line", "Report", "discover", "ensure_discovered", "run_once", "ask",
 class Line:
     effect_key: str
     action: str
-    outcome: str  # committed | failed | unknown | needs_human | error
+    outcome: str  # committed | failed | unknown | dropped | needs_human | error
     detail: str
 
 
@@ -41,7 +41,8 @@ class Report:
         return (
             f"swept {len(self.swept)} lapsed lease(s); asked {len(self.lines) - self.count('needs_human')} hook(s): "
             f"{self.count('committed')} committed, {self.count('failed')} failed, {self.count('unknown')} unknown, "
-            f"{self.count('error')} error(s); {self.count('needs_human')} need a human"
+            f"{self.count('dropped')} dropped (the record moved meanwhile), {self.count('error')} error(s); "
+            f"{self.count('needs_human')} need a human"
         )
 
 
@@ -83,6 +84,9 @@ def ask(effect: store.EffectView, *, requested_by: str | None = None) -> Line:
                                             "deferred", answer, attempt=effect.attempt, requested_by=requested_by)
     except StoreUnavailable as exc:
         return Line(effect.effect_key, effect.action, "error", str(exc))
+    if moved == "dropped":
+        return Line(effect.effect_key, effect.action, "dropped",
+                    f"the hook answered {answer.outcome}, but the record moved on meanwhile; the answer was not applied")
     if moved:
         return Line(effect.effect_key, effect.action, moved, f"the hook answered {answer.outcome}")
     if answer.reason:

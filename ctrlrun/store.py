@@ -882,7 +882,10 @@ def record_reconciliation(effect_key: str, action_id: str | None, resolver: str,
                           answer: HookAnswer, *, attempt: int, receipt_for: Call | None = None,
                           receipt_attempt: int | None = None, receipt_error: str | None = None,
                           requested_by: str | None = None) -> str | None:
-    """Record a hook's answer and apply it to an ambiguous record. Returns the new state or None.
+    """Record a hook's answer and apply it to an ambiguous record.
+
+    Returns the new state (``committed``/``failed``), ``"dropped"`` when the answer no longer
+    applies, or None when nothing moved (the hook could not say).
 
     ``unknown`` (and a hook that raised or said nonsense) moves nothing; it pushes the next
     deferred attempt back (exponential, capped). The answer is about ``attempt``, the attempt
@@ -906,6 +909,7 @@ def record_reconciliation(effect_key: str, action_id: str | None, resolver: str,
             logger.warning("reconcile answer %r for %s (attempt %s) dropped: the record is %s now", answer.outcome,
                            effect_key, attempt, now_is)
             events[-1][5]["dropped"] = f"the record is {now_is}; this answer was about attempt {attempt}"
+            moved = "dropped"
         elif answer.outcome in ("committed", "not_executed"):
             state = S.COMMITTED if answer.outcome == "committed" else S.FAILED
             _move_ambiguous(record, state, resolver, now)

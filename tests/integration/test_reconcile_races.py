@@ -49,7 +49,8 @@ def test_stale_deferred_answer_is_not_applied_to_a_later_attempt(payouts):
     with ctrlrun.context(agent="payout-agent"):
         with pytest.raises(TimeoutError):
             payout(pid="p1")  # attempt 1: ambiguous, the remote has nothing
-        deferred = threading.Thread(target=reconcile.run_once, name="deferred")
+        reports: list = []
+        deferred = threading.Thread(target=lambda: reports.append(reconcile.run_once()), name="deferred")
         deferred.start()
         assert answered.wait(10)
         with pytest.raises(TimeoutError):
@@ -58,6 +59,8 @@ def test_stale_deferred_answer_is_not_applied_to_a_later_attempt(payouts):
         deferred.join(10)
         effect = store.get_effect("payout:p1")
         assert (effect.state, effect.attempt) == ("ambiguous", 2)  # the stale answer was dropped
+        [line] = reports[0].lines
+        assert (line.effect_key, line.outcome) == ("payout:p1", "dropped")  # and reported as such
         with pytest.raises(ctrlrun.DuplicateEffect):
             payout(pid="p1")  # the hook (now about attempt 2) finds the payout: committed
     assert remote == ["p1"]
