@@ -418,13 +418,15 @@ def _refusal_for(record: Any, now: dt.datetime) -> CTRLRunError:
     )
 
 
-def _refusal_evidence(call: Call, error: CTRLRunError, attempt: int, now: dt.datetime) -> None:
+def _refusal_evidence(call: Call, error: CTRLRunError, attempt: int, now: dt.datetime,
+                      events: Sequence[EventRow] = ()) -> None:
+    """The refusal's event (after ``events`` not yet written, in the same INSERT) and blocked receipt."""
     if isinstance(error, DuplicateEffect):
         data = {"reason": "duplicate", "state": error.state}
     else:
         data = {"reason": "ambiguous"}
     _insert_events([
-        _event(EventType.EFFECT_RESERVATION_REFUSED, call, call.effect_key, data, now, call.approval_id)
+        *events, _event(EventType.EFFECT_RESERVATION_REFUSED, call, call.effect_key, data, now, call.approval_id)
     ])
     _append_receipt(call, Result.BLOCKED, str(error), attempt, now)
 
@@ -557,8 +559,7 @@ def reserve(call: Call, lease: dt.timedelta, *, opening: bool, hold_ambiguous: b
         if isinstance(error, AmbiguousEffect) and hold_ambiguous:
             _insert_events(events)
             return Refused(error, record.attempt, False, call)
-        _insert_events(events)
-        _refusal_evidence(call, error, record.attempt, now)
+        _refusal_evidence(call, error, record.attempt, now, events)
         return Refused(error, record.attempt, True, call)
 
 
