@@ -29,7 +29,7 @@ Scenarios (per-call cost: mean µs per call in each round, median over ``--round
 
 The reference on PostgreSQL: its ``protect()`` ignores ``CTRLRUN_STORE_URL`` / ``DATABASE_URL``
 and always uses SQLite, so its PostgreSQL runs go through the measurement shim in
-``--reference-pg-shim`` (default ``/tmp/refpg``: a ``sitecustomize.py`` that, with ``REFPG_URL``
+``--reference-pg-shim`` (default ``bench/reference_pg``: a ``sitecustomize.py`` that, with ``REFPG_URL``
 set, builds the reference's default ``Control`` on its own public ``PostgresStateStore``).
 Approvals are granted through each implementation's own surface: ours with
 ``ctrlrun.store.answer_approval`` (what ``ctrlrun approve ID --by NAME`` calls), the reference's
@@ -662,7 +662,7 @@ def main() -> int:
     parser.add_argument("--scenarios", default="allowed,duplicate,denied,approval,contention",
                         help="comma-separated subset (default: all five)")
     parser.add_argument("--reference-python", default="/tmp/ref/bin/python")
-    parser.add_argument("--reference-pg-shim", default="/tmp/refpg",
+    parser.add_argument("--reference-pg-shim", default=str(Path(__file__).resolve().parent / "reference_pg"),
                         help="folder holding the reference's PostgreSQL measurement sitecustomize.py")
     parser.add_argument("--pg-url", default="postgresql://postgres@127.0.0.1:5432",
                         help="PostgreSQL server for the throwaway databases")
