@@ -7,7 +7,6 @@ scenario starts more processes of its own: the guarantee it shows is across proc
 """
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys

@@ -1,4 +1,4 @@
-"""The only module that talks to the database: every transaction, row lock and IntegrityError.
+"""The only module that talks to the database: every transaction, row lock and conflict.
 
 Design
 ------
@@ -16,11 +16,14 @@ So an allowed call costs two write transactions; a denied or refused one costs o
 
 Serialisation. On SQLite every transaction is ``BEGIN IMMEDIATE`` (see ``standalone.
 sqlite_options``), so a read-then-write decision cannot interleave with another writer. On
-PostgreSQL the effect row is locked with ``SELECT ... FOR UPDATE`` (and a concurrent first
-insert of the same key loses on the primary key, inside a savepoint, then reads the winner).
-Receipt appends lock the single ``ChainHead`` row, always last in a transaction, so the chain
-stays linear and the lock is held for microseconds. Lock order is always effect row, then
-chain head: no deadlocks.
+PostgreSQL a first reservation is ``INSERT ... ON CONFLICT DO NOTHING`` on the key (a concurrent
+insert of the same key waits for the winner, then does nothing), and every other decision
+reads the row with ``SELECT ... FOR UPDATE``. Receipt appends lock the single ``ChainHead`` row,
+always last in a transaction, so the chain stays linear and the lock is short. Lock order is
+always approval row, then effect row, then chain head: no deadlocks.
+
+The hot path (reserve, outcome, events, receipts) is plain SQL over the models' tables: the
+ORM's query building cost more than the database work (profiled). Everything else uses the ORM.
 
 The store returns frozen dataclasses and raises ctrlrun's own errors, never QuerySets or
 database exceptions. A transaction cannot be nested inside a caller's open transaction
@@ -1058,10 +1061,6 @@ def receipts_for_action(action_id: str) -> list[ReceiptView]:
 
 def events_for_action(action_id: str) -> list[EventView]:
     return [_event_view(e) for e in _q(Event).filter(action_id=action_id).order_by("id")]
-
-
-def effects_for_action(action_id: str, keys: Sequence[str]) -> list[EffectView]:
-    return [_effect_view(r) for r in _q(EffectRecord).filter(pk__in=list(keys)).order_by("effect_key")]
 
 
 def verify() -> ChainReport:
