@@ -15,6 +15,19 @@ class Error(CommandError):
     """Printed by Django as ``Error: <message>`` on stderr, with a non-zero exit."""
 
 
+def positive_int(value: str) -> int:
+    """An argparse type: a whole number of at least 1, with a message that says so."""
+    import argparse
+
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {number}")
+    return number
+
+
 def default_person() -> str:
     """Who is at the keyboard: the operating-system user, for ``--by`` defaults."""
     try:

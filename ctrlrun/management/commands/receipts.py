@@ -5,21 +5,14 @@ from argparse import ArgumentParser
 from typing import Any
 
 from ... import report, store
-from ..base import CtrlrunCommand, Error
-
-
-def _positive(value: str) -> int:
-    number = int(value)
-    if number < 1:
-        raise ValueError(value)
-    return number
+from ..base import CtrlrunCommand, Error, positive_int
 
 
 class Command(CtrlrunCommand):
     help = "List the receipts (one per protected call, refusals included), or verify their hash chain."
 
     def add_arguments(self, parser: ArgumentParser) -> None:
-        parser.add_argument("--last", type=_positive, metavar="N", help="only the N most recent receipts")
+        parser.add_argument("--last", type=positive_int, metavar="N", help="only the N most recent receipts")
         parser.add_argument("--json", action="store_true", help="print each receipt's JSON document, one per line")
         parser.add_argument("--verify-chain", action="store_true",
                             help="re-hash every receipt and check each link; exit 1 on any break")

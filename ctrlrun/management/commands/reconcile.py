@@ -5,7 +5,7 @@ from argparse import ArgumentParser
 from typing import Any
 
 from ... import reconcile
-from ..base import CtrlrunCommand, Error
+from ..base import CtrlrunCommand, Error, positive_int
 
 
 class Command(CtrlrunCommand):
@@ -16,7 +16,7 @@ class Command(CtrlrunCommand):
 
     def add_arguments(self, parser: ArgumentParser) -> None:
         parser.add_argument("--action", help="only effects of this action")
-        parser.add_argument("--limit", type=int, metavar="N", help="ask at most N hooks per pass")
+        parser.add_argument("--limit", type=positive_int, metavar="N", help="ask at most N hooks per pass")
         parser.add_argument("--import", dest="modules", action="append", default=[], metavar="MODULE",
                             help="import this module first so its protected functions' hooks are known (repeatable)")
         parser.add_argument("--loop", action="store_true", help="keep going, one pass every --interval seconds")
@@ -25,8 +25,6 @@ class Command(CtrlrunCommand):
 
     def run(self, *, action: str | None, limit: int | None, modules: list[str], loop: bool, interval: float,
             **_: Any) -> None:
-        if limit is not None and limit < 1:
-            raise Error("--limit must be at least 1", returncode=2)
         if interval <= 0:
             raise Error("--interval must be a positive number of seconds", returncode=2)
         reconcile.discover(modules)

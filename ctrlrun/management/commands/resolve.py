@@ -4,7 +4,7 @@ from argparse import ArgumentParser
 from typing import Any
 
 from ... import store
-from ..base import CtrlrunCommand, Error, default_person
+from ..base import CtrlrunCommand, Error, default_person, positive_int
 
 
 class Command(CtrlrunCommand):
@@ -20,7 +20,7 @@ class Command(CtrlrunCommand):
         parser.add_argument("--by", default=None, metavar="NAME",
                             help="who decided (default: the operating-system user)")
         parser.add_argument("--reason", default=None, metavar="TEXT", help="why, e.g. what the remote showed")
-        parser.add_argument("--attempt", type=int, default=None, metavar="N",
+        parser.add_argument("--attempt", type=positive_int, default=None, metavar="N",
                             help="refuse unless the record is still at this attempt (guards against a stale view)")
 
     def run(self, *, effect_key: str, committed: bool, failed: bool, by: str | None, reason: str | None,
