@@ -46,6 +46,9 @@ def _pre(value: Any) -> str:
 class EvidenceAdmin(admin.ModelAdmin):
     """Read-only for everyone, superusers included: evidence is never edited in the console."""
 
+    def get_queryset(self, request: HttpRequest) -> Any:
+        return super().get_queryset(request).using(conf.database_alias())  # CTRLRUN_DATABASE
+
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
@@ -173,7 +176,7 @@ class ApprovalAdmin(EvidenceAdmin):
                 self.message_user(request, str(exc), messages.ERROR)
                 return HttpResponseRedirect(change_url)
             verb = "granted" if answer == "approve" else "denied"
-            self.log_change(request, Approval.objects.get(pk=object_id),
+            self.log_change(request, Approval.objects.using(conf.database_alias()).get(pk=object_id),
                             f"{verb} {object_id}" + (f": {note}" if note else ""))
             # Not starting with the id: the admin capitalises a message's first letter (Apr_...).
             self.message_user(request, f"Request {object_id} {verb}. "
@@ -332,7 +335,7 @@ class EffectRecordAdmin(EvidenceAdmin):
             return HttpResponseRedirect(change_url)
         level = messages.SUCCESS if line.outcome in ("committed", "failed") else messages.WARNING
         self.message_user(request, f"asked the remote about {key}: {line.outcome} ({line.detail})", level)
-        self.log_change(request, EffectRecord.objects.get(pk=key), f"asked the remote: {line.outcome}")
+        self.log_change(request, EffectRecord.objects.using(conf.database_alias()).get(pk=key), f"asked the remote: {line.outcome}")
         return HttpResponseRedirect(change_url)
 
     def resolve_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
@@ -348,7 +351,7 @@ class EffectRecordAdmin(EvidenceAdmin):
         except CTRLRunError as exc:
             self.message_user(request, f"not resolved: {exc}", messages.ERROR)
             return HttpResponseRedirect(change_url)
-        self.log_change(request, EffectRecord.objects.get(pk=key), f"resolved {outcome} (attempt {attempt}): {reason}")
+        self.log_change(request, EffectRecord.objects.using(conf.database_alias()).get(pk=key), f"resolved {outcome} (attempt {attempt}): {reason}")
         after = ("a retry is now permitted" if outcome == "failed" else "a retry will be refused as a duplicate")
         self.message_user(request, f"Effect {key} resolved {outcome} by {request.user.get_username()}; {after}",
                           messages.SUCCESS)

@@ -29,6 +29,7 @@ __all__ = [
     "Template",
     "idempotency_token_for",
     "evidence_time",
+    "evidence_text",
 ]
 
 ACTION_SCHEMA = "ctrlrun.action/v1"
@@ -114,6 +115,9 @@ class Principal:
             raise InvalidArgument("a principal needs a non-empty agent name, e.g. context(agent='refund-agent')")
         if self.user is not None and (not isinstance(self.user, str) or not self.user.strip()):
             raise InvalidArgument("user must be None or a non-empty string")
+        for what, value in (("agent", self.agent), ("user", self.user)):
+            if value is not None:
+                check_name(value, what)
 
     def as_evidence(self) -> dict[str, Any]:
         return {
@@ -142,6 +146,7 @@ class Action:
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise InvalidArgument("an action needs a non-empty name")
+        check_name(self.name, "an action name")
         if not isinstance(self.arguments, Mapping):
             raise InvalidArgument("an action's arguments must be a mapping of name to value")
         object.__setattr__(self, "arguments", canonical_arguments(self.arguments))
@@ -169,6 +174,22 @@ class Action:
             cached = sha256_hash(trusted_canonical_bytes(self.canonical()))  # arguments checked at init
             object.__setattr__(self, "_hash", cached)
         return cached
+
+
+#: Names (agents, users, actions) are stored in 200-character columns on every database.
+MAX_NAME_LENGTH = 200
+
+
+def check_name(value: str, what: str) -> None:
+    """Refuse a name the store would take differently on SQLite and PostgreSQL."""
+    if len(value) > MAX_NAME_LENGTH:
+        raise InvalidArgument(f"{what} is {len(value)} characters; at most {MAX_NAME_LENGTH} are allowed")
+    if "\x00" in value:
+        raise InvalidArgument(f"{what} contains a NUL character, which PostgreSQL cannot store")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidArgument(f"{what} contains a lone surrogate, which cannot be stored as UTF-8 text") from None
 
 
 _PLACEHOLDER = re.compile(r"\{([^\W\d]\w*)\}")
@@ -234,6 +255,8 @@ class Template:
                 )
             out.append(str(value))
         rendered = "".join(out)
+        if "\x00" in rendered:
+            raise error(f"{self.text!r} renders a key with a NUL character, which PostgreSQL cannot store")
         if len(rendered) > MAX_KEY_LENGTH:
             raise error(f"{self.text!r} renders {len(rendered)} characters; at most {MAX_KEY_LENGTH} are allowed")
         return rendered
@@ -249,6 +272,16 @@ def idempotency_token_for(effect_key: str, attempt: int) -> str:
     digest[6] = digest[6] & 0x0F | 0x80
     digest[8] = digest[8] & 0x3F | 0x80
     return str(uuid.UUID(bytes=bytes(digest)))
+
+
+def evidence_text(text: str) -> str:
+    """Text safe to store: a lone surrogate (e.g. bytes decoded with surrogateescape in an
+    exception message) becomes a visible backslash escape instead of failing the write."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def evidence_time(moment: dt.datetime | None) -> str | None:

@@ -33,7 +33,15 @@ from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from . import conf
-from .canonical import Action, Principal, Template, canonical_arguments, evidence_time, idempotency_token_for
+from .canonical import (
+    Action,
+    Principal,
+    Template,
+    canonical_arguments,
+    evidence_text,
+    evidence_time,
+    idempotency_token_for,
+)
 from .errors import ActionDenied, ApprovalRequired, ApprovalTimeout, EffectKeyError, InvalidArgument, NotExecuted
 from .policy import Policy, load_policy
 from .states import RECONCILE_ANSWERS, Decision, Result
@@ -156,11 +164,11 @@ def call_hook(hook: Callable[[str], Any], effect_key: str) -> Any:
         answer = hook(effect_key)
     except Exception as exc:
         logger.warning("reconcile hook for %s raised %s: %s", effect_key, type(exc).__name__, exc)
-        return HookAnswer("unknown", "raised", f"{type(exc).__name__}: {exc}", started)
+        return HookAnswer("unknown", "raised", evidence_text(f"{type(exc).__name__}: {exc}"), started)
     if isinstance(answer, str) and answer in RECONCILE_ANSWERS:
         return HookAnswer(answer, started_at=started)
     logger.warning("reconcile hook for %s returned %r, not one of %s", effect_key, answer, sorted(RECONCILE_ANSWERS))
-    return HookAnswer("unknown", "invalid_return", repr(answer), started)
+    return HookAnswer("unknown", "invalid_return", evidence_text(repr(answer)), started)
 
 
 # --------------------------------------------------------------------------- decorator
@@ -414,14 +422,25 @@ class _Guard:
         try:
             value = self._invoke(call.action)
         except NotExecuted as exc:
-            self._finish(call, attempt, Result.FAILED, str(exc), None, exc)
+            self._finish(call, attempt, Result.FAILED, evidence_text(str(exc)), None, exc)
             raise
         except BaseException as exc:
-            self._finish(call, attempt, Result.AMBIGUOUS, f"{type(exc).__name__}: {exc}", None, exc)
+            self._finish(call, attempt, Result.AMBIGUOUS, evidence_text(f"{type(exc).__name__}: {exc}"), None, exc)
             raise
         finally:
             if token is not None:
                 _current_attempt.reset(token)
+        if inspect.isawaitable(value):
+            # A synchronous wrapper around an async function: nothing of its body has run yet, and
+            # "committed" would be a lie. Close it unrun, record that it did not execute, refuse.
+            close = getattr(value, "close", None)
+            if close is not None:
+                close()
+            problem = (f"{self.name}: the protected function returned an awaitable ({type(value).__name__}), so its "
+                       f"body never ran here; protect the async function itself, or run it to completion inside "
+                       f"a synchronous one")
+            self._finish(call, attempt, Result.FAILED, problem, None, None)
+            raise InvalidArgument(problem)
         self._finish(call, attempt, Result.COMMITTED, None, value, None)
         return value
 
@@ -435,7 +454,7 @@ class _Guard:
                  and isinstance(exc, Exception))
         try:
             written = store.record_outcome(call, attempt, result, error=error, value=value, write_receipt=not eager)
-        except store.StoreUnavailable as failure:
+        except Exception as failure:  # the database, or anything else: the outcome is not recorded
             if result is Result.AMBIGUOUS:
                 logger.error("%s: the ambiguous outcome of %s could not be recorded; the lease will lapse and the "
                              "sweeper will mark it", self.name, key, exc_info=True)

@@ -75,6 +75,9 @@ class StoredReceipt:
     prev_hash: str | None
     hash: str | None
     document: str
+    #: The row's other columns that repeat a document field (``result``, ``agent``, ...), which
+    #: lists and filters read: each must agree with the hashed document.
+    columns: tuple[tuple[str, Any], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -177,6 +180,18 @@ def verify_chain(rows: Iterable[StoredReceipt], head_seq: int, head_hash: str) -
                     f"the recomputed hash {recomputed} is not the stored {row.hash}",
                 )
             )
+        for column, value in row.columns:
+            documented = doc["principal"].get("agent") if column == "agent" and isinstance(
+                doc.get("principal"), dict) else doc.get(column)
+            if value != documented:
+                row_ok = False
+                report.breaks.append(
+                    ChainBreak(
+                        "content_altered",
+                        seq,
+                        f"the row's {column} column says {value!r}, but its hashed document says {documented!r}",
+                    )
+                )
         if doc.get("seq") != seq or doc.get("prev_hash") != row.prev_hash:
             row_ok = False
             report.breaks.append(

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from . import conf, store
-from .errors import InvalidArgument, StoreUnavailable
+from .errors import InvalidArgument
 from .protect import call_hook, hook_for
 
 __all__ = ["Line", "Report", "discover", "ensure_discovered", "run_once", "ask", "ask_now"]
@@ -57,7 +57,7 @@ def discover(modules: Iterable[str] = ()) -> list[str]:
     for name in [*conf.hook_modules(), *modules]:
         try:
             importlib.import_module(name)
-        except ImportError as exc:
+        except (ImportError, TypeError, ValueError) as exc:  # TypeError: a relative name like '.x'
             raise InvalidArgument(f"could not import hook module {name!r}: {exc}") from None
         imported.append(name)
     return imported
@@ -82,8 +82,8 @@ def ask(effect: store.EffectView, *, requested_by: str | None = None) -> Line:
     try:
         moved = store.record_reconciliation(effect.effect_key, effect.action_id, f"reconcile:{effect.action}",
                                             "deferred", answer, attempt=effect.attempt, requested_by=requested_by)
-    except StoreUnavailable as exc:
-        return Line(effect.effect_key, effect.action, "error", str(exc))
+    except Exception as exc:  # one record's trouble stays its own; the pass goes on
+        return Line(effect.effect_key, effect.action, "error", f"{type(exc).__name__}: {exc}")
     if moved == "dropped":
         return Line(effect.effect_key, effect.action, "dropped",
                     f"the hook answered {answer.outcome}, but the record moved on meanwhile; the answer was not applied")

@@ -40,10 +40,11 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from django.db import DatabaseError, connections, transaction
+from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from . import conf
-from .canonical import GENESIS_HASH, Action, evidence_time
+from .canonical import GENESIS_HASH, Action, evidence_text, evidence_time
 from .errors import (
     ActionDenied,
     AmbiguousEffect,
@@ -479,11 +480,14 @@ class _Peek:
     resolved_by: str | None
 
 
-def _as_datetime(value: Any) -> dt.datetime | None:
-    if value is None or isinstance(value, dt.datetime):
-        return value if value is None or value.tzinfo else value.replace(tzinfo=dt.timezone.utc)
-    parsed = parse_datetime(value)  # SQLite hands back text
-    return parsed.replace(tzinfo=dt.timezone.utc) if parsed and parsed.tzinfo is None else parsed
+def _as_datetime(value: Any, connection: Any) -> dt.datetime | None:
+    """A timestamp column read by raw SQL, as the ORM would read it (SQLite hands back text in the
+    connection's time zone)."""
+    if value is None or isinstance(value, dt.datetime) and value.tzinfo is not None:
+        return value
+    if isinstance(value, str):
+        value = parse_datetime(value)
+    return timezone.make_aware(value, connection.timezone) if value.tzinfo is None else value
 
 
 def _peek(effect_key: str) -> _Peek:
@@ -494,7 +498,7 @@ def _peek(effect_key: str) -> _Peek:
             'SELECT "state","action_id","attempt","lease_expires_at","error","resolved_by" '
             'FROM "ctrlrun_effectrecord" WHERE "effect_key" = %s' + lock, [effect_key])
         state, action_id, attempt, lease, error, resolved_by = cursor.fetchone()
-    return _Peek(effect_key, state, action_id, attempt, _as_datetime(lease), error, resolved_by)
+    return _Peek(effect_key, state, action_id, attempt, _as_datetime(lease, connection), error, resolved_by)
 
 
 def reserve(call: Call, lease: dt.timedelta, *, opening: bool, hold_ambiguous: bool,
@@ -797,9 +801,10 @@ def _consume_if_matching(call: Call, presented: str, now: dt.datetime, events: l
 
 def _jsonable_result(value: Any) -> str:
     try:
-        return json.dumps(value, ensure_ascii=False, default=repr)
+        text = json.dumps(value, ensure_ascii=False, default=repr)
     except (TypeError, ValueError):
-        return json.dumps(repr(value))
+        text = json.dumps(repr(value))
+    return evidence_text(text)
 
 
 _STATE_FOR = {Result.COMMITTED: S.COMMITTED, Result.FAILED: S.FAILED, Result.AMBIGUOUS: S.AMBIGUOUS}
@@ -1063,18 +1068,32 @@ def events_for_action(action_id: str) -> list[EventView]:
     return [_event_view(e) for e in _q(Event).filter(action_id=action_id).order_by("id")]
 
 
-def verify() -> ChainReport:
-    """Re-hash every receipt and walk the chain (§9.4)."""
-    head = _q(ChainHead).filter(pk=1).first()
-    rows = (
-        StoredReceipt(r["receipt_id"], r["seq"], r["prev_hash"], r["hash"], r["document"])
-        for r in _q(Receipt).values("receipt_id", "seq", "prev_hash", "hash", "document").iterator()
-    )
-    if head is None:
-        from .canonical import GENESIS_HASH
+#: Receipt columns that repeat a field of the hashed document (``agent`` is principal.agent).
+_RECEIPT_COLUMNS = ("receipt_id", "action_id", "action", "agent", "decision", "result", "effect_key")
 
-        return verify_chain(rows, 0, GENESIS_HASH)
-    return verify_chain(rows, head.seq, head.hash)
+
+def verify() -> ChainReport:
+    """Re-hash every receipt and walk the chain (§9.4), without stopping writers.
+
+    A receipt and the head move in one transaction, so after reading the rows and then the head,
+    every receipt up to the head is committed: any the first read missed (written meanwhile) is
+    read once more. A row beyond the head can then only be one written around ctrlrun, and is
+    reported as such.
+    """
+    fields = ("seq", "prev_hash", "hash", "document", *_RECEIPT_COLUMNS)
+
+    def stored(query: Any) -> list[StoredReceipt]:
+        return [StoredReceipt(r["receipt_id"], r["seq"], r["prev_hash"], r["hash"], r["document"],
+                              tuple((c, r[c]) for c in _RECEIPT_COLUMNS))
+                for r in query.values(*fields).iterator()]
+
+    rows = stored(_q(Receipt).all())
+    head = _q(ChainHead).filter(pk=1).first()
+    head_seq, head_hash = (head.seq, head.hash) if head else (0, GENESIS_HASH)
+    seen = max((r.seq for r in rows if r.seq is not None), default=0)
+    if head_seq > seen:
+        rows += stored(_q(Receipt).filter(seq__gt=seen, seq__lte=head_seq))
+    return verify_chain(rows, head_seq, head_hash)
 
 
 def events_for_effect(effect_key: str) -> list[EventView]:

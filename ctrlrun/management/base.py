@@ -52,6 +52,8 @@ class CtrlrunCommand(BaseCommand):
             return
         except CTRLRunError as exc:
             raise Error(str(exc)) from None
+        except UnicodeError as exc:
+            raise Error(f"an argument is not valid UTF-8 text ({exc.reason}); check the id or key you typed") from None
         except DatabaseError as exc:
             raise Error(
                 f"the ctrlrun store could not be read ({type(exc).__name__}: {str(exc).strip()}). If its tables "

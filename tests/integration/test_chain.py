@@ -155,9 +155,12 @@ def test_edited_document_is_content_altered_and_breaks_the_next_link(mixed):
     assert error is not None and error.returncode == 1
     assert lines[0] == "chain: 6 of 8 receipts verified"
     assert lines[1] == f"  content_altered at seq 3: the recomputed hash {edited} is not the stored {stored}"
-    assert lines[2] == (f"  link_broken at seq 4: prev_hash is {stored}, and the receipt before it hashes to "
+    # the result column (what lists and filters show) no longer agrees with the edited document
+    assert lines[2] == ("  content_altered at seq 3: the row's result column says 'ambiguous', but its hashed "
+                        "document says 'committed'")
+    assert lines[3] == (f"  link_broken at seq 4: prev_hash is {stored}, and the receipt before it hashes to "
                         f"{edited}")
-    assert lines[-1] == "the chain is broken: 2 break(s)"
+    assert lines[-1] == "the chain is broken: 3 break(s)"
 
 
 def test_edit_with_a_rewritten_hash_is_still_caught(mixed):
@@ -166,7 +169,7 @@ def test_edit_with_a_rewritten_hash_is_still_caught(mixed):
     sql("UPDATE {table} SET hash = %s WHERE seq = 3", edited)
     report, error = verify_json()
     assert error is not None
-    assert breaks(report) == [("link_broken", 4)]
+    assert breaks(report) == [("content_altered", 3), ("link_broken", 4)]  # its result column still disagrees
 
 
 def test_deleted_receipt_is_missing(mixed):

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import math
 import time
 from argparse import ArgumentParser
 from typing import Any
@@ -25,7 +26,7 @@ class Command(CtrlrunCommand):
 
     def run(self, *, action: str | None, limit: int | None, modules: list[str], loop: bool, interval: float,
             **_: Any) -> None:
-        if interval <= 0:
+        if not math.isfinite(interval) or interval <= 0:
             raise Error("--interval must be a positive number of seconds", returncode=2)
         reconcile.discover(modules)
         while True:
