@@ -46,3 +46,16 @@ def check_time_zone(app_configs: Any = None, **kwargs: Any) -> list[checks.Check
             )
         ]
     return []
+
+
+@checks.register(checks.Tags.database)
+def check_database(app_configs: Any = None, databases: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """ctrlrun's store runs on SQLite or PostgreSQL (its SQL and triggers are written for both)."""
+    from django.db import connections
+
+    vendor = connections[conf.database_alias()].vendor
+    if vendor not in ("sqlite", "postgresql"):
+        return [checks.Error(f"ctrlrun stores its evidence on SQLite or PostgreSQL, not {vendor}",
+                             hint="point settings.CTRLRUN_DATABASE at a SQLite or PostgreSQL database",
+                             id="ctrlrun.E004")]
+    return []
