@@ -115,6 +115,10 @@ class Console:
 
 @pytest.fixture
 def chromium():
+    missing = [path for path in (CHROMIUM, CHROMEDRIVER) if not os.path.exists(path)]
+    if missing:  # a failure that says what to do, never a skip: these tests must run
+        pytest.fail(f"the console's browser tests need Debian's Chromium and its driver ({', '.join(missing)} "
+                    f"missing): apt-get install chromium chromium-driver (.ci/run does)", pytrace=False)
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
     for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
