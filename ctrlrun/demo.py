@@ -221,6 +221,7 @@ def approval() -> None:
 
 def race(folder: Path) -> None:
     heading(7, f"{RACE_WORKERS} worker processes race for one payout")
+    say("  (each worker first sends a warm-up payout of its own, so all of them are ready at the start line)")
     log = folder / "payout-calls.log"
     log.unlink(missing_ok=True)
     start_at = time.time() + 2.5  # every worker is imported and warmed up by then

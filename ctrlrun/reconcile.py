@@ -77,7 +77,8 @@ def ask(effect: store.EffectView, *, requested_by: str | None = None) -> Line:
     hook = hook_for(effect.action)
     if hook is None:
         return Line(effect.effect_key, effect.action, "needs_human",
-                    f"no reconcile hook is registered for {effect.action}; resolve it by hand")
+                    f"no reconcile hook is registered for {effect.action} (import the module that protects it "
+                    f"with --import MODULE), or resolve it by hand")
     answer = call_hook(hook, effect.effect_key)
     try:
         moved = store.record_reconciliation(effect.effect_key, effect.action_id, f"reconcile:{effect.action}",

@@ -1060,6 +1060,11 @@ def list_receipts(last: int | None = None) -> list[ReceiptView]:
     return [_receipt_view(r) for r in rows]
 
 
+def get_receipt(receipt_id: str) -> ReceiptView | None:
+    row = _q(Receipt).filter(pk=receipt_id).first()
+    return _receipt_view(row) if row else None
+
+
 def receipts_for_action(action_id: str) -> list[ReceiptView]:
     return [_receipt_view(r) for r in _q(Receipt).filter(action_id=action_id).order_by("seq")]
 

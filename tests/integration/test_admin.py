@@ -573,8 +573,8 @@ def test_ask_on_a_lapsed_lease_marks_it_ambiguous(as_role, client, clock):
     assert "Mark ambiguous (the worker is gone)" in text(page) and not has_id(page, "ctrlrun-resolve-form")
     response = client.post(effect_url("refund:txn_5", "ask"), follow=True)
     assert shown_messages(response) == [
-        "asked the remote about refund:txn_5: needs_human (no reconcile hook is registered for stripe.refund; "
-        "resolve it by hand)"]
+        "asked the remote about refund:txn_5: needs_human (no reconcile hook is registered for stripe.refund "
+        "(import the module that protects it with --import MODULE), or resolve it by hand)"]
     assert EffectRecord.objects.get(pk="refund:txn_5").state == "ambiguous"
     assert has_id(response, "ctrlrun-resolve-form")
 

@@ -386,3 +386,22 @@ def test_cli_unknown_command_exits_2(tmp_path):
     done = cli(tmp_path, "frobnicate")
     assert done.returncode == 2
     assert done.stderr.startswith("Error:") and "frobnicate" in done.stderr
+
+
+def test_inspect_accepts_a_receipt_id(refund, agent):
+    """'inspect ctr_...' (the id 'receipts' prints) shows that receipt's action."""
+    refund(payment_id="txn_1", amount=100)
+    doc = receipts()[-1]
+    lines = run_command("inspect", doc["receipt_id"])
+    assert lines[0] == f"{doc['action_id']}  stripe.refund"
+    with pytest.raises(CommandError, match="no receipt ctr_nope"):
+        run_command("inspect", "ctr_nope")
+
+
+def test_inspect_of_a_call_waiting_for_approval(refund, agent):
+    """A call stopped for approval has no receipt yet, and inspect says why."""
+    with pytest.raises(ctrlrun.ApprovalRequired) as caught:
+        refund(payment_id="txn_2", amount=500000)
+    lines = run_command("inspect", caught.value.action_id)
+    assert any(line.startswith("receipt     -  (none: the call stopped to ask a person") for line in lines)
+    assert any(line.startswith(f"approval    {caught.value.request_id}  pending") for line in lines)

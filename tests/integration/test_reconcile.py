@@ -462,7 +462,8 @@ def test_command_prints_one_line_per_record_and_a_summary(remote, agent, clock):
         send(msg_id="m1")
     assert reconcile_command() == [
         f"refund:txn_1  swept  lease lapsed under {holder}; now ambiguous",
-        "email:m1  needs_human  no reconcile hook is registered for email.send; resolve it by hand",
+        "email:m1  needs_human  no reconcile hook is registered for email.send (import the module that protects "
+        "it with --import MODULE), or resolve it by hand",
         "refund:txn_1  committed  the hook answered committed",
         "swept 1 lapsed lease(s); asked 1 hook(s): 1 committed, 0 failed, 0 unknown, 0 dropped (the record moved meanwhile), 0 error(s); 1 need a human",
     ]

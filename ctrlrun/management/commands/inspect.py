@@ -24,14 +24,21 @@ class Command(CtrlrunCommand):
     help = "Show one action: who asked, what, the decision, its effect, its receipts and every event."
 
     def add_arguments(self, parser: ArgumentParser) -> None:
-        parser.add_argument("action_id", help="the act_... id (from 'receipts' or an error message)")
+        parser.add_argument("action_id", help="the act_... id (from 'effects', 'receipts --json' or an error "
+                                              "message), or a ctr_... receipt id from 'receipts'")
         parser.add_argument("--json", action="store_true", help=f"print a {INSPECTION_SCHEMA} document")
 
     def run(self, *, action_id: str, json: bool, **_: Any) -> None:
+        if action_id.startswith("ctr_"):  # a receipt id, as 'receipts' prints: show its action
+            receipt = store.get_receipt(action_id)
+            if receipt is None:
+                raise Error(f"no receipt {action_id}; 'receipts' lists them")
+            action_id = receipt.action_id
         events = store.events_for_action(action_id)
         receipts = store.receipts_for_action(action_id)
         if not events and not receipts:
-            raise Error(f"no action {action_id}; 'receipts' lists the action ids it knows")
+            raise Error(f"no action {action_id}; give an act_... id ('effects', 'receipts --json') or a ctr_... "
+                        f"receipt id ('receipts')")
         keys = sorted({e.effect_key for e in events if e.effect_key})
         effects = [store.get_effect(k) for k in keys]
         effects = [e for e in effects if e is not None]
@@ -86,6 +93,8 @@ class Command(CtrlrunCommand):
                         f"run 'receipts --verify-chain')")
                 else:
                     out(f"{'receipt':<12}{receipt.receipt_id}  {doc.get('result')}")
+        elif any(e.type == "APPROVAL_REQUESTED" for e in events):
+            out(f"{'receipt':<12}-  (none: the call stopped to ask a person; it gets one when it runs)")
         else:
             out(f"{'receipt':<12}-  (none: the call has not finished, or its worker died)")
         out("")
