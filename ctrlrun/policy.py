@@ -2,11 +2,19 @@
 
 Pure: the standard library and PyYAML only, no Django. Three stages, each in its own section:
 
-1. **Loading** (:class:`_Loader`). A YAML *safe* load that also refuses duplicate keys and
+1. **Loading** (:func:`_load_yaml`). A YAML *safe* load that also refuses duplicate keys and
    remembers the line of every mapping key and list item, so that every later complaint can
    name file, line and key. Floats, ``!!binary``, dates, sets and non-string keys are refused
    anywhere in the document: the whole ``actions`` mapping is hashed through
-   :func:`~ctrlrun.canonical.canonical_bytes`, which has no stable form for them.
+   :func:`~ctrlrun.canonical.canonical_bytes`, which has no stable form for them. Only plain
+   decimal integers are ints (``010``, ``0x10``, ``1:30``, ``1_000`` are refused, saying what
+   YAML would have made of them). The text is treated as hostile: its size
+   (:data:`MAX_POLICY_BYTES`) is checked before parsing, control characters (raw or escaped)
+   and lone surrogates are refused, and so are format characters (bidi controls, zero-width
+   characters) in keys; the composer (:class:`_Composer`) bounds nesting
+   (:data:`MAX_POLICY_DEPTH`) and the size of the document once aliases and merge keys are
+   expanded (:data:`MAX_POLICY_NODES`), so an alias bomb is refused before anything walks it.
+   libyaml's parser is used when PyYAML has it, the pure-Python one otherwise.
 2. **Validation** (:class:`_Reader`). Closed key sets at every level; a key that belongs to a
    later schema is refused naming the schema it needs; documents declaring a schema this
    version cannot read (v3 and later) are refused as a whole rather than half-read, because
@@ -23,23 +31,29 @@ Every failure is a :class:`~ctrlrun.errors.PolicyError` whose message starts wit
 """
 from __future__ import annotations
 
+import contextlib
+import gc
 import logging
 import os
 import re
 import types
+import unicodedata
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 import yaml
 from yaml.constructor import ConstructorError
-from yaml.nodes import MappingNode, Node, SequenceNode
+from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from .canonical import DEFAULT_ENVIRONMENT, Template, canonical_bytes, sha256_hash
 from .errors import InvalidArgument, PolicyError
 from .states import Decision
 
 __all__ = [
+    "MAX_POLICY_BYTES",
+    "MAX_POLICY_NODES",
+    "MAX_POLICY_DEPTH",
     "SUPPORTED_SCHEMAS",
     "KNOWN_SCHEMAS",
     "Condition",
@@ -345,8 +359,52 @@ class Policy:
 
 
 # --------------------------------------------------------------------------------------------
-# Loading: YAML with duplicate-key refusal and line numbers
+# Loading: bounded, strict YAML with duplicate-key refusal and line numbers
 # --------------------------------------------------------------------------------------------
+
+#: The largest policy accepted, in UTF-8 bytes, checked before anything is parsed. A large real
+#: policy (1,000 actions) is 100-200 KB, so 1 MiB leaves five to ten times that; it loads in
+#: well under a second with libyaml, and the text is stored in the database on every change.
+MAX_POLICY_BYTES = 1 << 20
+#: The most nodes (scalars, lists, mappings) a document may hold once every alias is expanded,
+#: counted while it is composed. A real 1,000-action policy has about 25,000 and one filling
+#: MAX_POLICY_BYTES about 115,000; 2**18 is ten times the first and twice the second, small enough
+#: that the walks that follow (the value check, the plain copy, hashing) stay well under a second.
+MAX_POLICY_NODES = 1 << 18
+#: The deepest nesting of lists and mappings, the top-level mapping being level 1. A policy
+#: needs 7 (top level, actions, entry, rules, rule, when, operand); 64 leaves room for nested
+#: operands while keeping every recursive walk far below Python's recursion limit.
+MAX_POLICY_DEPTH = 64
+# No separate limit on the number of aliases: each costs a dictionary lookup when the document
+# is composed (the expanded size of its target is remembered), so what aliases can do is bounded
+# by MAX_POLICY_NODES and their number by MAX_POLICY_BYTES.
+
+#: Whether PyYAML was built with libyaml; without it the pure-Python parser is used.
+_HAVE_LIBYAML: bool = bool(getattr(yaml, "__with_libyaml__", False))
+#: Use libyaml's parser when there is one: it scans and parses several times faster and gives the
+#: same marks (lines). Composition, resolution and construction are Python in both cases, so the
+#: limits and the messages are the same; tests switch this off to exercise the fallback.
+_USE_LIBYAML: bool = _HAVE_LIBYAML
+
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+_VALUE_TAG = "tag:yaml.org,2002:value"
+_STR_TAG = "tag:yaml.org,2002:str"
+
+#: Characters refused anywhere in the raw text: what PyYAML's reader refuses (C0 controls but
+#: tab, LF and CR; DEL; C1 controls; lone surrogates; U+FFFE/U+FFFF), plus NEL (U+0085), which
+#: YAML 1.1 would read as a line break that no editor shows.
+_FORBIDDEN_IN_TEXT = re.compile("[^\t\n\r\x20-\x7e\xa0-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+#: Characters refused inside a string value or key (only escapes can put them there once the
+#: raw text has passed): controls other than tab, LF and CR, and lone surrogates.
+_FORBIDDEN_IN_STRING = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ud800-\udfff]")
+#: Line breaks as YAML counts them (NEL, which it also counts, is refused).
+_LINE_BREAK = re.compile("\r\n|\r|\n|\u2028|\u2029")
+_C0_NAMES = (
+    "NUL SOH STX ETX EOT ENQ ACK BEL BS HT LF VT FF CR SO SI "
+    "DLE DC1 DC2 DC3 DC4 NAK SYN ETB CAN EM SUB ESC FS GS RS US"
+).split()
+_C1_NAMES = {0x7F: "DEL", 0x85: "NEL", 0x9B: "CSI"}
+_STORAGE_REASON = "the text is stored in the database, which cannot hold NUL, and shown on screens"
 
 
 class _YamlMap(dict):
@@ -369,12 +427,15 @@ class _Refused:
 
     Built by the loader instead of the real value so the refusal can name the value's own line;
     the path is only known once the tree is walked. ``eq=False`` keeps it hashable by identity,
-    since it may appear as a mapping key.
+    since it may appear as a mapping key. ``message`` (and ``key_message``, for a key) replace
+    the generic sentence when the refusal needs its own.
     """
 
     what: str
     text: str
     line: int
+    message: str = ""
+    key_message: str = ""
 
     def describe(self) -> str:
         return f"{self.what} ({self.text})" if self.text else self.what
@@ -391,8 +452,213 @@ _REFUSED_HINTS = {
 }
 
 
+class _Refusal(Exception):
+    """A limit or character rule broken while loading: becomes a PolicyError at ``line``."""
+
+    def __init__(self, line: int | None, message: str) -> None:
+        super().__init__(message)
+        self.line = line
+        self.message = message
+
+
 def _line(node: Node) -> int:
     return node.start_mark.line + 1
+
+
+def _describe_character(char: str) -> str:
+    """``the control character U+0000 (NUL)``, ``the format character U+202E (RIGHT-TO-LEFT OVERRIDE)``."""
+    code = ord(char)
+    if 0xD800 <= code <= 0xDFFF:
+        return f"the lone surrogate U+{code:04X} (half of a UTF-16 pair, not a character)"
+    category = unicodedata.category(char)
+    name = unicodedata.name(char, "") or (_C0_NAMES[code] if code < 0x20 else _C1_NAMES.get(code, ""))
+    kinds = {"Cc": "control character", "Cf": "format character", "Cn": "noncharacter"}
+    kind = kinds.get(category, "character")
+    return f"the {kind} U+{code:04X}" + (f" ({name})" if name else "")
+
+
+def _shown(text: str) -> str:
+    """``repr`` of a string, shortened: enough to find it, with every hidden character escaped."""
+    shown = repr(text)
+    return shown if len(shown) <= 60 else shown[:56] + "...'"
+
+
+def _check_text(text: str, source: str) -> None:
+    """Refuse, before parsing, a text over MAX_POLICY_BYTES or holding a forbidden character."""
+    if len(text) > MAX_POLICY_BYTES or (not text.isascii() and _utf8_size(text) > MAX_POLICY_BYTES):
+        raise _size_error(source, f"the policy is {_utf8_size(text):,} bytes")
+    found = _FORBIDDEN_IN_TEXT.search(text)
+    if found is None:
+        return
+    position = found.start()
+    breaks = list(_LINE_BREAK.finditer(text, 0, position))
+    line = len(breaks) + 1
+    column = position - (breaks[-1].end() if breaks else 0) + 1
+    character = _describe_character(found.group())
+    if "\ud800" <= found.group() <= "\udfff":
+        advice = "the text was decoded wrongly; remove it or write the character it stands for"
+    else:
+        advice = f"only tab, newline and carriage return are ({_STORAGE_REASON}): remove it"
+    raise _policy_error(
+        source, line, "", f"{character} at column {column} is not allowed in a policy; {advice}"
+    )
+
+
+def _utf8_size(text: str) -> int:
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
+def _size_error(source: str, size: str) -> PolicyError:
+    return _policy_error(
+        source, None, "",
+        f"{size}, more than the {MAX_POLICY_BYTES:,} a policy may have (1,000 actions take about "
+        f"200 KB); shorten it",
+    )
+
+
+class _Composer(yaml.composer.Composer):
+    """PyYAML's composer, bounded: depth and the size of the expanded document are counted while
+    the node graph is built, so a hostile document is refused before anything walks it.
+
+    Aliases share nodes, so the graph stays as small as the text while the tree it stands for can
+    be exponentially larger ("billion laughs"); every later walk (the value check, the plain copy,
+    hashing) sees the tree. So the running total charges each node once as it is composed and
+    each alias as the whole of what it names (remembered per finished list and mapping, so an
+    alias costs one lookup); the total is the size of the expanded tree, or more when merge keys
+    copy only part of what their aliases name. Merge keys are resolved here, once per mapping
+    (the first mapping in ``<<: [*a, *b]`` wins, as YAML specifies, and the mapping's own keys win
+    over every merged one): the copying is bounded by the charge of the aliases it copies from.
+    The number of own pairs is remembered for the duplicate-key check.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.levels = 0  # lists and mappings open above the node being composed
+        self.total = 0  # nodes of the expanded document composed so far
+        self.through_aliases = 0  # the part of the total that aliases brought
+        self.sizes: dict[int, int] = {}  # id(finished collection) -> its nodes once expanded
+        self.heights: dict[int, int] = {}  # id(finished collection) -> collection levels, its own included
+        self.own_pairs: dict[int, int] = {}  # id(mapping) -> pairs written in it (the others are merged)
+
+    def charge(self, nodes: int, mark: Any, *, alias: bool = False) -> None:
+        self.total += nodes
+        if alias:
+            self.through_aliases += nodes
+        if self.total <= MAX_POLICY_NODES:
+            return
+        if self.through_aliases:
+            message = (
+                f"the document expands to more than {MAX_POLICY_NODES:,} nodes by here, counting each "
+                f"alias as the whole of what it names (merge keys included); a policy of 1,000 actions "
+                f"has about 25,000: write repeated parts out instead of nesting aliases inside aliases"
+            )
+        else:
+            message = (
+                f"the document has more than {MAX_POLICY_NODES:,} nodes (scalars, lists and mappings) "
+                f"by here; a policy of 1,000 actions has about 25,000: shorten it"
+            )
+        raise _Refusal(mark.line + 1, message)
+
+    def compose_node(self, parent: Node | None, index: Any) -> Node:
+        if not self.check_event(yaml.AliasEvent):
+            return super().compose_node(parent, index)
+        event = self.get_event()
+        node = self.anchors.get(event.anchor)
+        if node is None:
+            raise yaml.composer.ComposerError(
+                None, None, f"found undefined alias {event.anchor!r}", event.start_mark
+            )
+        # A collection still open (an alias inside its own anchor) has no size or height yet;
+        # the value check refuses such recursive structures, naming their path.
+        if self.levels + self.heights.get(id(node), 0) > MAX_POLICY_DEPTH:
+            raise _Refusal(event.start_mark.line + 1, _too_deep())
+        self.charge(self.sizes.get(id(node), 1), event.start_mark, alias=True)
+        return node
+
+    def compose_scalar_node(self, anchor: str | None) -> ScalarNode:
+        node = super().compose_scalar_node(anchor)
+        self.charge(1, node.start_mark)
+        return node
+
+    def compose_sequence_node(self, anchor: str | None) -> SequenceNode:
+        self.enter()
+        node = super().compose_sequence_node(anchor)
+        self.levels -= 1
+        sizes, heights = self.sizes, self.heights
+        self.sizes[id(node)] = 1 + sum(sizes.get(id(child), 1) for child in node.value)
+        self.heights[id(node)] = 1 + max((heights.get(id(child), 0) for child in node.value), default=0)
+        return node
+
+    def compose_mapping_node(self, anchor: str | None) -> MappingNode:
+        self.enter()
+        node = super().compose_mapping_node(anchor)
+        self.levels -= 1
+        self.flatten(node)
+        sizes, heights = self.sizes, self.heights
+        self.sizes[id(node)] = 1 + sum(
+            sizes.get(id(key), 1) + sizes.get(id(value), 1) for key, value in node.value
+        )
+        self.heights[id(node)] = 1 + max(
+            (max(heights.get(id(key), 0), heights.get(id(value), 0)) for key, value in node.value), default=0
+        )
+        return node
+
+    def enter(self) -> None:
+        mark = self.peek_event().start_mark
+        self.levels += 1
+        if self.levels > MAX_POLICY_DEPTH:
+            raise _Refusal(mark.line + 1, _too_deep())
+        self.charge(1, mark)
+
+    def flatten(self, node: MappingNode) -> None:
+        """Resolve the merge keys of a just-composed mapping (its merge sources are finished)."""
+        own: list[tuple[Node, Node]] = []
+        merged: dict[Any, tuple[Node, Node]] = {}
+        for key_node, value_node in node.value:
+            if key_node.tag != _MERGE_TAG:
+                if key_node.tag == _VALUE_TAG:
+                    key_node.tag = _STR_TAG  # as PyYAML's flatten_mapping does
+                own.append((key_node, value_node))
+                continue
+            if isinstance(value_node, MappingNode):
+                sources = [value_node]
+            elif isinstance(value_node, SequenceNode):
+                sources = value_node.value
+            else:
+                raise ConstructorError(
+                    "while constructing a mapping", node.start_mark,
+                    f"expected a mapping or list of mappings for merging, but found {value_node.id}",
+                    value_node.start_mark,
+                )
+            for source in sources:
+                if not isinstance(source, MappingNode):
+                    raise ConstructorError(
+                        "while constructing a mapping", node.start_mark,
+                        f"expected a mapping for merging, but found {source.id}", source.start_mark,
+                    )
+                if id(source) not in self.sizes:
+                    raise _Refusal(
+                        _line(key_node),
+                        "a merge key ('<<') refers to the mapping that contains it; recursive "
+                        "structures are not allowed",
+                    )
+                for pair in source.value:  # already flattened: no merge keys left in it
+                    merged.setdefault(_key_identity(pair[0]), pair)
+        if len(own) != len(node.value):
+            node.value = [*merged.values(), *own]
+        self.own_pairs[id(node)] = len(own)
+
+
+def _key_identity(node: Node) -> Any:
+    """What makes two merged keys the same key: tag and text for a scalar, the node otherwise."""
+    return (node.tag, node.value) if isinstance(node, ScalarNode) else id(node)
+
+
+def _too_deep() -> str:
+    return (
+        f"lists and mappings are nested more than {MAX_POLICY_DEPTH} levels deep here (counting "
+        f"aliases where they are used); a policy needs about 7: flatten the structure"
+    )
 
 
 class _DuplicateKey(ConstructorError):
@@ -403,22 +669,62 @@ class _DuplicateKey(ConstructorError):
         self.note = note
 
 
-class _Loader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate keys and records lines; see the module docstring."""
+class _Resolver(yaml.resolver.Resolver):
+    """YAML 1.1 resolution, plus YAML 1.2's ``0o17`` octal, so that it is refused as an int
+    spelling instead of silently becoming the string '0o17' for a reader who meant 15."""
 
 
-def _construct_map(loader: _Loader, node: MappingNode) -> Iterator[_YamlMap]:
+_Resolver.add_implicit_resolver("tag:yaml.org,2002:int", re.compile(r"^[-+]?0o[0-7_]+$"), list("-+0"))
+
+
+class _Constructor(yaml.constructor.SafeConstructor):
+    """SafeConstructor that refuses duplicate keys, records lines and refuses what a policy may
+    not hold; see the module docstring. Merge keys were resolved by :class:`_Composer`."""
+
+    own_pairs: dict[int, int]
+
+    def flatten_mapping(self, node: MappingNode) -> None:
+        """Nothing left to do: the composer resolved every merge key, within its budget."""
+
+
+class _PyLoader(
+    yaml.reader.Reader, yaml.scanner.Scanner, yaml.parser.Parser, _Composer, _Constructor, _Resolver
+):
+    """The pure-Python loader (PyYAML without libyaml)."""
+
+    def __init__(self, stream: str) -> None:
+        yaml.reader.Reader.__init__(self, stream)
+        yaml.scanner.Scanner.__init__(self)
+        yaml.parser.Parser.__init__(self)
+        _Composer.__init__(self)
+        _Constructor.__init__(self)
+        _Resolver.__init__(self)
+
+
+_CLoader: type | None = None
+if _HAVE_LIBYAML:
+    from yaml.cyaml import CParser
+
+    class _CLoader(_Composer, CParser, _Constructor, _Resolver):  # type: ignore[no-redef]
+        """libyaml's parser for the events; the bounded Python composer above builds the nodes."""
+
+        def __init__(self, stream: str) -> None:
+            CParser.__init__(self, stream)
+            _Composer.__init__(self)
+            _Constructor.__init__(self)
+            _Resolver.__init__(self)
+
+
+def _construct_map(loader: _Constructor, node: MappingNode) -> Iterator[_YamlMap]:
     data = _YamlMap()
     data.line = _line(node)
     data.key_lines = {}
     yield data  # yielded empty first so aliases (even recursive ones) can refer to it
     if not isinstance(node, MappingNode):
         raise ConstructorError(None, None, f"expected a mapping, but found {node.id}", node.start_mark)
-    # Merge keys (<<: *base) are resolved the YAML way: flatten_mapping puts the merged pairs
-    # first, so the mapping's own keys override them. Only the own keys count for duplicates.
-    own = sum(1 for key_node, _ in node.value if key_node.tag != "tag:yaml.org,2002:merge")
-    loader.flatten_mapping(node)
-    first_own = len(node.value) - own
+    # Merged pairs (<<: *base) come first, so the mapping's own keys override them. Only the own
+    # keys count for duplicates.
+    first_own = len(node.value) - loader.own_pairs.get(id(node), len(node.value))
     own_lines: dict[str, int] = {}
     for position, (key_node, value_node) in enumerate(node.value):
         key = loader.construct_object(key_node, deep=False)
@@ -439,7 +745,7 @@ def _construct_map(loader: _Loader, node: MappingNode) -> Iterator[_YamlMap]:
         data.key_lines[key] = _line(key_node)
 
 
-def _construct_seq(loader: _Loader, node: SequenceNode) -> Iterator[_YamlList]:
+def _construct_seq(loader: _Constructor, node: SequenceNode) -> Iterator[_YamlList]:
     data = _YamlList()
     data.line = _line(node)
     data.item_lines = [_line(child) for child in node.value]
@@ -447,13 +753,98 @@ def _construct_seq(loader: _Loader, node: SequenceNode) -> Iterator[_YamlList]:
     data.extend(loader.construct_object(child, deep=False) for child in node.value)
 
 
+def _construct_str(loader: _Constructor, node: Node) -> str | _Refused:
+    """A string, or a refusal when an escape put a control character or a lone surrogate in it."""
+    value = loader.construct_scalar(node)
+    found = _FORBIDDEN_IN_STRING.search(value)
+    if found is None:
+        return value
+    character = _describe_character(found.group())
+    if found.group() >= "\ud800":
+        problem = (
+            f"contains {character}, written as an escape; it cannot be stored as UTF-8: write the "
+            f"character itself, or its \\U00XXXXXX escape"
+        )
+    else:
+        problem = (
+            f"contains {character}, written as an escape; strings may hold tab, newline and carriage "
+            f"return but no other control character ({_STORAGE_REASON}): remove the escape"
+        )
+    shown = _shown(value)
+    return _Refused("a string with a control character", shown, _line(node),
+                    message=f"the string {shown} {problem}", key_message=f"the key {shown} {problem}")
+
+
+#: The one integer spelling a policy reads as an int: decimal, with an optional sign.
+_DECIMAL_INT = re.compile(r"[-+]?(?:0|[1-9][0-9]*)\Z")
+
+
+def _construct_int(loader: _Constructor, node: Node) -> int | _Refused:
+    """A plain decimal int; any other spelling YAML reads as an int is refused, saying its value."""
+    text = loader.construct_scalar(node)
+    if _DECIMAL_INT.match(text):
+        try:
+            return int(text)
+        except ValueError as exc:  # more digits than Python converts (sys.get_int_max_str_digits)
+            raise ConstructorError(
+                None, None, f"{text[:20]}... is not a usable int ({exc})", node.start_mark
+            ) from None
+    body = text.lstrip("+-")
+    if ":" in body:
+        kind = "a sexagesimal (base 60) integer"
+    elif body.startswith("0b"):
+        kind = "a binary integer"
+    elif body.startswith("0x"):
+        kind = "a hexadecimal integer"
+    elif body.startswith("0o"):
+        kind = "an octal integer"
+    elif body.startswith("0") and len(body) > 1:
+        kind = "an octal integer (a leading 0 means octal in YAML 1.1)"
+    elif "_" in body:
+        kind = "an integer with '_' separators"
+    else:
+        kind = "an integer that is not plain decimal"
+    value = _yaml_int_value(text)
+    quoted = '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if value is None:
+        message = (
+            f"{text} is tagged or spelled as {kind}, which YAML cannot read as a number; write a plain "
+            f"decimal integer, or quote it ({quoted}) to make it a string"
+        )
+    else:
+        message = (
+            f"{text} is {kind}, which YAML reads as {value}; a policy reads only plain decimal integers "
+            f"as ints: write {value}, or quote it ({quoted}) to keep it as a string"
+        )
+    return _Refused(kind, text, _line(node), message=message)
+
+
+def _yaml_int_value(text: str) -> int | None:
+    """What YAML 1.1 (or 1.2, for ``0o``) would make of an int spelling; None if nothing."""
+    sign = -1 if text.startswith("-") else 1
+    body = text.lstrip("+-").replace("_", "")
+    try:
+        if body.startswith(("0b", "0x", "0o")):
+            return sign * int(body[2:], {"b": 2, "x": 16, "o": 8}[body[1]])
+        if ":" in body:
+            value = 0
+            for part in body.split(":"):
+                value = value * 60 + int(part)
+            return sign * value
+        if body.startswith("0") and len(body) > 1:
+            return sign * int(body, 8)
+        return sign * int(body)
+    except (ValueError, KeyError, IndexError):
+        return None
+
+
 def _refuse_scalar(
-    what: str, check: Callable[[_Loader, Node], Any] | None = None
-) -> Callable[[_Loader, Node], _Refused]:
+    what: str, check: Callable[[_Constructor, Node], Any] | None = None
+) -> Callable[[_Constructor, Node], _Refused]:
     """A constructor that returns a :class:`_Refused` marker instead of the value."""
     noun = "date" if what == "a timestamp" else what[2:]
 
-    def construct(loader: _Loader, node: Node) -> _Refused:
+    def construct(loader: _Constructor, node: Node) -> _Refused:
         if check is not None:
             # Build the real value first: a malformed one (2026-99-99) is a YAML error,
             # reported as such, before it is a policy error.
@@ -474,25 +865,27 @@ def _refuse_scalar(
     return construct
 
 
-def _refuse_collection(what: str) -> Callable[[_Loader, Node], _Refused]:
-    def construct(loader: _Loader, node: Node) -> _Refused:
+def _refuse_collection(what: str) -> Callable[[_Constructor, Node], _Refused]:
+    def construct(loader: _Constructor, node: Node) -> _Refused:
         return _Refused(what, "", _line(node))
 
     return construct
 
 
-_Loader.add_constructor("tag:yaml.org,2002:map", _construct_map)
-_Loader.add_constructor("tag:yaml.org,2002:seq", _construct_seq)
-_Loader.add_constructor("tag:yaml.org,2002:float", _refuse_scalar("a float"))
-_Loader.add_constructor(
+_Constructor.add_constructor("tag:yaml.org,2002:map", _construct_map)
+_Constructor.add_constructor("tag:yaml.org,2002:seq", _construct_seq)
+_Constructor.add_constructor(_STR_TAG, _construct_str)
+_Constructor.add_constructor("tag:yaml.org,2002:int", _construct_int)
+_Constructor.add_constructor("tag:yaml.org,2002:float", _refuse_scalar("a float"))
+_Constructor.add_constructor(
     "tag:yaml.org,2002:timestamp", _refuse_scalar("a timestamp", yaml.SafeLoader.construct_yaml_timestamp)
 )
-_Loader.add_constructor(
+_Constructor.add_constructor(
     "tag:yaml.org,2002:binary", _refuse_scalar("a !!binary value", yaml.SafeLoader.construct_yaml_binary)
 )
-_Loader.add_constructor("tag:yaml.org,2002:set", _refuse_collection("a !!set"))
-_Loader.add_constructor("tag:yaml.org,2002:omap", _refuse_collection("an !!omap"))
-_Loader.add_constructor("tag:yaml.org,2002:pairs", _refuse_collection("a !!pairs"))
+_Constructor.add_constructor("tag:yaml.org,2002:set", _refuse_collection("a !!set"))
+_Constructor.add_constructor("tag:yaml.org,2002:omap", _refuse_collection("an !!omap"))
+_Constructor.add_constructor("tag:yaml.org,2002:pairs", _refuse_collection("a !!pairs"))
 
 
 def _yaml_problem(exc: yaml.YAMLError) -> str:
@@ -528,9 +921,15 @@ def _policy_error(source: str, line: int | None, location: str, message: str) ->
 
 
 def _load_yaml(text: str, source: str) -> Any:
-    loader = _Loader(text)
+    """The loaded document; every failure, the reader's included, is a PolicyError."""
+    _check_text(text, source)
+    loader_class = _CLoader if _USE_LIBYAML and _CLoader is not None else _PyLoader
+    loader = None
     try:
+        loader = loader_class(text)
         return loader.get_single_data()
+    except _Refusal as exc:
+        raise _policy_error(source, exc.line, "", exc.message) from None
     except yaml.YAMLError as exc:
         raise _policy_error(source, None, "", f"not valid YAML: {_yaml_problem(exc)}") from None
     except (ValueError, OverflowError) as exc:  # a scalar constructor outside the wrapped ones
@@ -538,7 +937,8 @@ def _load_yaml(text: str, source: str) -> Any:
     except RecursionError:
         raise _policy_error(source, None, "", "not valid YAML: the document is nested too deeply") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
 
 
 def _type_name(value: Any) -> str:
@@ -594,6 +994,8 @@ class _Reader:
         """Refuse anything but str, int, bool, null, lists and string-keyed maps, anywhere."""
         where = path or "top level"
         if isinstance(value, _Refused):
+            if value.message:
+                self.fail(value.line, where, value.message)
             hint = _REFUSED_HINTS.get(value.what, "")
             self.fail(
                 value.line, where,
@@ -612,12 +1014,16 @@ class _Reader:
                     key_line = lines.get(key, line)
                     if not isinstance(key, str):
                         if isinstance(key, _Refused):
+                            if key.key_message:
+                                self.fail(key_line, where, key.key_message)
                             shown = f"{key.describe()} as a key"
                         else:
                             shown = f"the {_type_name(key)} key {key!r}"
                         if isinstance(key, bool):
                             shown += " (YAML reads unquoted yes/no/on/off/true/false as booleans)"
                         self.fail(key_line, where, f"mapping keys must be strings, found {shown}; quote it")
+                    if not key.isascii():
+                        self.check_name(key, key_line, where)
                     self.check_values(item, _join(path, key), key_line, open_containers)
             else:
                 lines = getattr(value, "item_lines", [])
@@ -627,6 +1033,23 @@ class _Reader:
             open_containers.discard(id(value))
         elif not (value is None or isinstance(value, (str, int))):  # bool is an int
             self.fail(line, where, f"{_type_name(value)} values are not allowed in a policy")
+
+    def check_name(self, key: str, line: int | None, where: str) -> None:
+        """Refuse a key holding a format character (Cf: bidi controls, zero-width characters, BOM).
+
+        Keys become action names, condition names and database columns' contents, shown to the
+        people who read policies and receipts; ``stripe.refund\u202e`` would render as something
+        it is not.
+        """
+        for char in key:
+            if unicodedata.category(char) == "Cf":
+                what = "the action name" if where == "actions" else "the key"
+                self.fail(
+                    line, where,
+                    f"{what} {_shown(key)} contains {_describe_character(char)}, which is invisible or "
+                    f"reorders the text around it, so the name would display differently from what it "
+                    f"is; remove it",
+                )
 
     def read(self, document: Any) -> tuple[str, dict[str, ActionEntry], dict[str, Any]]:
         """Validate the loaded document; return its schema, the entries and the raw actions."""
@@ -895,6 +1318,24 @@ def policy_hash(schema: str, actions: Any, environment: str) -> str:
     )
 
 
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector while a policy is built.
+
+    Loading allocates a few objects per node and frees almost nothing until the end, which is
+    the collector's worst case: on a policy of MAX_POLICY_BYTES it would take about half of the
+    time. Reference counting still frees everything that is dropped; the collector is switched
+    back on afterwards unless it was already off, as the caller's choice.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 def parse_policy(text: str, source: str = "<string>", *, environment: str = DEFAULT_ENVIRONMENT) -> Policy:
     """Validate a policy document and return the :class:`Policy`; PolicyError names what is wrong.
 
@@ -908,11 +1349,12 @@ def parse_policy(text: str, source: str = "<string>", *, environment: str = DEFA
     environment = environment.strip()
     source = str(source)
     reader = _Reader(source)
-    schema, entries, raw_actions = reader.read(_load_yaml(text, source))
-    try:
-        digest = policy_hash(schema, raw_actions, environment)
-    except InvalidArgument as exc:  # e.g. a "\ud800" escape: valid YAML, not encodable
-        raise _policy_error(source, None, "actions", f"cannot be hashed: {exc}") from None
+    with _collector_paused():
+        schema, entries, raw_actions = reader.read(_load_yaml(text, source))
+        try:
+            digest = policy_hash(schema, raw_actions, environment)
+        except InvalidArgument as exc:  # a safety net: the loader refuses what canonical JSON cannot hold
+            raise _policy_error(source, None, "actions", f"cannot be hashed: {exc}") from None
     return Policy(
         schema=schema,
         actions=types.MappingProxyType(entries),
@@ -927,8 +1369,16 @@ def load_policy(path: str | os.PathLike[str], *, environment: str = DEFAULT_ENVI
     """Read and parse the policy file at ``path``; messages name the path as given."""
     source = os.fspath(path)
     try:
-        with open(source, encoding="utf-8") as handle:
-            text = handle.read()
+        with open(source, "rb") as handle:
+            # Never read more than the limit: a huge file (or /dev/zero) is refused by its size.
+            size = os.fstat(handle.fileno()).st_size
+            if size > MAX_POLICY_BYTES:
+                raise _size_error(str(source), f"the policy file is {size:,} bytes")
+            data = handle.read(MAX_POLICY_BYTES + 1)
+        if len(data) > MAX_POLICY_BYTES:
+            raise _size_error(str(source), f"the policy file is more than {MAX_POLICY_BYTES:,} bytes")
+        # Universal newlines, as reading in text mode gives: the stored text is the same.
+        text = data.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")
     except (OSError, UnicodeDecodeError) as exc:
         # The one message that does not start with "<source>:": the spec's wording, and the
         # path is in it anyway.

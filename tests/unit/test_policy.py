@@ -10,7 +10,9 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import yaml
 
+import ctrlrun.policy as policy_module
 from ctrlrun.canonical import Template, canonical_bytes, sha256_hash
 from ctrlrun.errors import InvalidArgument, PolicyError
 from ctrlrun.policy import (
@@ -368,6 +370,359 @@ class TestLoadPolicy:
         with pytest.raises(PolicyError) as caught:
             load_policy(path)
         assert str(caught.value).startswith(f"{path}: not valid YAML: duplicate key 'a' on line 4, column 3")
+
+
+# --------------------------------------------------------------------------------------------
+# Hostile input: size, aliases and merges, depth, integer spellings, characters
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(params=["libyaml", "python"])
+def parser(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run the test with libyaml's parser and with the pure-Python fallback."""
+    if request.param == "libyaml" and not yaml.__with_libyaml__:
+        pytest.skip("PyYAML was built without libyaml")
+    monkeypatch.setattr(policy_module, "_USE_LIBYAML", request.param == "libyaml")
+    return request.param
+
+
+def list_bomb(levels: int, width: int = 9) -> str:
+    """A "billion laughs" document: each anchored list holds ``width`` aliases of the one before."""
+    lines = ["schema: ctrlrun.policy/v2", "actions: {}", 'a0: &a0 ["lol"]']
+    for level in range(1, levels):
+        lines.append(f"a{level}: &a{level} [{', '.join([f'*a{level - 1}'] * width)}]")
+    return "\n".join(lines) + "\n"
+
+
+def merge_bomb(keys: int, mappings: int, width: int = 9) -> str:
+    """Many mappings each merging (``<<: [*b, *b, ...]``) one wide anchored mapping."""
+    lines = ["schema: ctrlrun.policy/v2", "actions: {}"]
+    lines.append("base: &b {" + ", ".join(f"k{i}: 1" for i in range(keys)) + "}")
+    lines.append("copies:")
+    lines.extend(f"  - {{<<: [{', '.join(['*b'] * width)}]}}" for _ in range(mappings))
+    return "\n".join(lines) + "\n"
+
+
+def nested_in_operand(depth: int) -> str:
+    """A valid policy whose `n_in` operand nests lists until the document is ``depth`` levels deep."""
+    # top level, actions, entry, rules, rule, when, operand: the operand list is level 7
+    inner = depth - 6
+    return doc(f"""\
+        actions:
+          a:
+            rules:
+              - when: {{n_in: {"[" * inner + "1" + "]" * inner}}}
+                decision: allow
+        """)
+
+
+class TestSizeLimit:
+    def test_text_over_the_limit_is_refused_before_parsing(self) -> None:
+        """A document longer than MAX_POLICY_BYTES is refused by size, naming the limit."""
+        limit = policy_module.MAX_POLICY_BYTES
+        text = REFERENCE_DOC + "#" * limit + "\n"
+        message = refused(text, "<string>: ", f"{len(text.encode()):,} bytes", f"{limit:,}")
+        assert "not valid YAML" not in message
+
+    def test_size_is_counted_in_utf8_bytes(self) -> None:
+        """Two-byte characters count twice: the limit is on the stored bytes, not on characters."""
+        limit = policy_module.MAX_POLICY_BYTES
+        text = REFERENCE_DOC + "# " + "é" * (limit // 2) + "\n"
+        assert len(text) < limit < len(text.encode())
+        refused(text, "bytes", f"{limit:,}")
+
+    def test_document_at_the_limit_loads(self) -> None:
+        """A valid document of exactly MAX_POLICY_BYTES bytes loads."""
+        limit = policy_module.MAX_POLICY_BYTES
+        text = REFERENCE_DOC + "#" * (limit - len(REFERENCE_DOC) - 1) + "\n"
+        assert len(text.encode()) == limit
+        assert parse_policy(text).entry("iam.grant_admin") is not None
+
+    def test_oversized_file_is_refused_by_its_size(self, tmp_path: Path) -> None:
+        """A file over the limit (here 64 MB of NULs) is refused by its size, naming the path and the limit."""
+        path = tmp_path / "ctrlrun.yaml"
+        with open(path, "wb") as handle:
+            handle.truncate(64 << 20)
+        with pytest.raises(PolicyError) as caught:
+            load_policy(path)
+        message = str(caught.value)
+        assert message.startswith(f"{path}: "), message
+        assert f"{64 << 20:,} bytes" in message and f"{policy_module.MAX_POLICY_BYTES:,}" in message
+
+    def test_file_keeps_universal_newlines(self, tmp_path: Path) -> None:
+        """CRLF line ends in a file are read as newlines, as text mode did (the stored text is unchanged)."""
+        path = tmp_path / "ctrlrun.yaml"
+        path.write_bytes(REFERENCE_DOC.replace("\n", "\r\n").encode())
+        assert load_policy(path).text == REFERENCE_DOC
+
+
+class TestAliasesAndMerges:
+    def test_alias_bomb_is_refused(self, parser: str) -> None:
+        """Nested aliases of lists that expand past MAX_POLICY_NODES are refused at the alias's line."""
+        text = list_bomb(levels=7)  # 9**6 = 531,441 items once expanded, from 378 bytes
+        message = refused(text, "<string>, line 9: ", "expand", "aliases")
+        assert f"{policy_module.MAX_POLICY_NODES:,}" in message
+
+    def test_merge_key_bomb_is_refused(self, parser: str) -> None:
+        """Merge keys copying a wide mapping into many mappings are refused once past the budget."""
+        text = merge_bomb(keys=2000, mappings=1000)  # 2,000,000 merged pairs from 90 KB
+        refused(text, "<string>, line ", "expand", "merge")
+
+    def test_merge_of_itself_is_refused(self, parser: str) -> None:
+        """A mapping that merges itself cannot be expanded; refused with its line."""
+        refused(V2 + "actions: {}\nx: &x {<<: *x, k: 1}\n", "line 3", "merge")
+
+    def test_modest_aliases_load(self, parser: str) -> None:
+        """An anchored operand reused by several rules is read as the same value each time."""
+        policy = parse_policy(doc("""\
+            actions:
+              a:
+                rules:
+                  - when: {region_in: &regions [eu, us, apac]}
+                    decision: allow
+                  - when: {fallback_in: *regions}
+                    decision: approve
+              b: &plain {decision: deny}
+              c: *plain
+            """))
+        assert policy.evaluate("a", {"region": "us"}).decision is Decision.ALLOW
+        assert policy.evaluate("a", {"fallback": "apac"}).decision is Decision.APPROVE
+        assert policy.evaluate("c", {}).decision is Decision.DENY
+
+    def test_merge_keys_override_and_order(self, parser: str) -> None:
+        """`<<: [*first, *second]`: the first mapping wins over the second, the own key over both."""
+        policy = parse_policy(doc("""\
+            actions:
+              a: &first {decision: allow, effect: "first:{id}"}
+              b: &second {decision: approve, effect: "second:{id}", resource: "r:{id}"}
+              c: {<<: [*first, *second]}
+              d: {<<: [*first, *second], decision: deny}
+            """))
+        c, d = policy.entry("c"), policy.entry("d")
+        assert c is not None and d is not None
+        assert (c.decision, c.effect, c.resource) == (
+            Decision.ALLOW, Template.parse("first:{id}"), Template.parse("r:{id}"))
+        assert d.decision is Decision.DENY and d.effect == Template.parse("first:{id}")
+
+    def test_merge_source_defined_inline_then_aliased(self, parser: str) -> None:
+        """A merge source anchored inside a merge and aliased later keeps its own keys (no false duplicate)."""
+        policy = parse_policy(doc("""\
+            actions:
+              a: &a {decision: allow, effect: "a:{id}"}
+              b: {<<: &b {<<: *a, decision: deny}}
+              c: *b
+            """))
+        c = policy.entry("c")
+        assert c is not None and c.decision is Decision.DENY and c.effect == Template.parse("a:{id}")
+
+    def test_duplicate_own_key_beside_a_merge_is_refused(self, parser: str) -> None:
+        """Merged keys may be overridden, but a mapping's own key twice is still a duplicate."""
+        refused(doc("""\
+            actions:
+              a: &a {decision: allow}
+              b: {<<: *a, decision: deny, decision: allow}
+            """), "duplicate key 'decision' on line 4")
+
+
+    def test_dense_document_over_the_node_limit_is_refused(self) -> None:
+        """A document within the byte limit but with more than MAX_POLICY_NODES nodes is refused."""
+        limit = policy_module.MAX_POLICY_NODES
+        text = V2 + "actions: {}\nx: [" + "1," * limit + "1]\n"
+        assert len(text.encode()) <= policy_module.MAX_POLICY_BYTES
+        refused(text, "<string>, line 3: ", f"more than {limit:,} nodes", "shorten")
+
+    def test_large_realistic_policy_loads(self, parser: str) -> None:
+        """A policy of 1,000 actions, the size the limits are measured against, loads whole."""
+        entries = "".join(
+            f"  svc{n}.refund:\n"
+            f'    effect: "refund{n}:{{payment_id}}"\n'
+            f"    rules:\n"
+            f"      - when: {{amount_gte: 0, amount_lte: 50000, currency_in: [usd, eur]}}\n"
+            f"        decision: allow\n"
+            f"      - when: {{amount_gte: 0, amount_lte: 1000000}}\n"
+            f"        decision: approve\n"
+            f"      - decision: deny\n"
+            for n in range(1000)
+        )
+        policy = parse_policy(V2 + "actions:\n" + entries)
+        assert len(policy.actions) == 1000
+        assert policy.evaluate("svc999.refund", {"amount": 2000, "currency": "eur"}).decision is Decision.ALLOW
+
+
+class TestCollector:
+    def test_collector_is_switched_back_on(self) -> None:
+        """parse_policy pauses the cyclic garbage collector and turns it back on, after a refusal too."""
+        import gc
+
+        assert gc.isenabled()
+        parse_policy(REFERENCE_DOC)
+        assert gc.isenabled()
+        with pytest.raises(PolicyError):
+            parse_policy(list_bomb(levels=7))
+        assert gc.isenabled()
+
+    def test_collector_left_off_when_it_was_off(self) -> None:
+        """A caller that switched the collector off finds it still off."""
+        import gc
+
+        gc.disable()
+        try:
+            parse_policy(REFERENCE_DOC)
+            assert not gc.isenabled()
+        finally:
+            gc.enable()
+
+
+class TestDepth:
+    def test_depth_at_the_limit_loads(self, parser: str) -> None:
+        """A document exactly MAX_POLICY_DEPTH levels deep loads."""
+        policy = parse_policy(nested_in_operand(policy_module.MAX_POLICY_DEPTH))
+        assert policy.entry("a") is not None
+
+    def test_one_level_deeper_is_refused(self, parser: str) -> None:
+        """One level past MAX_POLICY_DEPTH is refused, naming the line and the limit."""
+        depth = policy_module.MAX_POLICY_DEPTH
+        refused(nested_in_operand(depth + 1), "<string>, line 5: ", "nested", f"{depth} levels")
+
+    def test_depth_reached_through_an_alias_is_refused(self, parser: str) -> None:
+        """An alias whose target is deep counts at the depth where it is used."""
+        depth = policy_module.MAX_POLICY_DEPTH
+        deep = "[" * (depth - 2) + "1" + "]" * (depth - 2)  # at top-level key: levels 2..depth-1
+        refused(V2 + f"actions: {{}}\nx: &d {deep}\ny: [[*d]]\n", "<string>, line 4: ", "nested")
+
+    def test_extremely_deep_nesting_is_a_policy_error(self, parser: str) -> None:
+        """100,000 open brackets are a PolicyError (never a RecursionError or a crash)."""
+        refused(V2 + "actions: {}\nx: " + "[" * 100_000 + "\n", "<string>", "nest")
+
+
+class TestIntegerSpellings:
+    @pytest.mark.parametrize(
+        ("spelling", "value", "kind"),
+        [
+            ("010", 8, "octal"),
+            ("-010", -8, "octal"),
+            ("0o7", 7, "octal"),
+            ("0x10", 16, "hexadecimal"),
+            ("0b11", 3, "binary"),
+            ("1:30", 90, "sexagesimal"),
+            ("1_000", 1000, "_"),
+            ("!!int 010", 8, "octal"),
+        ],
+    )
+    def test_non_decimal_int_refused(self, parser: str, spelling: str, value: int, kind: str) -> None:
+        """A YAML 1.1/1.2 int that is not plain decimal is refused, saying what it would have been."""
+        message = refused(
+            rules_policy_text(f"{{n_eq: {spelling}}}"),
+            "<string>, line 5: ", "when.n_eq", kind, f"as {value}", f"write {value}", "quote",
+        )
+        assert "not valid YAML" not in message
+
+    def test_non_decimal_int_key_refused(self, parser: str) -> None:
+        """An octal-looking action name is refused as a non-string key, showing how it was written."""
+        refused(doc("""\
+            actions:
+              0x10: {decision: allow}
+            """), "<string>, line 3: actions: ", "must be strings", "0x10", "quote")
+
+    @pytest.mark.parametrize(("spelling", "value"), [("16", 16), ("+16", 16), ("-5", -5), ("0", 0), ("-0", 0)])
+    def test_plain_decimal_ints_are_ints(self, parser: str, spelling: str, value: int) -> None:
+        """Plain decimal integers, with an optional sign, are still ints."""
+        assert rules_policy(f"{{n_lte: {spelling}}}").evaluate("a", {"n": value}).decision is Decision.ALLOW
+        assert rules_policy(f"{{n_lte: {spelling}}}").evaluate("a", {"n": value + 1}).decision is Decision.DENY
+
+    def test_quoted_spellings_are_strings(self, parser: str) -> None:
+        """Quoted, the same spellings are strings, compared as written."""
+        policy = rules_policy('{n_in: ["010", "0x10", "1:30", "0o7"]}')
+        assert policy.evaluate("a", {"n": "1:30"}).decision is Decision.ALLOW
+        assert policy.evaluate("a", {"n": 90}).decision is Decision.DENY
+
+
+def rules_policy_text(when: str) -> str:
+    """The text of :func:`rules_policy` (its `when` is on line 5)."""
+    return doc(f"""\
+        actions:
+          a:
+            rules:
+              - when: {when}
+                decision: allow
+        """)
+
+
+class TestCharacters:
+    @pytest.mark.parametrize(
+        ("char", "shown"),
+        [("\x00", "U+0000"), ("\x01", "U+0001"), ("\x1b", "U+001B"), ("\x7f", "U+007F"), ("\x85", "U+0085"),
+         ("\x9f", "U+009F"), ("\x0b", "U+000B"), ("\ufffe", "U+FFFE")],
+    )
+    def test_raw_control_character_refused(self, parser: str, char: str, shown: str) -> None:
+        """A control character in the text is a PolicyError naming line and column, not a reader crash."""
+        refused(V2 + f"actions: {{}}\nnote: ab{char}c\n", "<string>, line 3: ", "column 9", shown)
+
+    def test_raw_lone_surrogate_refused(self, parser: str) -> None:
+        """A lone surrogate in the text given to parse_policy is a PolicyError with its line."""
+        refused(V2 + "actions: {}\nnote: \ud800\n", "<string>, line 3: ", "U+D800", "surrogate")
+
+    def test_nul_byte_in_a_file_refused(self, tmp_path: Path) -> None:
+        """A NUL byte in a policy file is refused naming the file and the line."""
+        path = tmp_path / "ctrlrun.yaml"
+        path.write_bytes(REFERENCE_DOC.encode() + b"note: a\x00b\n")
+        with pytest.raises(PolicyError) as caught:
+            load_policy(path)
+        assert str(caught.value).startswith(f"{path}, line 15: "), str(caught.value)
+        assert "U+0000" in str(caught.value)
+
+    @pytest.mark.parametrize(
+        "entry", ['a: {decision: allow, effect: "x\\ud800:{id}"}', '"a\\ud800": {decision: allow}']
+    )
+    def test_escaped_lone_surrogate_refused(self, parser: str, entry: str) -> None:
+        """A double-quoted "\\ud800" escape in an action name or a value is refused with its line."""
+        message = refused(V2 + f"actions:\n  {entry}\n", "<string>", "line 3", "escape")
+        assert "cannot be hashed" not in message
+
+    @pytest.mark.parametrize(
+        ("escape", "shown"),
+        [("\\0", "U+0000"), ("\\x01", "U+0001"), ("\\e", "U+001B"), ("\\a", "U+0007"), ("\\x7f", "U+007F"),
+         ("\\N", "U+0085"), ("\\u009b", "U+009B")],
+    )
+    def test_escaped_control_character_refused(self, parser: str, escape: str, shown: str) -> None:
+        """A control character written as an escape in a string is refused naming the line and the key."""
+        text = doc(f"""\
+            actions:
+              a:
+                decision: allow
+                effect: "refund{escape}:{{id}}"
+            """)
+        refused(text, "<string>, line 5: ", "actions.a.effect", shown)
+
+    def test_escaped_control_character_in_key_refused(self, parser: str) -> None:
+        """A control character escaped into an action name is refused."""
+        refused(V2 + 'actions:\n  "stripe\\0refund": {decision: allow}\n', "<string>, line 3: ", "U+0000")
+
+    def test_tab_newline_and_carriage_return_allowed(self, parser: str) -> None:
+        """Tab, newline and carriage return escapes are ordinary string content."""
+        policy = rules_policy('{note_eq: "a\\tb\\nc\\rd"}')
+        assert policy.evaluate("a", {"note": "a\tb\nc\rd"}).decision is Decision.ALLOW
+
+    @pytest.mark.parametrize("char", ["\u202e", "\u2066", "\u2069", "\u200b", "\u200f", "\ufeff", "\u00ad"])
+    def test_format_character_in_action_name_refused(self, parser: str, char: str) -> None:
+        """An invisible or bidi format character (category Cf) in an action name is refused."""
+        code = f"U+{ord(char):04X}"
+        refused(V2 + f"actions:\n  stripe{char}.refund: {{decision: allow}}\n", "<string>, line 3: ", code)
+        escaped = f"\\u{ord(char):04x}"
+        refused(V2 + f'actions:\n  "stripe{escaped}.refund": {{decision: allow}}\n', "<string>, line 3: ", code)
+
+    def test_format_character_in_condition_key_refused(self, parser: str) -> None:
+        """A format character in a condition key (a mapping key) is refused too."""
+        refused(rules_policy_text('{"amount\\u200b_lte": 5}'), "<string>, line 5: ", "U+200B")
+
+    def test_leading_byte_order_mark_allowed(self, parser: str) -> None:
+        """A byte order mark at the very start of the text is not part of the document."""
+        assert parse_policy("\ufeff" + REFERENCE_DOC).hash == parse_policy(REFERENCE_DOC).hash
+
+    def test_non_ascii_names_allowed(self, parser: str) -> None:
+        """Letters outside ASCII are fine in names and values."""
+        policy = parse_policy(V2 + 'actions:\n  zahlung.rückerstattung: {decision: allow, effect: "ré:{id}"}\n')
+        assert policy.entry("zahlung.rückerstattung") is not None
 
 
 # --------------------------------------------------------------------------------------------
@@ -1114,8 +1469,8 @@ class TestHash:
         assert parse_policy("schema: ctrlrun.policy/v1\n" + body).hash != parse_policy(V2 + body).hash
 
     def test_yaml_int_spellings_hash_alike(self) -> None:
-        """Hashing is over values as parsed: 0x10 and 16 are the same int."""
-        assert rules_policy("{n_eq: 0x10}").hash == rules_policy("{n_eq: 16}").hash
+        """Hashing is over values as parsed: a signed decimal +16 and 16 are the same int."""
+        assert rules_policy("{n_eq: +16}").hash == rules_policy("{n_eq: 16}").hash
 
     def test_merge_expanded_in_hash(self) -> None:
         """Anchors and merges hash as the expanded mapping."""
