@@ -11,7 +11,7 @@ import json
 import re
 import secrets
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +20,9 @@ from .errors import EffectKeyError, InvalidArgument
 __all__ = [
     "ACTION_SCHEMA",
     "GENESIS_HASH",
+    "MAX_ARGUMENTS_SIZE",
+    "MAX_DEPTH",
+    "MAX_INT_DIGITS",
     "canonical_bytes",
     "sha256_hash",
     "canonical_arguments",
@@ -37,38 +40,249 @@ GENESIS_HASH = "sha256:" + "0" * 64
 DEFAULT_ENVIRONMENT = "production"
 
 
-def _check_jsonable(value: Any, path: str) -> Any:
-    """Return a plain JSON-ready copy of ``value`` or raise InvalidArgument naming ``path``."""
-    if value is None or isinstance(value, (bool, int)):
+#: Containers (lists, mappings) one argument may nest inside one another. Real arguments (a
+#: payment, line items with metadata) nest a handful of levels; 64 is far beyond that, yet keeps
+#: this walk, json's encoder and every json.loads that reads the evidence back far below Python's
+#: recursion limit (1000) even when the call is made deep in a stack, and keeps the path in an
+#: error message short enough to read.
+MAX_DEPTH = 64
+#: The documents hashed through canonical_bytes embed arguments two levels down (the action and
+#: the receipt hold ``{"arguments": {name: value}}``); 8 more levels leave room for one more
+#: envelope, so a document built from accepted arguments is never refused.
+MAX_DOCUMENT_DEPTH = MAX_DEPTH + 8
+#: Decimal digits an int may have. CPython refuses to write an int with more digits than the
+#: process's int_max_str_digits: 4300 by default, but a process may lower it to 640, the least it
+#: accepts. At 640 every process can write (and json.loads back) every accepted int, whatever its
+#: setting, so all agree on the bytes. An amount in minor units needs 20 digits at most (2**64).
+MAX_INT_DIGITS = 640
+_INT_BOUND = 10**MAX_INT_DIGITS  # |n| < _INT_BOUND exactly when n has at most MAX_INT_DIGITS digits
+_SMALL_INT = 2**64  # below this an int needs no digit count: it is a value like any other
+#: How large one call's arguments may be, measured as a lower bound of their canonical JSON: 2
+#: per list item and 5 per mapping item (separator, key quotes, colon, a value of at least one
+#: byte), plus the UTF-8 bytes of every string and key and the digits of ints beyond 2**64. The
+#: arguments are copied into the ACTION_PROPOSED event, the receipt and any approval request, and
+#: hashed on every call: 1 MiB bounds that evidence and that work, and arguments whose JSON fits
+#: in 1 MiB always pass. A larger blob belongs in object storage, passed by reference.
+MAX_ARGUMENTS_SIZE = 1024 * 1024
+#: canonical_bytes has no size limit of its own: its documents are built from bounded parts.
+_UNLIMITED = 2**62
+
+
+class _Refusal(Exception):
+    """A value that cannot be canonicalised; turned into InvalidArgument at the top of the walk.
+
+    The path is collected only while the refusal unwinds (innermost segment first), so the walk
+    formats no path for the values that are fine. ``containers`` (only for a refusal on depth)
+    holds the containers on the path, innermost first, to tell a cycle from a value that is
+    merely too deep: every cycle ends there, since it is infinitely deep.
+    """
+
+    def __init__(self, describe: Callable[[str], str], *, deep: Any = None) -> None:
+        super().__init__()
+        self.describe = describe
+        self.segments: list[str] = []
+        self.containers: list[Any] | None = None if deep is None else [deep]
+
+    def passing(self, segment: str, container: Any) -> _Refusal:
+        """Note the container the refusal unwinds through and the segment that led into it."""
+        self.segments.append(segment)
+        if self.containers is not None:
+            self.containers.append(container)
+        return self
+
+    def message(self, root: str) -> str:
+        segments = self.segments[::-1]
+        if self.containers is not None:
+            seen: dict[int, int] = {}
+            for index, container in enumerate(reversed(self.containers)):  # containers[k]: root + segments[:k]
+                earlier = seen.setdefault(id(container), index)
+                if earlier != index:
+                    here, there = root + "".join(segments[:index]), root + "".join(segments[:earlier])
+                    return (f"{here} refers to itself (it is the same object as {there}): a value that "
+                            f"contains itself has no JSON form; pass a copy without the back-reference")
+        return self.describe(root + "".join(segments))
+
+
+class _Walk:
+    """One canonicalisation's limits: how many containers may nest, how much size is left."""
+
+    __slots__ = ("left", "levels", "max_depth")
+
+    def __init__(self, max_depth: int, levels: int, size: int) -> None:
+        self.max_depth = max_depth  # a container with this many containers around it is refused
+        self.levels = levels  # the same limit as the user sees it, for the message
+        self.left = size
+
+
+def _segment(key: str) -> str:
+    """How a key shows in a path: ``.name``, or ``['odd\\n key']`` shortened when it is unprintable or long."""
+    return f".{key}" if len(key) <= 40 and key.isprintable() else f"[{_shown(key)}]"
+
+
+def _shown(value: Any) -> str:
+    """A short, printable, UTF-8-safe description of a value for an error message; never raises."""
+    try:
+        text = repr(value)
+    except Exception:  # noqa: BLE001 - any failure of a hostile __repr__ (or an int too long to write)
+        return f"<{type(value).__name__}>"
+    text = text if len(text) <= 60 else text[:57] + "..."
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _utf8_size(text: str, key: bool) -> int:
+    """The UTF-8 length of a non-ASCII exact str; a lone surrogate is refused."""
+    try:
+        return len(text.encode("utf-8"))
+    except UnicodeEncodeError:
+        advice = "decode bytes with errors='replace', or pass them as hex or base64"
+        if key:
+            raise _Refusal(lambda path: f"the mapping at {path}: key {_shown(text)} holds a lone surrogate, "
+                                        f"which cannot be encoded as UTF-8; {advice}") from None
+        raise _Refusal(lambda path: f"the string at {path} cannot be encoded as UTF-8 (it holds a lone "
+                                    f"surrogate: {_shown(text)}); {advice}") from None
+
+
+def _too_deep(container: Any, walk: _Walk) -> _Refusal:
+    return _Refusal(lambda path: f"{path} is nested deeper than {walk.levels} levels of lists and mappings; "
+                                 f"flatten it", deep=container)
+
+
+def _too_big(path: str) -> str:
+    return (f"arguments are larger than {MAX_ARGUMENTS_SIZE // (1024 * 1024)} MiB (counting their values and the "
+            f"bytes of their strings and keys), exceeded at {path}: pass large data by reference (an id or a URL)")
+
+
+def _plain(value: Any, depth: int, walk: _Walk) -> Any:
+    """A plain JSON-ready copy of ``value``: exact str/int/bool/None, lists, str-keyed dicts.
+
+    ``depth`` counts the containers around ``value``. The exact types cost one ``type()``
+    comparison each; subclasses, other mappings and refusals go through :func:`_plain_other`.
+    """
+    kind = type(value)
+    if kind is str:
+        walk.left -= len(value) if value.isascii() else _utf8_size(value, False)
+        if walk.left < 0:
+            raise _Refusal(_too_big)
         return value
-    if isinstance(value, str):
+    if kind is int:
+        if -_SMALL_INT < value < _SMALL_INT:
+            return value
+        return _large_int(value, walk)
+    if value is None or kind is bool:
+        return value
+    if kind is dict:
+        return _plain_mapping(value, value.items(), len(value), depth, walk)
+    if kind is list or kind is tuple:
+        return _plain_sequence(value, depth, walk)
+    return _plain_other(value, kind, depth, walk)
+
+
+def _plain_mapping(mapping: Any, pairs: Any, count: int, depth: int, walk: _Walk) -> dict[str, Any]:
+    if depth >= walk.max_depth:
+        raise _too_deep(mapping, walk)
+    walk.left -= 5 * count
+    if walk.left < 0:
+        raise _Refusal(_too_big)
+    plain: dict[str, Any] = {}
+    for key, item in pairs:
+        if type(key) is not str:
+            key = _plain_key(key)
+        walk.left -= len(key) if key.isascii() else _utf8_size(key, True)
         try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            raise InvalidArgument(
-                f"the string at {path} cannot be encoded as UTF-8 (it holds a lone surrogate)"
-            ) from None
-        return value
-    if isinstance(value, float):
-        raise InvalidArgument(
-            f"float is not an allowed argument type at {path}: use integer minor units "
-            f"(amount=200000) or a decimal string ('2000.00')"
-        )
-    if isinstance(value, (list, tuple)):
-        return [_check_jsonable(item, f"{path}[{index}]") for index, item in enumerate(value)]
-    if isinstance(value, Mapping):
-        plain = {}
-        for key, item in value.items():
-            if not isinstance(key, str):
-                raise InvalidArgument(
-                    f"mapping keys must be strings; {path} has a {type(key).__name__} key {key!r}"
-                )
-            plain[key] = _check_jsonable(item, f"{path}.{key}")
-        return plain
-    raise InvalidArgument(
-        f"{type(value).__name__} is not an allowed argument type at {path}: use str, int, bool, "
-        f"None, lists and string-keyed mappings of those"
-    )
+            plain[key] = _plain(item, depth + 1, walk)
+        except _Refusal as refusal:
+            raise refusal.passing(_segment(key), mapping) from None
+    if len(plain) != count:
+        raise _collision(mapping)
+    return plain
+
+
+def _plain_sequence(sequence: Any, depth: int, walk: _Walk) -> list[Any]:
+    if depth >= walk.max_depth:
+        raise _too_deep(sequence, walk)
+    walk.left -= 2 * len(sequence)
+    if walk.left < 0:
+        raise _Refusal(_too_big)
+    items: list[Any] = []
+    append = items.append
+    for item in sequence:
+        try:
+            append(_plain(item, depth + 1, walk))
+        except _Refusal as refusal:
+            raise refusal.passing(f"[{len(items)}]", sequence) from None
+    return items
+
+
+def _plain_key(key: Any) -> str:
+    """A mapping key made an exact str (see :func:`_plain_other`), or a refusal."""
+    if issubclass(type(key), str):
+        return str.__str__(key)
+    raise _Refusal(lambda path: f"mapping keys must be strings; {path} has a {type(key).__name__} key {_shown(key)}")
+
+
+def _collision(mapping: Any) -> _Refusal:
+    """Two keys of ``mapping`` that became one exact str (or a mapping that listed one key twice)."""
+    seen: dict[str, Any] = {}
+    for key in mapping.keys():  # noqa: SIM118 - a Mapping need not iterate as its keys()
+        plain = key if type(key) is str else _plain_key(key)
+        if plain in seen:
+            first = seen[plain]
+            problem = (f": keys {_shown(first)} ({type(first).__name__}) and {_shown(key)} ({type(key).__name__}) "
+                       f"both become {_shown(plain)} as plain strings; keep only one of them")
+            break
+        seen[plain] = key
+    else:
+        problem = " changed while it was read; pass a plain dict"
+    return _Refusal(lambda path: f"the mapping at {path}{problem}")
+
+
+def _large_int(value: int, walk: _Walk) -> int:
+    """An exact int of at least 2**64 in magnitude: refused beyond MAX_INT_DIGITS, else sized by its digits."""
+    if not -_INT_BOUND < value < _INT_BOUND:
+        raise _Refusal(lambda path: f"the int at {path} has more than {MAX_INT_DIGITS} digits "
+                                    f"({value.bit_length()} bits); pass it as a decimal string")
+    walk.left -= (value.bit_length() - 1) * 3 // 10  # no more than its decimal digits: log10(2) > 0.3
+    return value
+
+
+def _plain_other(value: Any, kind: type, depth: int, walk: _Walk) -> Any:
+    """The rare cases: str/int subclasses (made exact), other sequences and mappings, refusals.
+
+    A subclass is converted with the base type's own slot, ``str.__str__`` / ``int.__int__``: for
+    a subclass instance CPython copies the underlying value into an exact str/int and calls
+    nothing the subclass could override (its ``__str__``, ``__format__``, ``__int__`` or
+    ``__index__``). ``type()``, not ``isinstance``, decides, so an object that merely claims a
+    type through ``__class__`` is refused as what it really is.
+    """
+    if issubclass(kind, str):
+        return _plain(str.__str__(value), depth, walk)
+    if issubclass(kind, int):  # bool is not among them: it cannot be subclassed, and is handled before
+        return _plain(int.__int__(value), depth, walk)
+    if kind is float:
+        raise _Refusal(lambda path: f"float is not an allowed argument type at {path}: use integer minor units "
+                                    f"(amount=200000) or a decimal string ('2000.00')")
+    if issubclass(kind, (list, tuple)):
+        return _plain_sequence(value, depth, walk)
+    if issubclass(kind, Mapping):
+        pairs = list(value.items())  # read once, so the count and the copy agree
+        return _plain_mapping(value, pairs, len(pairs), depth, walk)
+    raise _Refusal(lambda path: f"{kind.__name__} is not an allowed argument type at {path}: use str, int, bool, "
+                                f"None, lists and string-keyed mappings of those")
+
+
+def _check_jsonable(value: Any, path: str, walk: _Walk | None = None) -> Any:
+    """Return a plain JSON-ready copy of ``value`` or raise InvalidArgument naming ``path``.
+
+    Without ``walk`` the limits are those of a document (:data:`MAX_DOCUMENT_DEPTH`, no size).
+    """
+    walk = walk or _Walk(MAX_DOCUMENT_DEPTH, MAX_DOCUMENT_DEPTH, _UNLIMITED)
+    try:
+        plain = _plain(value, 0, walk)
+    except _Refusal as refusal:
+        raise InvalidArgument(refusal.message(path)) from None
+    if walk.left < 0:
+        raise InvalidArgument(_too_big(path))
+    return plain
 
 
 def canonical_bytes(value: Any) -> bytes:
@@ -91,8 +305,15 @@ def sha256_hash(data: bytes) -> str:
 
 
 def canonical_arguments(arguments: Mapping[str, Any]) -> dict[str, Any]:
-    """Validate call arguments and return a fresh plain copy (tuples become lists)."""
-    return {name: _check_jsonable(value, f"arguments.{name}") for name, value in arguments.items()}
+    """Validate call arguments and return a fresh plain copy (tuples become lists, subclasses exact).
+
+    Limits: :data:`MAX_DEPTH` nested containers in one argument, ints of :data:`MAX_INT_DIGITS`
+    digits, :data:`MAX_ARGUMENTS_SIZE` in all; a value that contains itself is refused.
+    """
+    if not isinstance(arguments, Mapping):
+        raise InvalidArgument(f"arguments must be a mapping of name to value, not {type(arguments).__name__}")
+    # The arguments mapping is the one container around each argument's value.
+    return _check_jsonable(arguments, "arguments", _Walk(MAX_DEPTH + 1, MAX_DEPTH, MAX_ARGUMENTS_SIZE))
 
 
 def new_id(prefix: str) -> str:
@@ -111,9 +332,11 @@ class Principal:
     expires_at: str | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.agent, str) or not self.agent.strip():
+        object.__setattr__(self, "agent", _exact_str(self.agent))
+        object.__setattr__(self, "user", _exact_str(self.user))
+        if type(self.agent) is not str or not self.agent.strip():
             raise InvalidArgument("a principal needs a non-empty agent name, e.g. context(agent='refund-agent')")
-        if self.user is not None and (not isinstance(self.user, str) or not self.user.strip()):
+        if self.user is not None and (type(self.user) is not str or not self.user.strip()):
             raise InvalidArgument("user must be None or a non-empty string")
         for what, value in (("agent", self.agent), ("user", self.user)):
             if value is not None:
@@ -144,12 +367,20 @@ class Action:
     action_id: str = field(default_factory=lambda: new_id("act_"))
 
     def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not self.name:
+        if type(self.name) is not str:
+            object.__setattr__(self, "name", _exact_str(self.name))
+        if type(self.name) is not str or not self.name:
             raise InvalidArgument("an action needs a non-empty name")
         check_name(self.name, "an action name")
         if not isinstance(self.arguments, Mapping):
             raise InvalidArgument("an action's arguments must be a mapping of name to value")
         object.__setattr__(self, "arguments", canonical_arguments(self.arguments))
+        # Everything hashed is checked here, so the hash (trusted bytes) can never fail later.
+        resource, environment = self.resource, self.environment
+        if resource is not None and not (type(resource) is str and resource.isascii()):
+            object.__setattr__(self, "resource", _check_jsonable(resource, "resource"))
+        if not (type(environment) is str and environment.isascii()):
+            object.__setattr__(self, "environment", _check_jsonable(environment, "environment"))
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Action) and other.action_id == self.action_id
@@ -180,8 +411,16 @@ class Action:
 MAX_NAME_LENGTH = 200
 
 
+def _exact_str(value: Any) -> Any:
+    """An exact str for a str subclass (``str.__str__`` copies its text, calling no override); else ``value``."""
+    return str.__str__(value) if type(value) is not str and issubclass(type(value), str) else value
+
+
 def check_name(value: str, what: str) -> None:
     """Refuse a name the store would take differently on SQLite and PostgreSQL."""
+    value = _exact_str(value)
+    if type(value) is not str:
+        raise InvalidArgument(f"{what} must be a string, not {type(value).__name__}")
     if len(value) > MAX_NAME_LENGTH:
         raise InvalidArgument(f"{what} is {len(value)} characters; at most {MAX_NAME_LENGTH} are allowed")
     if "\x00" in value:
@@ -243,35 +482,64 @@ class Template:
                 have = ", ".join(sorted(values)) or "no arguments"
                 raise error(f"{self.text!r}: no value for '{{{piece}}}' (have: {have})")
             value = values[piece]
-            if isinstance(value, bool) or not isinstance(value, (str, int)):
+            kind = type(value)  # not isinstance: an object claiming str through __class__ is not one
+            if kind is bool or not issubclass(kind, (str, int)):
                 raise error(
-                    f"{self.text!r}: '{{{piece}}}' is {type(value).__name__}; a placeholder must "
+                    f"{self.text!r}: '{{{piece}}}' is {kind.__name__}; a placeholder must "
                     f"resolve to a non-empty string or an int"
                 )
-            if value == "":
+            # The exact value, as canonicalisation makes it (see _plain_other): a subclass's
+            # __str__/__format__/__repr__ never decides the key.
+            if issubclass(kind, str):
+                text = str.__str__(value)
+            else:
+                number = int.__int__(value)
+                if not -_INT_BOUND < number < _INT_BOUND:
+                    raise error(
+                        f"{self.text!r}: '{{{piece}}}' is an int of more than {MAX_INT_DIGITS} digits; "
+                        f"pass it as a decimal string"
+                    )
+                text = int.__repr__(number)
+            if text == "":
                 raise error(
                     f"{self.text!r}: '{{{piece}}}' is empty; a placeholder must resolve to a "
                     f"non-empty string or an int"
                 )
-            out.append(str(value))
+            out.append(text)
         rendered = "".join(out)
         if "\x00" in rendered:
             raise error(f"{self.text!r} renders a key with a NUL character, which PostgreSQL cannot store")
         if len(rendered) > MAX_KEY_LENGTH:
             raise error(f"{self.text!r} renders {len(rendered)} characters; at most {MAX_KEY_LENGTH} are allowed")
+        if not rendered.isascii():
+            try:
+                rendered.encode("utf-8")
+            except UnicodeEncodeError:
+                raise error(
+                    f"{self.text!r} renders a key with a lone surrogate ({_shown(rendered)}), which cannot be "
+                    f"stored as UTF-8 text; decode bytes with errors='replace'"
+                ) from None
         return rendered
 
 
-def idempotency_token_for(effect_key: str, attempt: int) -> str:
-    """A UUID-shaped token stable for one (effect key, attempt): hand it to the remote's API."""
-    digest = bytearray(
-        hashlib.sha256(
-            canonical_bytes({"schema": "ctrlrun.idempotency/v1", "effect_key": effect_key, "attempt": attempt})
-        ).digest()[:16]
-    )
+def _uuid_from(document: dict[str, Any]) -> str:
+    digest = bytearray(hashlib.sha256(canonical_bytes(document)).digest()[:16])
     digest[6] = digest[6] & 0x0F | 0x80
     digest[8] = digest[8] & 0x3F | 0x80
     return str(uuid.UUID(bytes=bytes(digest)))
+
+
+def idempotency_token_for(effect_key: str, attempt: int | None = None) -> str:
+    """A UUID-shaped token to hand to the remote's idempotency header.
+
+    Without ``attempt`` it is stable for the effect key across attempts: the fence that turns a
+    late call from a worker that outlived its lease into a replay of the first at a remote that
+    dedupes on the token (a deliberate departure from the reference). With ``attempt`` it is the
+    reference's per-attempt value (``("tok:t1", 1)`` -> ``497c20d6-d847-8d19-8c14-fe31f5c9aeca``).
+    """
+    if attempt is None:
+        return _uuid_from({"schema": "ctrlrun.idempotency/v2", "effect_key": effect_key})
+    return _uuid_from({"schema": "ctrlrun.idempotency/v1", "effect_key": effect_key, "attempt": attempt})
 
 
 def evidence_text(text: str) -> str:

@@ -6,14 +6,21 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
+import enum
+import json
 import math
 import re
+import sys
+from collections.abc import Callable
 
 import pytest
 
 from ctrlrun.canonical import (
     ACTION_SCHEMA,
     GENESIS_HASH,
+    MAX_ARGUMENTS_SIZE,
+    MAX_DEPTH,
+    MAX_INT_DIGITS,
     Action,
     Principal,
     Template,
@@ -23,6 +30,7 @@ from ctrlrun.canonical import (
     idempotency_token_for,
     new_id,
     sha256_hash,
+    trusted_canonical_bytes,
 )
 from ctrlrun.errors import EffectKeyError, InvalidArgument
 
@@ -425,3 +433,364 @@ def test_evidence_time_truncates_to_milliseconds() -> None:
 def test_evidence_time_none() -> None:
     """No moment gives None."""
     assert evidence_time(None) is None
+
+
+# ---------------------------------------------------------------------------------------------
+# str and int subclasses become exact builtins (one canonical value for the hash and the key)
+# ---------------------------------------------------------------------------------------------
+
+
+class Shouty(str):
+    """A str subclass that lies about itself everywhere it can."""
+
+    def __str__(self) -> str:
+        return "LIES"
+
+    def __format__(self, spec: str) -> str:
+        return "LIES"
+
+    def encode(self, *args: object, **kwargs: object) -> bytes:  # type: ignore[override]
+        return b"LIES"
+
+
+class Sneaky(int):
+    """An int subclass whose every text and number conversion is overridden."""
+
+    def __str__(self) -> str:
+        return "LIES"
+
+    def __repr__(self) -> str:
+        return "LIES"
+
+    def __format__(self, spec: str) -> str:
+        return "LIES"
+
+    def __int__(self) -> int:
+        return -1
+
+    def __index__(self) -> int:
+        return -1
+
+
+class Color(str, enum.Enum):
+    RED = "red"
+
+
+class Level(enum.StrEnum):
+    HIGH = "high"
+
+
+class Code(int, enum.Enum):
+    TEAPOT = 418
+
+
+class Tier(enum.IntEnum):
+    GOLD = 3
+
+
+class Perm(enum.IntFlag):
+    READ = 1
+    WRITE = 2
+
+
+class Tagged(str):
+    """A str subclass that is a different dict key from its own text (its own __eq__ and __hash__)."""
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is Tagged and str.__eq__(self, other)
+
+    def __hash__(self) -> int:
+        return hash(("tagged", str.__str__(self)))
+
+
+class Impostor:
+    """Claims to be a str through ``__class__`` (so ``isinstance(x, str)`` is True) but is not one."""
+
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:
+        return str
+
+
+SUBCLASS_VALUES = [
+    pytest.param(Shouty("abc"), "abc", id="str-overridden-str"),
+    pytest.param(Color.RED, "red", id="str-enum"),
+    pytest.param(Level.HIGH, "high", id="StrEnum"),
+    pytest.param(Tier.GOLD, 3, id="IntEnum"),
+    pytest.param(Code.TEAPOT, 418, id="int-enum"),
+    pytest.param(Perm.READ | Perm.WRITE, 3, id="IntFlag"),
+    pytest.param(Sneaky(7), 7, id="int-overridden-str"),
+]
+
+
+def _exact(value: object) -> object:
+    """``value`` with every str/int replaced by (type name, value), to compare types exactly."""
+    if isinstance(value, dict):
+        return {(type(k).__name__, k): _exact(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_exact(v) for v in value]
+    return (type(value).__name__, value)
+
+
+@pytest.mark.parametrize("value, plain", SUBCLASS_VALUES)
+def test_subclass_values_become_exact_builtins_at_every_depth(value: object, plain: object) -> None:
+    """A str/int subclass becomes an exact str/int, alone, in a list and in a mapping."""
+    copy = canonical_arguments({"k": value, "l": [1, value], "d": {"x": [value]}})
+    assert _exact(copy) == _exact({"k": plain, "l": [1, plain], "d": {"x": [plain]}})
+
+
+@pytest.mark.parametrize("value, plain", [p for p in SUBCLASS_VALUES if isinstance(p.values[0], str)])
+def test_subclass_mapping_keys_become_exact_str(value: str, plain: str) -> None:
+    """A str-subclass mapping key becomes an exact str, in nested mappings and at the top level."""
+    copy = canonical_arguments({value: 1, "meta": {"d": {value: [{value: 2}]}}})
+    assert _exact(copy) == _exact({plain: 1, "meta": {"d": {plain: [{plain: 2}]}}})
+
+
+@pytest.mark.parametrize("value, plain", SUBCLASS_VALUES)
+def test_subclass_and_its_value_are_one_action_and_one_effect_key(value: object, plain: object) -> None:
+    """A subclass value and its plain value give the same canonical bytes, action hash and rendered key."""
+    assert canonical_bytes({"k": [value]}) == canonical_bytes({"k": [plain]})
+    assert _vector_action(arguments={"key": value}).hash == _vector_action(arguments={"key": plain}).hash
+    template = Template.parse("pay:{key}")
+    rendered = template.render({"key": value})
+    assert type(rendered) is str and rendered == template.render({"key": plain}) == f"pay:{plain}"
+    canonical = _vector_action(arguments={"key": value}).arguments
+    assert template.render(canonical) == f"pay:{plain}"
+
+
+def test_str_enum_member_and_its_value_are_the_same_call() -> None:
+    """Color.RED and "red": same canonical bytes, same action hash, same effect key (pay:red)."""
+    assert canonical_bytes({"key": Color.RED}) == canonical_bytes({"key": "red"}) == b'{"key":"red"}'
+    enum_action = _vector_action(arguments={"key": Color.RED})
+    plain_action = _vector_action(arguments={"key": "red"})
+    assert enum_action.hash == plain_action.hash
+    template = Template.parse("pay:{key}")
+    assert template.render(enum_action.arguments) == template.render(plain_action.arguments) == "pay:red"
+    assert template.render({"key": Color.RED}) == "pay:red"
+
+
+@pytest.mark.parametrize("where", ["top", "nested"])
+def test_keys_that_collide_once_converted_are_refused(where: str) -> None:
+    """{Tagged("red"): .., "red": ..} holds two keys that both become "red": refused, naming the mapping."""
+    colliding = {Tagged("red"): 1, "red": 2}
+    assert len(colliding) == 2  # Tagged hashes apart from str, so the dict keeps both
+    arguments = colliding if where == "top" else {"meta": {"inner": colliding}}
+    with pytest.raises(InvalidArgument) as info:
+        canonical_arguments(arguments)
+    message = str(info.value)
+    assert ("at arguments:" if where == "top" else "at arguments.meta.inner:") in message
+    assert "both become 'red'" in message and "Tagged" in message
+
+
+def test_class_impostor_is_refused_not_trusted() -> None:
+    """An object whose __class__ claims str is refused as its real type, in values, keys and templates."""
+    assert isinstance(Impostor(), str)
+    with pytest.raises(InvalidArgument, match=r"Impostor is not an allowed argument type at arguments\.k"):
+        canonical_arguments({"k": Impostor()})
+    with pytest.raises(InvalidArgument, match=r"arguments\.d has a Impostor key"):
+        canonical_arguments({"d": {Impostor(): 1}})
+    with pytest.raises(EffectKeyError, match="is Impostor"):
+        Template.parse("e:{x}").render({"x": Impostor()})
+
+
+def test_render_uses_the_integer_value_of_an_int_subclass() -> None:
+    """An int subclass with overridden __str__/__repr__/__format__/__int__ renders its integer value."""
+    assert Template.parse("e:{x}/{y}").render({"x": Sneaky(-12), "y": Perm.READ | Perm.WRITE}) == "e:-12/3"
+
+
+def test_principal_and_action_names_become_exact_str() -> None:
+    """A str-subclass agent, user or action name is stored as an exact str."""
+    principal = Principal(Shouty("support-agent"), user=Color.RED)
+    assert (type(principal.agent), principal.agent) == (str, "support-agent")
+    assert (type(principal.user), principal.user) == (str, "red")
+    action = _vector_action(name=Shouty("stripe.refund"), principal=Principal(Shouty("support-agent")))
+    assert type(action.name) is str and action.hash == VECTOR_HASH
+
+
+# ---------------------------------------------------------------------------------------------
+# Hostile arguments: every one is InvalidArgument naming what and where, never a raw error
+# ---------------------------------------------------------------------------------------------
+
+
+def _nested_lists(levels: int, leaf: object = 1) -> object:
+    value = leaf
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+def _nested_dicts(levels: int, leaf: object = 1) -> object:
+    value = leaf
+    for _ in range(levels):
+        value = {"d": value}
+    return value
+
+
+def _refusal(arguments: dict[str, object]) -> str:
+    """The InvalidArgument message canonical_arguments gives; it must itself be valid UTF-8 text."""
+    with pytest.raises(InvalidArgument) as info:
+        canonical_arguments(arguments)
+    message = str(info.value)
+    message.encode("utf-8")
+    return message
+
+
+@pytest.mark.parametrize("key", ["a\ud800", "\udcff"])
+def test_lone_surrogate_in_a_key_is_refused_with_its_path(key: str) -> None:
+    """A mapping key with a lone surrogate is InvalidArgument naming the mapping; canonical_bytes too."""
+    message = _refusal({"meta": {"ok": [{key: 1}]}})
+    assert "arguments.meta.ok[0]" in message and "lone surrogate" in message
+    with pytest.raises(InvalidArgument, match="lone surrogate"):
+        canonical_bytes({key: 1})
+
+
+def test_lone_surrogate_in_an_argument_name_is_refused() -> None:
+    """An argument name (a top-level key) with a lone surrogate is refused at `arguments`."""
+    assert "at arguments:" in _refusal({"bad\ud800": 1})
+
+
+@pytest.mark.parametrize("build", [_nested_lists, _nested_dicts], ids=["lists", "dicts"])
+def test_five_thousand_levels_deep_is_refused_not_a_recursion_error(build: Callable[[int], object]) -> None:
+    """5,000 nested lists or mappings are InvalidArgument ("deeper than 64"), never RecursionError."""
+    message = _refusal({"deep": build(5000)})
+    assert message.startswith("arguments.deep") and f"deeper than {MAX_DEPTH}" in message
+    with pytest.raises(InvalidArgument, match="deeper than"):
+        canonical_bytes({"deep": build(5000)})
+
+
+@pytest.mark.parametrize("build", [_nested_lists, _nested_dicts], ids=["lists", "dicts"])
+def test_depth_limit_is_exactly_sixty_four_containers_per_argument(build: Callable[[int], object]) -> None:
+    """64 nested containers in one argument are accepted (and the action hashes); 65 are refused."""
+    assert MAX_DEPTH == 64
+    action = _vector_action(arguments={"deep": build(MAX_DEPTH)})
+    assert canonical_bytes(action.canonical()).count(b"[" if build is _nested_lists else b'{"d"') == MAX_DEPTH
+    assert re.fullmatch(r"sha256:[0-9a-f]{64}", action.hash)
+    assert "deeper than 64" in _refusal({"deep": build(MAX_DEPTH + 1)})
+
+
+def test_self_referencing_dict_is_refused_as_a_cycle() -> None:
+    """A dict that contains itself: "refers to itself", naming both places."""
+    looped: dict[str, object] = {"a": 1}
+    looped["self"] = looped
+    message = _refusal({"meta": looped})
+    assert "arguments.meta.self refers to itself" in message
+    assert "arguments.meta" in message.split("refers to itself", 1)[1]
+
+
+def test_self_referencing_list_is_refused_as_a_cycle() -> None:
+    """A list that contains itself (two levels down): "refers to itself" with the path."""
+    looped: list[object] = [1]
+    looped.append({"back": looped})
+    message = _refusal({"items": looped})
+    assert "arguments.items[1].back refers to itself" in message
+
+
+def test_arguments_mapping_that_contains_itself_is_refused() -> None:
+    """The arguments mapping itself as one of its values is a cycle at `arguments`."""
+    arguments: dict[str, object] = {"a": 1}
+    arguments["me"] = arguments
+    assert "arguments.me refers to itself (it is the same object as arguments)" in _refusal(arguments)
+    with pytest.raises(InvalidArgument, match="refers to itself"):
+        canonical_bytes(arguments)
+
+
+def test_the_same_list_twice_is_not_a_cycle() -> None:
+    """A value shared by two places (no back-reference) is fine and is written twice."""
+    shared = [1, 2]
+    assert canonical_bytes({"a": shared, "b": {"c": shared}}) == b'{"a":[1,2],"b":{"c":[1,2]}}'
+
+
+@pytest.mark.parametrize("sign", [1, -1], ids=["positive", "negative"])
+def test_int_too_large_to_write_is_refused_not_a_value_error(sign: int) -> None:
+    """An int of 5,000 digits (Python's str() refuses more than 4,300) is InvalidArgument with the path."""
+    message = _refusal({"meta": {"n": [sign * 10**4999]}})
+    assert "arguments.meta.n[0]" in message and f"more than {MAX_INT_DIGITS} digits" in message
+    with pytest.raises(InvalidArgument, match="digits"):
+        canonical_bytes({"n": sign * 10**4999})
+
+
+def test_int_digit_limit_is_exact_and_independent_of_the_process_setting() -> None:
+    """640 digits pass (written and read back even at the lowest int_max_str_digits); 641 fail."""
+    biggest = 10**MAX_INT_DIGITS - 1
+    assert len(str(biggest)) == MAX_INT_DIGITS == 640
+    saved = sys.get_int_max_str_digits()
+    sys.set_int_max_str_digits(640)  # the lowest limit a process can set
+    try:
+        written = canonical_bytes({"n": [biggest, -biggest]})
+        assert written == f'{{"n":[{biggest},-{biggest}]}}'.encode()
+        assert json.loads(written) == {"n": [biggest, -biggest]}  # and read back
+        assert "more than 640 digits" in _refusal({"n": biggest + 1})
+        assert "more than 640 digits" in _refusal({"n": -biggest - 1})
+        assert "more than 640 digits" in _refusal({"n": Sneaky(biggest + 1)})
+    finally:
+        sys.set_int_max_str_digits(saved)
+
+
+def test_huge_int_as_a_mapping_key_is_described_safely() -> None:
+    """A non-str key whose repr() would raise (a 5,000-digit int) is still a clean InvalidArgument."""
+    message = _refusal({"m": {10**4999: 1}})
+    assert "arguments.m has a int key" in message
+
+
+def test_total_size_limit_refuses_one_huge_string() -> None:
+    """A string of more than 1 MiB is refused naming the limit."""
+    assert MAX_ARGUMENTS_SIZE == 1024 * 1024
+    message = _refusal({"blob": "x" * (MAX_ARGUMENTS_SIZE + 1)})
+    assert message.startswith("arguments are larger than") and "1 MiB" in message
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        pytest.param({"blob": "x" * (MAX_ARGUMENTS_SIZE - len(b'{"blob":""}'))}, id="one-string"),
+        pytest.param({"many": [0] * ((MAX_ARGUMENTS_SIZE - 10) // 2)}, id="many-ints"),
+        pytest.param({"keys": {f"{i:06d}": 0 for i in range((MAX_ARGUMENTS_SIZE - 10) // 11)}}, id="many-keys"),
+    ],
+)
+def test_arguments_whose_json_fits_in_one_mib_are_accepted(arguments: dict[str, object]) -> None:
+    """The size measure never exceeds the canonical JSON size: JSON of at most 1 MiB always passes."""
+    size = len(trusted_canonical_bytes(arguments))
+    assert MAX_ARGUMENTS_SIZE - 16 <= size <= MAX_ARGUMENTS_SIZE
+    assert canonical_arguments(arguments) == arguments
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        pytest.param({"many": [0] * (MAX_ARGUMENTS_SIZE // 2)}, id="many-ints"),
+        pytest.param({"many": [None] * MAX_ARGUMENTS_SIZE}, id="many-nones"),
+        pytest.param({"many": [{"k": i} for i in range(MAX_ARGUMENTS_SIZE // 7)]}, id="many-mappings"),
+        pytest.param({"text": "日" * 400_000}, id="non-ascii-bytes"),
+        pytest.param({"keys": {f"{i:07d}": None for i in range(200_000)}}, id="many-keys"),
+        pytest.param({"big": [10**600] * 2000}, id="large-ints"),
+    ],
+)
+def test_total_size_limit_counts_values_keys_bytes_and_digits(arguments: dict[str, object]) -> None:
+    """Many small values, many keys, multi-byte text and large ints count towards the 1 MiB too."""
+    assert len(trusted_canonical_bytes(arguments)) > MAX_ARGUMENTS_SIZE
+    assert "larger than" in _refusal(arguments)
+
+
+def test_hostile_resource_or_environment_is_refused_when_the_action_is_built() -> None:
+    """A lone surrogate in an action's resource or environment is InvalidArgument at construction."""
+    with pytest.raises(InvalidArgument, match="resource.*lone surrogate"):
+        _vector_action(resource="acct:\ud800")
+    with pytest.raises(InvalidArgument, match="environment.*lone surrogate"):
+        _vector_action(environment="prod\udcff")
+
+
+@pytest.mark.parametrize(
+    "value, word",
+    [
+        pytest.param("a\ud800", "lone surrogate", id="lone-surrogate"),
+        pytest.param(Shouty("\udcff"), "lone surrogate", id="surrogate-in-subclass"),
+        pytest.param("a\x00b", "NUL", id="nul"),
+        pytest.param(10**4999, "digits", id="huge-int"),
+    ],
+)
+def test_template_render_refuses_unstorable_text_from_raw_values(value: object, word: str) -> None:
+    """Rendering raw values with a lone surrogate, a NUL or a 5,000-digit int raises the chosen error."""
+    with pytest.raises(InvalidArgument, match=word) as info:
+        Template.parse("res:{x}").render({"x": value}, error=InvalidArgument)
+    str(info.value).encode("utf-8")
+    with pytest.raises(EffectKeyError, match=word):
+        Template.parse("e:{x}").render({"x": value})
