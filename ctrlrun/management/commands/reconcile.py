@@ -1,18 +1,55 @@
 from __future__ import annotations
 
+import datetime as dt
 import math
 import time
 from argparse import ArgumentParser
 from typing import Any
 
-from ... import reconcile
+from django.db import Error as DjangoDatabaseError
+from django.db import InterfaceError, OperationalError, connections
+
+from ... import conf, reconcile
+from ...errors import StoreUnavailable
 from ..base import CtrlrunCommand, Error, positive_int
+
+#: The first wait after a pass the database refused: long enough not to hammer a server that is
+#: restarting, short enough that a blip (a failover, a dropped connection) costs about a second.
+OUTAGE_FIRST_WAIT_SECONDS = 1.0
+#: Each further failure in a row doubles the wait, so a long outage is not hammered; the wait is
+#: capped at --interval, so the loop never waits longer after an outage than between healthy
+#: passes, and a database that is back is noticed no later than the next scheduled pass.
+OUTAGE_BACKOFF_FACTOR = 2.0
+
+
+def _database_error(exc: BaseException) -> BaseException:
+    """The driver's error under the store's ``StoreUnavailable`` (raised from it), else ``exc``."""
+    while isinstance(exc, StoreUnavailable) and exc.__cause__ is not None:
+        exc = exc.__cause__
+    return exc
+
+
+def _unreachable(exc: BaseException) -> bool:
+    """Is this the database being away (worth waiting out), not a fault that a retry repeats?
+
+    A missing table or a refused statement (ProgrammingError...), or a ``StoreUnavailable`` of
+    ctrlrun's own making (a store that fails its integrity checks), is not an outage: the loop
+    stops with the one-line error instead of retrying it forever. (SQLite reports a missing table
+    as an OperationalError: that is retried, and logged on every pass.)
+    """
+    return isinstance(_database_error(exc), (OperationalError, InterfaceError))
+
+
+def _one_line(exc: BaseException) -> str:
+    """What went wrong, as one log line (a driver's message may span several)."""
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())}"
 
 
 class Command(CtrlrunCommand):
     help = (
         "Deferred reconciliation: move effects whose worker's lease lapsed to AMBIGUOUS, then ask each "
-        "AMBIGUOUS effect's reconcile hook and apply its answer. Effects without a hook are listed for a human."
+        "AMBIGUOUS effect's reconcile hook and apply its answer. Effects without a hook are listed for a human. "
+        "With --loop, a database outage is logged and waited out (backoff up to --interval), not fatal."
     )
 
     def add_arguments(self, parser: ArgumentParser) -> None:
@@ -20,7 +57,8 @@ class Command(CtrlrunCommand):
         parser.add_argument("--limit", type=positive_int, metavar="N", help="ask at most N hooks per pass")
         parser.add_argument("--import", dest="modules", action="append", default=[], metavar="MODULE",
                             help="import this module first so its protected functions' hooks are known (repeatable)")
-        parser.add_argument("--loop", action="store_true", help="keep going, one pass every --interval seconds")
+        parser.add_argument("--loop", action="store_true",
+                            help="keep going, one pass every --interval seconds; survive database outages")
         parser.add_argument("--interval", type=float, default=60.0, metavar="SECONDS",
                             help="pause between passes with --loop (default 60)")
 
@@ -29,17 +67,58 @@ class Command(CtrlrunCommand):
         if not math.isfinite(interval) or interval <= 0:
             raise Error("--interval must be a positive number of seconds", returncode=2)
         reconcile.discover(modules)
+        if not loop:  # one pass: an outage is the one-line error every command gives
+            self._print(reconcile.run_once(action=action, limit=limit))
+            return
+        try:
+            self._loop(action, limit, interval)
+        except KeyboardInterrupt:  # Ctrl-C, in a pass or a wait: an interrupted step rolled back
+            self.stdout.write("stopped")
+            self.stdout.flush()
+
+    def _loop(self, action: str | None, limit: int | None, interval: float) -> None:
+        failures = 0
+        wait = OUTAGE_FIRST_WAIT_SECONDS
         while True:
-            report = reconcile.run_once(action=action, limit=limit)
-            for effect in report.swept:
-                self.stdout.write(f"{effect.effect_key}  swept  lease lapsed under {effect.action_id}; now ambiguous")
-            for line in report.lines:
-                self.stdout.write(f"{line.effect_key}  {line.outcome}  {line.detail}")
-            self.stdout.write(report.summary())
-            if not loop:
-                return
             try:
-                time.sleep(interval)
-            except KeyboardInterrupt:
-                self.stdout.write("stopped")
-                return
+                report = reconcile.run_once(action=action, limit=limit)
+            except (OperationalError, InterfaceError, StoreUnavailable) as exc:
+                if not _unreachable(exc):
+                    raise
+                failures += 1
+                pause = min(wait, interval)
+                wait = pause * OUTAGE_BACKOFF_FACTOR
+                self._reconnect()
+                at = (dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=pause)).strftime("%H:%M:%S")
+                self.stderr.write(f"reconcile: the store is unavailable ({_one_line(_database_error(exc))}); retrying in "
+                                  f"{pause:g} s, at {at} UTC (failed pass {failures} in a row)")
+                self.stderr.flush()
+                time.sleep(pause)
+                continue
+            if failures:
+                self.stderr.write(f"reconcile: the store is reachable again after {failures} failed pass(es); "
+                                  f"resuming every {interval:g} s")
+                self.stderr.flush()
+                failures, wait = 0, OUTAGE_FIRST_WAIT_SECONDS
+            self._print(report)
+            time.sleep(interval)
+
+    @staticmethod
+    def _reconnect() -> None:
+        """Drop the broken connection, so that the next pass opens a new one.
+
+        Django closes a dead connection only at the end of a web request; a long-running command
+        would otherwise reuse it, and fail, after the database is back.
+        """
+        try:
+            connections[conf.database_alias()].close()
+        except DjangoDatabaseError:
+            pass  # closing a dead connection may fail too; Django has forgotten it either way
+
+    def _print(self, report: reconcile.Report) -> None:
+        for effect in report.swept:
+            self.stdout.write(f"{effect.effect_key}  swept  lease lapsed under {effect.action_id}; now ambiguous")
+        for line in report.lines:
+            self.stdout.write(f"{line.effect_key}  {line.outcome}  {line.detail}")
+        self.stdout.write(report.summary())
+        self.stdout.flush()  # a loop's lines go to a log reader now, not when a buffer fills
