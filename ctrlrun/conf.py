@@ -24,6 +24,7 @@ __all__ = [
     "hook_modules",
     "reconcile_backoff",
     "now",
+    "clock_overridden",
     "set_clock",
 ]
 
@@ -138,8 +139,18 @@ _clock: Callable[[], dt.datetime] = _system_now
 
 
 def now() -> dt.datetime:
-    """The current time, aware UTC. Tests swap the clock with :func:`set_clock`."""
+    """This host's current time, aware UTC (or the test clock set with :func:`set_clock`).
+
+    Leases, expiries and every time the store writes come from the *store's* clock instead
+    (``store.now()``: the database's on PostgreSQL), so one host's clock running fast or slow
+    cannot lapse a live lease or misdate evidence. A clock set here replaces both.
+    """
     return _clock()
+
+
+def clock_overridden() -> bool:
+    """Whether a test clock replaces the system's (and so the database's) clock."""
+    return _clock is not _system_now
 
 
 def set_clock(clock: Callable[[], dt.datetime] | None) -> None:

@@ -19,6 +19,7 @@ __all__ = [
     "AmbiguousEffect",
     "NotExecuted",
     "StoreUnavailable",
+    "EvidenceTampered",
 ]
 
 
@@ -105,3 +106,11 @@ class NotExecuted(CTRLRunError):
 
 class StoreUnavailable(CTRLRunError):
     """The evidence store cannot be reached or does not exist; nothing ran."""
+
+
+class EvidenceTampered(StoreUnavailable):
+    """A row ctrlrun must trust does not carry its signature: it was written around ctrlrun.
+
+    Raised when the chain head (or the store's signing key) does not verify, so ctrlrun refuses to
+    write on top of it. Nothing ran. ``receipts --verify-chain`` names what changed.
+    """

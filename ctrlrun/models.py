@@ -6,12 +6,19 @@
   ``attempt`` counts reservations (a retry after ``failed`` renews the row with attempt + 1);
   ``lease_expires_at`` is set exactly while a worker holds the row (reserved/executing), a
   check constraint says so.
-- ``Event``: the fine-grained story of every call, append-only, ordered by its autoincrement id.
+- ``Event``: the fine-grained story of every call, append-only, hash-chained like receipts
+  through ``seq``/``prev_hash``/``hash`` (its own chain, under the same head row). A running
+  call's opening events wait on its effect record (``pending``) and join the chain when the call
+  ends or its lease is swept, so reserving a key takes no global lock.
 - ``Receipt``: one per finished or refused call, a ``ctrlrun.receipt/v7`` JSON document kept
   byte for byte as written (a text column: PostgreSQL's jsonb would reorder keys), hash-chained
   through ``seq``/``prev_hash``/``hash``.
-- ``ChainHead``: a single row holding the last ``seq`` and ``hash``. Every receipt append locks
-  it, which keeps the chain linear under concurrent writers on any host.
+- ``ChainHead``: a single row holding the last receipt's and the last event's ``seq`` and
+  ``hash``, signed (``mac``) with a key kept outside the database (``ctrlrun.signing``) whose id it
+  records. Every evidence append locks it, which keeps both chains linear on any host.
+- ``mac`` on effect records and approvals: the store's signature of the fields that decide
+  what may run (state, holder, attempt, lease, resolver; status, approver, what was approved), so
+  a row written around ctrlrun is refused where it is used.
 - ``Approval``: a human's answer to an ``approve`` decision, bound to the action hash of the
   exact call the human read (``action_json`` keeps that call whole). It moves pending ->
   granted | denied | expired, and granted -> consumed (once) | expired; only the store moves it.
@@ -34,6 +41,7 @@ _STORED_STATES = [(s.value, s.value) for s in EffectState if s is not EffectStat
 _HOLDING = [EffectState.RESERVED.value, EffectState.EXECUTING.value]
 ID_LENGTH = 36  # "act_" + 32 hex characters
 HASH_LENGTH = 71  # "sha256:" + 64 hex characters
+MAC_LENGTH = 76  # "hmac-sha256:" + 64 hex characters
 
 
 class JSONTextField(models.TextField):
@@ -54,8 +62,12 @@ class JSONTextField(models.TextField):
         return None if value is None else dumps_json(value)
 
 
+#: One encoder, built once: json.dumps with non-default options builds a new one per call.
+_COMPACT = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+
+
 def dumps_json(value: object) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    return _COMPACT.encode(value)
 
 
 class PolicyDocument(models.Model):
@@ -91,6 +103,12 @@ class EffectRecord(models.Model):
     )
     created_at = models.DateTimeField()
     updated_at = models.DateTimeField()
+    pending = models.TextField(
+        null=True, blank=True,
+        help_text="The running attempt's opening events, until they join the event chain when it ends.",
+    )
+    mac = models.CharField(max_length=MAC_LENGTH, null=True, blank=True,
+                           help_text="ctrlrun's signature of the state, holder, attempt, lease and resolver.")
 
     class Meta:
         permissions = [("resolve_effect", "Can resolve ambiguous effects and ask the remote")]
@@ -116,6 +134,9 @@ class Event(models.Model):
     effect_key = models.CharField(max_length=MAX_KEY_LENGTH, null=True, blank=True, db_index=True)
     approval_id = models.CharField(max_length=ID_LENGTH, null=True, blank=True)
     data = JSONTextField(default=dict)
+    seq = models.BigIntegerField(unique=True, null=True, help_text="Position in the event chain.")
+    prev_hash = models.CharField(max_length=HASH_LENGTH, null=True)
+    hash = models.CharField(max_length=HASH_LENGTH, null=True)
 
     class Meta:
         ordering = ["id"]
@@ -149,6 +170,10 @@ class ChainHead(models.Model):
     id = models.PositiveSmallIntegerField(primary_key=True, default=1)
     seq = models.BigIntegerField(default=0)
     hash = models.CharField(max_length=HASH_LENGTH, default=GENESIS_HASH)
+    event_seq = models.BigIntegerField(default=0)
+    event_hash = models.CharField(max_length=HASH_LENGTH, default=GENESIS_HASH)
+    mac = models.CharField(max_length=MAC_LENGTH, null=True)
+    key_id = models.CharField(max_length=32, null=True, help_text="The id of the key that signs this store.")
 
     def __str__(self) -> str:
         return f"chain head at seq {self.seq}"
@@ -174,6 +199,8 @@ class Approval(models.Model):
     consumed_at = models.DateTimeField(null=True, blank=True)
     consumed_by = models.CharField(max_length=ID_LENGTH, null=True, blank=True,
                                    help_text="The call that used the approval.")
+    mac = models.CharField(max_length=MAC_LENGTH, null=True, blank=True,
+                           help_text="ctrlrun's signature of the request, its answer and its use.")
 
     class Meta:
         ordering = ["created_at"]

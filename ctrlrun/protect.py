@@ -32,7 +32,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
-from . import conf
+from . import conf, heartbeat
 from .canonical import (
     Action,
     Principal,
@@ -87,15 +87,23 @@ def with_approval(request_id: str) -> Iterator[str]:
         _approval.reset(token)
 
 
-def idempotency_token() -> str:
-    """A UUID for this effect key and attempt, to hand to the remote's idempotency header."""
+def idempotency_token(per_attempt: bool = False) -> str:
+    """A UUID for this call's effect key, to hand to the remote's idempotency header.
+
+    It is the same for every attempt at one effect key (a deliberate departure from the
+    reference): if a worker frozen past its lease wakes and calls the remote after a retry already
+    did, a remote that dedupes on the token (Stripe, most payment and email APIs) treats the late
+    call as a replay of the first. ``per_attempt=True`` gives the reference's value, which changes
+    with each attempt (for a remote that keeps a failed request's answer under its key).
+    """
     current = _current_attempt.get()
     if current is None:
         raise InvalidArgument(
             "idempotency_token() is defined only inside an executor running under an effect key: call it "
             "from the body of a protected function that has effect=..."
         )
-    return idempotency_token_for(*current)
+    key, attempt = current
+    return idempotency_token_for(key, attempt) if per_attempt else idempotency_token_for(key)
 
 
 # --------------------------------------------------------------------------- runtime
@@ -120,10 +128,12 @@ def runtime() -> Runtime:
         if _runtime is None:
             from . import standalone
 
+            # The policy first: a call in a folder with no (or a broken) policy creates nothing.
+            standalone.configure_settings()
+            policy = load_policy(conf.policy_path(), environment=conf.environment())
             standalone.ensure_ready()
             from . import store
 
-            policy = load_policy(conf.policy_path(), environment=conf.environment())
             store.ensure_policy(policy.hash, policy.schema, policy.source, policy.text, policy.environment)
             _runtime = Runtime(policy=policy, lease=conf.lease())
     return _runtime
@@ -159,16 +169,17 @@ def call_hook(hook: Callable[[str], Any], effect_key: str) -> Any:
     """Ask a hook; an Exception or an answer outside the three becomes a recorded 'unknown'."""
     from .store import HookAnswer
 
-    started = conf.now()
+    started = time.monotonic()
     try:
         answer = hook(effect_key)
     except Exception as exc:
         logger.warning("reconcile hook for %s raised %s: %s", effect_key, type(exc).__name__, exc)
-        return HookAnswer("unknown", "raised", evidence_text(f"{type(exc).__name__}: {exc}"), started)
+        return HookAnswer("unknown", "raised", evidence_text(f"{type(exc).__name__}: {exc}"),
+                          time.monotonic() - started)
     if isinstance(answer, str) and answer in RECONCILE_ANSWERS:
-        return HookAnswer(answer, started_at=started)
+        return HookAnswer(answer, duration=time.monotonic() - started)
     logger.warning("reconcile hook for %s returned %r, not one of %s", effect_key, answer, sorted(RECONCILE_ANSWERS))
-    return HookAnswer("unknown", "invalid_return", evidence_text(repr(answer)), started)
+    return HookAnswer("unknown", "invalid_return", evidence_text(repr(answer)), time.monotonic() - started)
 
 
 # --------------------------------------------------------------------------- decorator
@@ -296,30 +307,30 @@ class _Guard:
         rt = runtime()
         bound = self.signature.bind(*args, **kwargs)
         bound.apply_defaults()
-        raw = dict(bound.arguments)
+        # Keys and the hash come from the same canonical values: Color.RED and "red" are one key.
+        arguments = canonical_arguments(bound.arguments)
         entry = rt.policy.entry(self.name)
         effect = self._choose("effect", self.effect, entry.effect if entry else None)
         resource_tpl = self._choose("resource", self.resource, entry.resource if entry else None)
-        resource = resource_tpl.render(raw, error=InvalidArgument) if resource_tpl else None
-        action = Action(self.name, raw, principal, resource=resource, environment=rt.policy.environment)
+        resource = resource_tpl.render(arguments, error=InvalidArgument) if resource_tpl else None
+        action = Action(self.name, arguments, principal, resource=resource, environment=rt.policy.environment)
         from . import store
 
-        started = conf.now()
         try:
             effect_key = self._effect_key(effect, action)
         except EffectKeyError as exc:
-            call = store.Call(action, Decision.DENY, "effect_key_error", rt.policy.hash, None, started)
+            call = store.Call(action, Decision.DENY, "effect_key_error", rt.policy.hash, None)
             store.record_denial(call, {"reason": "effect_key_error", "effect": effect.text if effect else None,
                                        "error": str(exc)}, with_policy=False)
             raise
-        return self._decide_and_run(rt, action, effect_key, started)
+        return self._decide_and_run(rt, action, effect_key)
 
-    def _decide_and_run(self, rt: Runtime, action: Action, effect_key: str | None, started: dt.datetime) -> Any:
+    def _decide_and_run(self, rt: Runtime, action: Action, effect_key: str | None) -> Any:
         from . import store
 
         presented = _approval.get()
         evaluation = rt.policy.evaluate(self.name, action.arguments)
-        call = store.Call(action, evaluation.decision, evaluation.reason, rt.policy.hash, effect_key, started)
+        call = store.Call(action, evaluation.decision, evaluation.reason, rt.policy.hash, effect_key)
         if evaluation.decision is Decision.DENY:
             call = replace(call, approval_id=presented)
             store.record_denial(call, {"reason": evaluation.reason})
@@ -343,10 +354,10 @@ class _Guard:
 
         poll = conf.approval_poll().total_seconds()
         current = request
-        while current.status == "pending" and conf.now() < current.expires_at:
+        while current.status == "pending" and store.now() < current.expires_at:
             time.sleep(poll)
             current = store.get_approval(request.approval_id) or current
-        if current.status in ("pending", "expired") or (current.status == "granted" and conf.now() >= current.expires_at):
+        if current.status in ("pending", "expired") or (current.status == "granted" and store.now() >= current.expires_at):
             store.expire_if_due(request.approval_id)
             raise ApprovalTimeout(
                 f"approval request {request.approval_id} for {self.name} was not answered before it expired at "
@@ -354,7 +365,7 @@ class _Guard:
                 request_id=request.approval_id,
             )
         with with_approval(request.approval_id):  # the same action, now under the human's answer
-            return self._decide_and_run(rt, action, effect_key, conf.now())
+            return self._decide_and_run(rt, action, effect_key)
 
     def _choose(self, what: str, mine: Template | None, policy: Template | None) -> Template | None:
         if mine is not None and policy is not None and mine.text != policy.text:
@@ -419,8 +430,13 @@ class _Guard:
         call, attempt = taken.call, taken.attempt
 
         token = _current_attempt.set((key, attempt)) if key is not None else None
+        renewing = heartbeat.hold(call, attempt, lease) if key is not None else None
         try:
-            value = self._invoke(call.action)
+            try:
+                value = self._invoke(call.action)
+            finally:
+                if renewing is not None:
+                    heartbeat.release(renewing)  # the moment the function is done, renewal stops
         except NotExecuted as exc:
             self._finish(call, attempt, Result.FAILED, evidence_text(str(exc)), None, exc)
             raise

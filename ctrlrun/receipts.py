@@ -1,13 +1,18 @@
-"""Receipt documents and the hash chain that links them: build, hash, verify.
+"""Receipt and event documents and the hash chains that link them: build, hash, verify.
 
 Pure: standard library only. A receipt is a ``ctrlrun.receipt/v7`` document with a fixed key
 order. Its hash is taken over the canonical (sorted) bytes of the document, so the stored JSON
 can keep the readable key order while the hash stays independent of it. Each receipt carries
 the hash of the one before it (``prev_hash``) and its position (``seq``), so an edited,
 removed or reordered row shows up as a named break.
+
+Events form a second chain of the same shape. An event's hashed document (``ctrlrun.event/v1``)
+is built from the row's own columns (time to the microsecond, type, the ids, the data exactly as
+stored), so every column a person reads is covered, and the row needs no stored copy of it.
 """
 from __future__ import annotations
 
+import datetime as _datetime
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -25,6 +30,12 @@ __all__ = [
     "ChainBreak",
     "ChainReport",
     "verify_chain",
+    "EVENT_SCHEMA",
+    "event_time",
+    "event_document",
+    "event_hash",
+    "StoredEvent",
+    "verify_events",
 ]
 
 RECEIPT_SCHEMA = "ctrlrun.receipt/v7"
@@ -61,9 +72,13 @@ def receipt_hash(doc: dict[str, Any], *, trusted: bool = False) -> str:
     return sha256_hash(trusted_canonical_bytes(doc) if trusted else canonical_bytes(doc))
 
 
+#: Built once: json.dumps with non-default options builds a new encoder on every call.
+_COMPACT = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+
+
 def dump_receipt(doc: dict[str, Any]) -> str:
     """The stored/printed JSON: key order kept, compact, raw UTF-8."""
-    return json.dumps(doc, ensure_ascii=False, separators=(",", ":"))
+    return _COMPACT.encode(doc)
 
 
 @dataclass(frozen=True)
@@ -82,12 +97,23 @@ class StoredReceipt:
 
 @dataclass(frozen=True)
 class ChainBreak:
-    name: str  # missing | content_altered | hash_missing | link_broken | head_mismatch | unchained
+    """One thing verification found wrong.
+
+    ``kind`` says which evidence: ``receipt`` (``seq`` is the receipt's), ``event`` (``seq`` is the
+    event chain's), ``head`` (the chain head row), ``approval`` or ``effect`` (a signed row, named
+    by ``subject``). ``name`` is one of missing, content_altered, hash_missing, link_broken,
+    head_mismatch, unchained, reordered, signature_invalid.
+    """
+
+    name: str
     seq: int | None
     detail: str
+    kind: str = "receipt"
+    subject: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "seq": self.seq, "detail": self.detail}
+        return {"name": self.name, "seq": self.seq, "detail": self.detail, "kind": self.kind,
+                "subject": self.subject}
 
 
 @dataclass
@@ -98,6 +124,13 @@ class ChainReport:
     head_seq: int = 0
     head_hash: str = GENESIS_HASH
     breaks: list[ChainBreak] = field(default_factory=list)
+    events_verified: int = 0
+    events_chained: int = 0
+    events_unchained: int = 0
+    event_head_seq: int = 0
+    event_head_hash: str = GENESIS_HASH
+    #: Signed rows checked (the head, approvals, effect records); None when nothing was checked.
+    signatures_checked: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -112,11 +145,31 @@ class ChainReport:
             "head_seq": self.head_seq,
             "head_hash": self.head_hash,
             "breaks": [b.as_dict() for b in self.breaks],
+            "events": {
+                "verified": self.events_verified,
+                "chained": self.events_chained,
+                "unchained": self.events_unchained,
+                "head_seq": self.event_head_seq,
+                "head_hash": self.event_head_hash,
+            },
+            "signatures_checked": self.signatures_checked,
         }
 
 
 def _short(value: str | None) -> str:
     return "null" if value is None else value
+
+
+#: Receipt columns whose value is a field of the document under another name.
+_COLUMN_FIELD = {"ts": "finished_at"}
+
+
+def _documented(doc: dict[str, Any], column: str) -> Any:
+    """The document's value for an index column (``agent`` is principal.agent, ``ts`` finished_at)."""
+    if column == "agent":
+        principal = doc.get("principal")
+        return principal.get("agent") if isinstance(principal, dict) else None
+    return doc.get(_COLUMN_FIELD.get(column, column))
 
 
 def verify_chain(rows: Iterable[StoredReceipt], head_seq: int, head_hash: str) -> ChainReport:
@@ -181,8 +234,7 @@ def verify_chain(rows: Iterable[StoredReceipt], head_seq: int, head_hash: str) -
                 )
             )
         for column, value in row.columns:
-            documented = doc["principal"].get("agent") if column == "agent" and isinstance(
-                doc.get("principal"), dict) else doc.get(column)
+            documented = _documented(doc, column)
             if value != documented:
                 row_ok = False
                 report.breaks.append(
@@ -226,3 +278,116 @@ def verify_chain(rows: Iterable[StoredReceipt], head_seq: int, head_hash: str) -
             )
         )
     return report
+
+
+# --------------------------------------------------------------------------- events
+
+EVENT_SCHEMA = "ctrlrun.event/v1"
+_UTC = _datetime.timezone.utc
+
+
+_recent_times: dict[Any, str] = {}
+
+
+def event_time(moment: Any) -> str:
+    """An event's time as hashed: UTC, to the microsecond, always six digits.
+
+    A phase stamps many rows with the same moment, so the last few renderings are kept.
+    """
+    text = _recent_times.get(moment)
+    if text is None:
+        if len(_recent_times) > 8:
+            _recent_times.clear()
+        text = _recent_times[moment] = moment.astimezone(_UTC).isoformat(timespec="microseconds")
+    return text
+
+
+def event_document(seq: int, prev_hash: str, ts: str, type_: str, action_id: str | None, effect_key: str | None,
+                   approval_id: str | None, data: str) -> list[Any]:
+    """The hashed form of one event row: its columns in a fixed order, ``ts`` from :func:`event_time`
+    and ``data`` the column's JSON text exactly as stored (so any change to it, even of spacing, shows)."""
+    return [EVENT_SCHEMA, seq, prev_hash, ts, type_, action_id, effect_key, approval_id, data]
+
+
+def event_hash(doc: list[Any]) -> str:
+    """``sha256:`` over the compact JSON array of :func:`event_document`."""
+    return sha256_hash(_COMPACT.encode(doc).encode("utf-8"))
+
+
+@dataclass(frozen=True)
+class StoredEvent:
+    """One event row as the store holds it (``data`` is the column's JSON text)."""
+
+    id: int
+    seq: int | None
+    prev_hash: str | None
+    hash: str | None
+    ts: Any  # an aware datetime
+    type: str
+    action_id: str | None
+    effect_key: str | None
+    approval_id: str | None
+    data: str
+
+
+def verify_events(rows: Iterable[StoredEvent], head_seq: int, head_hash: str, report: ChainReport) -> None:
+    """Walk the events in ``seq`` order, re-hash each from its columns, record breaks in ``report``.
+
+    Beyond the receipt checks, event ids must rise with ``seq``: the console and ``inspect`` list
+    events by id, so an event moved to another place in that order is named ``reordered``.
+    """
+    report.event_head_seq, report.event_head_hash = head_seq, head_hash
+    chained: list[StoredEvent] = []
+    for row in rows:
+        if row.seq is None:
+            report.events_unchained += 1
+            report.breaks.append(ChainBreak("unchained", None, f"event {row.id} ({row.type}) has no seq: it was "
+                                            f"never linked into the event chain", kind="event", subject=str(row.id)))
+        else:
+            chained.append(row)
+    chained.sort(key=lambda r: r.seq)  # type: ignore[arg-type, return-value]
+    report.events_chained = len(chained)
+    expected_seq, previous_hash, previous_id = 1, GENESIS_HASH, None
+    for row in chained:
+        seq = row.seq
+        assert seq is not None
+        if seq != expected_seq:
+            report.breaks.append(ChainBreak(
+                "missing", expected_seq, f"event seq {expected_seq} is not here; the next event says it is seq "
+                f"{seq}. The walk resynchronises at seq {seq}", kind="event"))
+        ok = True
+        try:
+            recomputed = event_hash(event_document(seq, row.prev_hash or "", event_time(row.ts), row.type,
+                                                   row.action_id, row.effect_key, row.approval_id, row.data))
+        except Exception as exc:  # an unreadable row is a named break, never a crash
+            report.breaks.append(ChainBreak("content_altered", seq, f"event {row.id} could not be read "
+                                            f"({type(exc).__name__})", kind="event", subject=str(row.id)))
+            previous_hash, expected_seq, previous_id = row.hash or "", seq + 1, row.id
+            continue
+        if not row.hash:
+            ok = False
+            report.breaks.append(ChainBreak("hash_missing", seq, f"event {row.id}'s stored hash is gone, so nothing "
+                                            f"vouches for it", kind="event", subject=str(row.id)))
+        elif recomputed != row.hash:
+            ok = False
+            report.breaks.append(ChainBreak(
+                "content_altered", seq, f"event {row.id} ({row.type}) recomputes to {recomputed}, not the stored "
+                f"{row.hash}: a column was changed after it was written", kind="event", subject=str(row.id)))
+        if row.prev_hash != previous_hash:
+            ok = False
+            report.breaks.append(ChainBreak(
+                "link_broken", seq, f"event {row.id}'s prev_hash is {_short(row.prev_hash)}, and the event before it "
+                f"hashes to {previous_hash}", kind="event", subject=str(row.id)))
+        if previous_id is not None and row.id <= previous_id:
+            ok = False
+            report.breaks.append(ChainBreak(
+                "reordered", seq, f"event {row.id} is at seq {seq} but its id places it before event {previous_id}",
+                kind="event", subject=str(row.id)))
+        if ok:
+            report.events_verified += 1
+        previous_hash, expected_seq, previous_id = recomputed, seq + 1, row.id
+    last_seq = chained[-1].seq if chained else 0
+    if last_seq != head_seq or (chained and previous_hash != head_hash) or (not chained and head_hash != GENESIS_HASH):
+        report.breaks.append(ChainBreak(
+            "head_mismatch", head_seq, f"the chain head says event seq {head_seq} with hash {head_hash}, but the last "
+            f"event is seq {last_seq} hashing to {previous_hash}", kind="event"))

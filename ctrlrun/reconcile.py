@@ -9,7 +9,6 @@ action's name. ``discover()`` imports, the way Django finds ``admin.py``, each i
 """
 from __future__ import annotations
 
-import datetime as dt
 import importlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -63,11 +62,13 @@ def discover(modules: Iterable[str] = ()) -> list[str]:
     return imported
 
 
-def run_once(*, action: str | None = None, limit: int | None = None, now: dt.datetime | None = None) -> Report:
-    """One pass: lapsed leases to ambiguous, then each due ambiguous record's hook, once."""
-    now = now or conf.now()
-    report = Report(swept=store.sweep_lapsed(now, action))
-    for effect in store.reconcile_candidates(now, action, limit):
+def run_once(*, action: str | None = None, limit: int | None = None) -> Report:
+    """One pass: lapsed leases to ambiguous, then each due ambiguous record's hook, once.
+
+    Leases and backoffs are compared with the store's clock (the database's, on PostgreSQL).
+    """
+    report = Report(swept=store.sweep_lapsed(action))
+    for effect in store.reconcile_candidates(action, limit):
         report.lines.append(ask(effect))
     return report
 

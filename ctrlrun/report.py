@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 from .canonical import evidence_time
-from .receipts import ChainReport
+from .receipts import ChainBreak, ChainReport
 from .store import EffectView, EventView, ReceiptView
 
 
@@ -34,13 +34,29 @@ def effect_line(effect: EffectView, now: dt.datetime) -> str:
     return line
 
 
+def _where(item: ChainBreak) -> str:
+    if item.kind == "event":
+        return f"event seq {item.seq if item.seq is not None else '-'}"
+    if item.kind == "head":
+        return "the chain head"
+    if item.kind in ("approval", "effect"):
+        return f"{'approval' if item.kind == 'approval' else 'effect'} {item.subject}"
+    return f"seq {item.seq if item.seq is not None else '-'}"
+
+
 def chain_lines(report: ChainReport) -> list[str]:
     total = report.chained + report.unchained
-    lines = [f"chain: {report.verified} of {total} receipts verified"]
+    lines = [f"chain: {report.verified} of {total} receipts verified",
+             f"events: {report.events_verified} of {report.events_chained + report.events_unchained} events verified"]
+    if report.signatures_checked is not None:
+        bad = sum(1 for b in report.breaks if b.name == "signature_invalid")
+        lines.append(f"signatures: {report.signatures_checked - bad} of {report.signatures_checked} signed rows "
+                     f"verify (the chain head, approvals, effect records)")
     if report.ok:
         lines.append("the chain is intact")
     else:
-        lines += [f"  {b.name} at seq {b.seq if b.seq is not None else '-'}: {b.detail}" for b in report.breaks]
+        preposition = {"approval": "on", "effect": "on", "head": "at"}
+        lines += [f"  {b.name} {preposition.get(b.kind, 'at')} {_where(b)}: {b.detail}" for b in report.breaks]
         lines.append(f"the chain is broken: {len(report.breaks)} break(s)")
     return lines
 

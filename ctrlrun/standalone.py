@@ -23,7 +23,8 @@ from typing import Any
 
 from .errors import InvalidArgument, StoreUnavailable
 
-__all__ = ["ensure_ready", "configure", "state_path", "store_url", "sqlite_options", "describe_store"]
+__all__ = ["ensure_ready", "configure", "configure_settings", "state_path", "store_url", "sqlite_options",
+           "describe_store"]
 
 #: SQLite waits this long for a competing writer before it gives up (5 s: several hundred
 #: short ctrlrun transactions' worth, far beyond any healthy queue).
@@ -73,7 +74,12 @@ def state_path() -> Path:
     return policy_location().parent / ".ctrlrun" / "state.db"
 
 
-def _database(create: bool) -> dict[str, Any]:
+#: The database engines ctrlrun's SQL and triggers are written for.
+SUPPORTED_ENGINES = ("django.db.backends.sqlite3", "django.db.backends.postgresql")
+
+
+def _database() -> dict[str, Any]:
+    """The store's ``DATABASES`` entry. Creates nothing: the file appears when the store is made."""
     url = store_url()
     if url:
         import environ
@@ -82,19 +88,20 @@ def _database(create: bool) -> dict[str, Any]:
             database = environ.Env.db_url_config(url)
         except Exception as exc:
             raise InvalidArgument(f"the store URL {url!r} could not be read: {exc}") from None
-        if database.get("ENGINE", "").endswith("sqlite3"):
+        engine = database.get("ENGINE", "")
+        if engine not in SUPPORTED_ENGINES:
+            scheme = url.split(":", 1)[0]
+            raise InvalidArgument(
+                f"ctrlrun's store must be SQLite or PostgreSQL, and the store URL is {scheme}://...; point "
+                f"CTRLRUN_STORE_URL (or DATABASE_URL) at postgresql://... or sqlite:///..., or unset it for "
+                f"the embedded SQLite store"
+            )
+        if engine.endswith("sqlite3"):
             database.setdefault("OPTIONS", {}).update(sqlite_options())
         return database
     path = state_path()
     if str(path).endswith(":memory:"):
         raise InvalidArgument("an in-memory store would forget every effect at exit; give CTRLRUN_STATE a file path")
-    if not path.exists():
-        if not create:
-            raise StoreUnavailable(
-                f"no database at '{path}'. A read command does not create one; run a protected "
-                f"call first (it creates the store), or point CTRLRUN_STATE at an existing store"
-            )
-        path.parent.mkdir(parents=True, exist_ok=True)
     return {"ENGINE": "django.db.backends.sqlite3", "NAME": str(path), "OPTIONS": sqlite_options()}
 
 
@@ -111,21 +118,13 @@ def describe_store() -> str:
     return f"{settings_dict['ENGINE'].rsplit('.', 1)[-1]} {settings_dict.get('NAME')} on {host}"
 
 
-def configure(create: bool = True) -> None:
-    """Configure Django for standalone use (inside a project: only ``django.setup()``).
-
-    Standalone, the store is then migrated (``create``) or required to exist (read commands).
-    A store that cannot be reached is ``StoreUnavailable`` naming where it looked.
-    """
+def configure_settings() -> None:
+    """Django configured and set up (standalone: for the store, which is not touched yet)."""
     from django.conf import settings
-    from django.db import DatabaseError
 
-    if not settings.configured:
-        if os.environ.get("DJANGO_SETTINGS_MODULE"):
-            _setup()
-            return
+    if not settings.configured and not os.environ.get("DJANGO_SETTINGS_MODULE"):
         settings.configure(
-            DATABASES={"default": _database(create)},
+            DATABASES={"default": _database()},
             INSTALLED_APPS=["ctrlrun"],
             USE_TZ=True,
             TIME_ZONE="UTC",
@@ -135,8 +134,34 @@ def configure(create: bool = True) -> None:
             LOGGING_CONFIG=None,
         )
     _setup()
+
+
+def configure(create: bool = True) -> None:
+    """Configure Django for standalone use (inside a project: only ``django.setup()``).
+
+    Standalone, the store is then created and migrated (``create``) or required to exist (read
+    commands). A store that cannot be reached is ``StoreUnavailable`` naming where it looked.
+    """
+    from django.conf import settings
+    from django.db import DatabaseError
+
+    configure_settings()
     if not getattr(settings, "CTRLRUN_STANDALONE", False):
         return
+    from django.db import connections
+
+    from . import conf
+
+    settings_dict = connections[conf.database_alias()].settings_dict
+    if settings_dict["ENGINE"].endswith("sqlite3"):
+        path = Path(settings_dict["NAME"])
+        if not path.exists():
+            if not create:
+                raise StoreUnavailable(
+                    f"no database at '{path}'. A read command does not create one; run a protected "
+                    f"call first (it creates the store), or point CTRLRUN_STATE at an existing store"
+                )
+            path.parent.mkdir(parents=True, exist_ok=True)
     try:
         if create:
             migrate()

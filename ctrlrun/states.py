@@ -17,6 +17,8 @@ __all__ = [
     "ReconcileOutcome",
     "RECONCILE_ANSWERS",
     "TRANSITIONS",
+    "RENEWALS",
+    "INITIAL_STATE",
     "can_move",
     "HOLDING_STATES",
 ]
@@ -98,19 +100,27 @@ RECONCILE_ANSWERS: frozenset[str] = frozenset({"committed", "not_executed", "unk
 HOLDING_STATES: frozenset[EffectState] = frozenset({EffectState.RESERVED, EffectState.EXECUTING})
 
 _S = EffectState
-#: Every move an effect record can make, and what causes it. The store refuses anything else.
+#: Every move the store makes on an effect record, and what causes it; nothing else is possible.
+#: A reservation takes the key and starts the run in one transaction, so the store never leaves
+#: a record ``reserved`` (the state exists in the vocabulary, for the reference's readers).
+#: Database triggers installed by the migrations (``ctrlrun.guard``) refuse every other edge,
+#: whoever connects, and ``committed`` is final: no write of any kind touches it again.
 TRANSITIONS: dict[tuple[EffectState, EffectState], str] = {
-    (_S.NEW, _S.RESERVED): "a first reservation won",
-    (_S.FAILED, _S.RESERVED): "a retry after a failure won (the only automatic retry)",
-    (_S.RESERVED, _S.EXECUTING): "the holder began to run the function",
+    (_S.NEW, _S.EXECUTING): "a first reservation won; the function starts",
+    (_S.FAILED, _S.EXECUTING): "a retry after a failure won (the only automatic retry; attempt + 1)",
+    (_S.EXECUTING, _S.EXECUTING): "the live holder renewed its lease while the function runs",
     (_S.EXECUTING, _S.COMMITTED): "the function returned",
     (_S.EXECUTING, _S.FAILED): "the function raised NotExecuted",
-    (_S.RESERVED, _S.AMBIGUOUS): "the holder saw another exception, or its lease lapsed",
     (_S.EXECUTING, _S.AMBIGUOUS): "the holder saw another exception, or its lease lapsed",
-    (_S.AMBIGUOUS, _S.AMBIGUOUS): "the holder saw another exception (idempotent)",
+    (_S.AMBIGUOUS, _S.AMBIGUOUS): "the holder saw another exception after its lease lapsed, or a hook could not say",
     (_S.AMBIGUOUS, _S.COMMITTED): "a reconcile hook or a human said it happened",
     (_S.AMBIGUOUS, _S.FAILED): "a reconcile hook or a human said it did not happen",
 }
+#: The edges that hand the key to a new attempt (attempt + 1, a new holder); on every other edge
+#: the holder and the attempt stay as they are.
+RENEWALS: frozenset[tuple[EffectState, EffectState]] = frozenset({(_S.FAILED, _S.EXECUTING)})
+#: The state a record is created in (the edge from ``new``).
+INITIAL_STATE = _S.EXECUTING
 
 
 def can_move(source: EffectState, target: EffectState) -> bool:

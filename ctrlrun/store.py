@@ -5,63 +5,94 @@ Design
 A protected call is a few short *phases*, each one ``transaction.atomic(durable=True)`` with a
 closed set of results, and never a transaction open while the user's function runs:
 
-1. ``reserve``: write the call's opening events and take the effect key (insert the row, or
-   renew a ``failed`` one) and mark it executing, in ONE transaction. A refusal writes its
+1. ``reserve``: take the effect key (insert the row, or renew a ``failed`` one) and mark it
+   executing, in ONE transaction. The call's opening events (proposed, evaluated, reserved,
+   started) are kept on the record itself (``pending``) until the call ends. A refusal writes its
    events and its ``blocked`` receipt in that same transaction.
-2. the function runs, outside any transaction;
-3. ``record_outcome``: move the row (if this attempt still holds it), write the outcome event
-   and the receipt, in ONE transaction.
+2. the function runs, outside any transaction, while a heartbeat renews the lease;
+3. ``record_outcome``: move the row (if this attempt still holds it), and append the opening
+   events, the outcome event and the receipt to the evidence, in ONE transaction.
 
 So an allowed call costs two write transactions; a denied or refused one costs one.
+
+The clock. Every time the store writes or compares (leases, expiries, evidence) comes from the
+*store's* clock, read once per phase: the database server's ``now()`` on PostgreSQL, so a host
+whose clock runs minutes fast or slow can neither lapse a live lease nor misdate a row; on SQLite
+the one host's system clock, which is the only clock its processes can have. A test clock
+(``conf.set_clock``) replaces both.
+
+Evidence. Receipts and events are two hash chains hanging off one head row (``ChainHead``),
+which each evidence append locks, last in its transaction. Reservation appends nothing (its
+events wait on the record), so taking a key takes no global lock; the outcome phase, which locks
+the head for its receipt anyway, appends the waiting events with it. If the worker dies, whoever
+sweeps its lapsed lease appends them, with the dead attempt's ``ambiguous`` receipt. The head
+is signed (``ctrlrun.signing``) and checked before every append, as are effect records and
+approvals before they are relied on: a row written around ctrlrun is refused where it is used.
 
 Serialisation. On SQLite every transaction is ``BEGIN IMMEDIATE`` (see ``standalone.
 sqlite_options``), so a read-then-write decision cannot interleave with another writer. On
 PostgreSQL a first reservation is ``INSERT ... ON CONFLICT DO NOTHING`` on the key (a concurrent
-insert of the same key waits for the winner, then does nothing), and every other decision
-reads the row with ``SELECT ... FOR UPDATE``. Receipt appends lock the single ``ChainHead`` row,
-always last in a transaction, so the chain stays linear and the lock is short. Lock order is
-always approval row, then effect row, then chain head: no deadlocks.
+insert of the same key waits for the winner, then does nothing), and every other decision reads
+the row with ``SELECT ... FOR UPDATE``. Lock order is always approval row, then effect row, then
+chain head: no deadlocks.
 
 The hot path (reserve, outcome, events, receipts) is plain SQL over the models' tables: the
 ORM's query building cost more than the database work (profiled). Everything else uses the ORM.
-
 The store returns frozen dataclasses and raises ctrlrun's own errors, never QuerySets or
-database exceptions. A transaction cannot be nested inside a caller's open transaction
+database exceptions. A phase cannot be nested inside a caller's open transaction
 (``durable=True``): evidence must not roll back with someone else's work.
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import datetime as dt
+import hashlib
 import json
 import logging
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from django.db import DatabaseError, connections, transaction
+from django.db import Error as DjangoDatabaseError
+from django.db import connections, transaction
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from . import conf
-from .canonical import GENESIS_HASH, Action, evidence_text, evidence_time
+from . import conf, signing
+from .canonical import GENESIS_HASH, Action, Principal, evidence_text, evidence_time, new_id
 from .errors import (
     ActionDenied,
     AmbiguousEffect,
     ApprovalMismatch,
     CTRLRunError,
     DuplicateEffect,
+    EvidenceTampered,
     InvalidArgument,
     StoreUnavailable,
 )
 from .models import Approval, ChainHead, EffectRecord, Event, PolicyDocument, Receipt, dumps_json
-from .receipts import StoredReceipt, build_receipt, dump_receipt, receipt_hash, verify_chain, ChainReport
+from .receipts import (
+    ChainBreak,
+    ChainReport,
+    StoredEvent,
+    StoredReceipt,
+    build_receipt,
+    dump_receipt,
+    event_document,
+    event_hash,
+    event_time,
+    receipt_hash,
+    verify_chain,
+    verify_events,
+)
 from .states import ApprovalStatus, Decision, EffectState, EventType, Result
 
 logger = logging.getLogger("ctrlrun.store")
 
 __all__ = [
     "Call",
+    "Pending",
     "Reserved",
     "Refused",
     "OutcomeWrite",
@@ -69,11 +100,13 @@ __all__ = [
     "EffectView",
     "EventView",
     "ReceiptView",
+    "now",
     "ensure_policy",
     "record_denial",
     "begin_unkeyed",
     "reserve",
     "record_refusal",
+    "renew_lease",
     "ApprovalView",
     "request_approval",
     "answer_approval",
@@ -96,23 +129,42 @@ __all__ = [
 
 S = EffectState
 LEASE_LAPSED_ERROR = "lease expired: the worker holding this effect never finished"
+#: Signature domains: a MAC made for one kind of row can never pass for another.
+HEAD_DOMAIN, EFFECT_DOMAIN, APPROVAL_DOMAIN = "ctrlrun.head/v1", "ctrlrun.effect/v1", "ctrlrun.approval/v1"
+TAMPERED_HINT = ("it was written or changed outside ctrlrun (its signature does not verify). Nothing ran; "
+                 "run 'ctrlrun receipts --verify-chain' and find out who changed it")
 
 
 # --------------------------------------------------------------------------- values
 
+EventRow = tuple  # (ts, type, action_id, effect_key, approval_id, data[, data as JSON text]): one event
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A running attempt's opening events, kept on its record until they join the event chain."""
+
+    text: str  # the record's ``pending`` column, exactly
+    events: tuple[EventRow, ...]
+
 
 @dataclass(frozen=True)
 class Call:
-    """What the store needs to know about one protected call."""
+    """What the store needs to know about one protected call.
+
+    ``started_at`` is filled in by the call's first phase (from the store's clock) when None.
+    ``pending`` is set on the call a reservation hands back.
+    """
 
     action: Action
     decision: Decision
     reason: str
     policy_hash: str | None
     effect_key: str | None
-    started_at: dt.datetime
+    started_at: dt.datetime | None = None
     approval_id: str | None = None
     approver: str | None = None
+    pending: Pending | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -142,12 +194,16 @@ class OutcomeWrite:
 
 @dataclass(frozen=True)
 class HookAnswer:
-    """What a reconcile hook said, as recorded: ``outcome`` is always one of the three answers."""
+    """What a reconcile hook said, as recorded: ``outcome`` is always one of the three answers.
+
+    ``duration`` is how long the hook took (seconds, a monotonic clock), so the time it was asked
+    can be dated on the store's clock.
+    """
 
     outcome: str
     reason: str | None = None  # "raised" | "invalid_return" when the hook could not say
     error: str | None = None
-    started_at: dt.datetime | None = None
+    duration: float = 0.0
 
     def data(self) -> dict[str, Any]:
         data: dict[str, Any] = {"outcome": self.outcome}
@@ -171,6 +227,8 @@ class EffectView:
     reconcile_after: dt.datetime | None
     created_at: dt.datetime
     updated_at: dt.datetime
+    #: False when the row does not carry ctrlrun's signature (written around ctrlrun).
+    signature_ok: bool = True
 
     def lease_lapsed(self, now: dt.datetime) -> bool:
         return self.lease_expires_at is not None and self.lease_expires_at <= now
@@ -216,12 +274,110 @@ def _q(model: Any) -> Any:
     return model.objects.db_manager(_db())
 
 
+class _Statements:
+    """The hot path's statements, run on the database driver's own cursor under Django's connection.
+
+    Django's cursor wrapper (parameter conversion, debug hooks, a new wrapper per statement) cost more
+    than the statements themselves (profiled: ~20 µs each on SQLite). The transaction stays Django's
+    (``atomic``), and driver errors still become Django's (``wrap_database_errors``), so ``_phase``
+    maps them as before. When something watches the connection's statements (an ``execute_wrapper``,
+    ``DEBUG``'s query log) they go through Django's cursor, so the watcher sees every one.
+    """
+
+    _sqlite_sql: dict[str, str] = {}
+
+    def __init__(self) -> None:
+        self.connection = connections[_db()]
+        self.watched = bool(self.connection.execute_wrappers) or self.connection.queries_logged
+        self.sqlite = self.connection.vendor == "sqlite"
+
+    def __enter__(self) -> _Statements:
+        if self.watched:
+            self.cursor = self.connection.cursor()
+        else:
+            self.connection.ensure_connection()
+            self.cursor = self.connection.connection.cursor()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.cursor.close()
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> _Statements:
+        if self.watched:
+            self.cursor.execute(sql, params)
+            return self
+        if self.sqlite:  # qmark paramstyle; converted once per statement text
+            converted = self._sqlite_sql.get(sql)
+            if converted is None:
+                converted = self._sqlite_sql[sql] = sql.replace("%s", "?")
+            sql = converted
+        with self.connection.wrap_database_errors:
+            self.cursor.execute(sql, params)
+        return self
+
+    def fetchone(self) -> Any:
+        with self.connection.wrap_database_errors:
+            return self.cursor.fetchone()
+
+    def fetchall(self) -> list[Any]:
+        with self.connection.wrap_database_errors:
+            return self.cursor.fetchall()
+
+    @property
+    def rowcount(self) -> int:
+        return self.cursor.rowcount
+
+
+_cursor = _Statements
+
+
+def _clock() -> dt.datetime:
+    """The store's clock: a test clock if one is set, else the database server's (PostgreSQL), else
+    this host's (SQLite: every process of one store runs on the one host that holds its file)."""
+    if conf.clock_overridden():
+        return conf.now()
+    if connections[_db()].vendor == "postgresql":
+        with _cursor() as cursor:
+            return cursor.execute("SELECT now()").fetchone()[0]
+    return conf.now()
+
+
+def _unavailable(exc: DjangoDatabaseError, what: str) -> StoreUnavailable:
+    # A dropped connection stays broken until closed; close it now so that the next call
+    # reconnects (Django would only do this at the end of a web request).
+    connections[_db()].close_if_unusable_or_obsolete()
+    return StoreUnavailable(f"the ctrlrun store could not {what} ({type(exc).__name__}: {exc}); nothing was "
+                            f"recorded by that step")
+
+
+_HEAD_READ = ('SELECT {clock} h."seq", h."hash", h."event_seq", h."event_hash", h."mac", h."key_id" FROM (SELECT 1) '
+              'AS one LEFT JOIN "ctrlrun_chainhead" AS h ON h."id" = 1')
+
+
+def _clock_checking_head() -> dt.datetime:
+    """The store's time, after making sure the chain head is ctrlrun's own (one statement on
+    PostgreSQL: the clock comes with it). A call must not act when its evidence could not be kept."""
+    database_clock = connections[_db()].vendor == "postgresql" and not conf.clock_overridden()
+    with _cursor() as cursor:
+        row = cursor.execute(_HEAD_READ.format(clock='now(),' if database_clock else '')).fetchone()
+    when = row[0] if database_clock else conf.now()
+    head = row[1:] if database_clock else row
+    if head[0] is not None:
+        problem = _head_problem(*head)
+        if problem is not None:
+            raise EvidenceTampered(f"ctrlrun refuses to act: {problem}. Nothing ran; run 'ctrlrun receipts "
+                                   f"--verify-chain'")
+    return when
+
+
 @contextlib.contextmanager
-def _phase() -> Iterator[None]:
-    """One short, durable transaction; database trouble becomes ``StoreUnavailable``."""
+def _phase(*, check_head: bool = False) -> Iterator[dt.datetime]:
+    """One short, durable transaction, yielding the store's time for everything it writes;
+    database trouble becomes ``StoreUnavailable``. ``check_head`` refuses to go on when the chain
+    head is not ctrlrun's own (for phases after which a function runs, before they write)."""
     try:
         with transaction.atomic(using=_db(), durable=True):
-            yield
+            yield _clock_checking_head() if check_head else _clock()
     except RuntimeError as exc:
         if "durable" in str(exc):
             raise InvalidArgument(
@@ -230,60 +386,156 @@ def _phase() -> Iterator[None]:
                 "give ctrlrun a database of its own (settings.CTRLRUN_DATABASE)"
             ) from None
         raise
-    except DatabaseError as exc:
-        # A dropped connection stays broken until closed; close it now so that the next call
-        # reconnects (Django would only do this at the end of a web request).
-        connections[_db()].close_if_unusable_or_obsolete()
-        raise StoreUnavailable(
-            f"the ctrlrun store could not complete a write ({type(exc).__name__}: {exc}); nothing was "
-            f"recorded by that step"
-        ) from exc
+    except DjangoDatabaseError as exc:
+        raise _unavailable(exc, "complete a write") from exc
 
 
-EventRow = tuple  # (ts, type, action_id, effect_key, approval_id, data): one row of ctrlrun_event
+@contextlib.contextmanager
+def _reading() -> Iterator[None]:
+    """A read outside any phase; database trouble becomes ``StoreUnavailable``."""
+    try:
+        yield
+    except DjangoDatabaseError as exc:
+        raise _unavailable(exc, "be read") from exc
+
+
+def now() -> dt.datetime:
+    """The store's clock, read now (what leases and expiries are compared with)."""
+    with _reading():
+        return _clock()
+
+
+def _iso(moment: dt.datetime | None) -> str | None:
+    return None if moment is None else event_time(moment)
+
+
+def _digest(text: str | None) -> str | None:
+    return None if text is None else hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _as_datetime(value: Any, connection: Any) -> dt.datetime | None:
+    """A timestamp column read by raw SQL, as the ORM would read it (SQLite hands back text in the
+    connection's time zone)."""
+    if value is None or isinstance(value, dt.datetime) and value.tzinfo is not None:
+        return value
+    if isinstance(value, str):
+        value = parse_datetime(value)
+    return timezone.make_aware(value, connection.timezone) if value.tzinfo is None else value
+
+
+# --------------------------------------------------------------------------- signatures
+
+
+def _effect_mac(key: str, state: str, action_id: str, attempt: int, lease: dt.datetime | None,
+                resolved_by: str | None, pending: str | None) -> str:
+    return signing.sign(EFFECT_DOMAIN, (key, str(state), action_id, attempt, _iso(lease), resolved_by,
+                                        _digest(pending)))
+
+
+def _effect_ok(row: Any) -> bool:
+    """Whether an effect record (model or peek) carries ctrlrun's signature of its deciding fields."""
+    try:
+        fields = (row.effect_key, str(row.state), row.action_id, row.attempt, _iso(row.lease_expires_at),
+                  row.resolved_by, _digest(row.pending))
+    except (TypeError, ValueError, AttributeError):
+        return False
+    return signing.is_valid(EFFECT_DOMAIN, fields, row.mac)
+
+
+def _approval_document(row: Approval) -> tuple:
+    return (row.approval_id, str(row.status), row.action, row.action_id, row.action_hash, _digest(row.action_json),
+            row.agent, row.user, row.effect_key, row.policy_hash, _iso(row.created_at), _iso(row.expires_at),
+            row.approver, row.note, _iso(row.answered_at), _iso(row.consumed_at), row.consumed_by)
+
+
+def _sign_approval(row: Approval) -> None:
+    row.mac = signing.sign(APPROVAL_DOMAIN, _approval_document(row))
+
+
+def _approval_ok(row: Approval) -> bool:
+    try:
+        document = _approval_document(row)
+    except (TypeError, ValueError, AttributeError):
+        return False
+    return signing.is_valid(APPROVAL_DOMAIN, document, row.mac)
+
+
+def _head_document(seq: int, hash_: str, event_seq: int, event_hash_: str) -> tuple:
+    return (seq, hash_, event_seq, event_hash_)
+
+
+#: Head states this process signed or verified: re-reading one of them needs no new HMAC. A head
+#: state is only ever genuine or not, and the head never moves back, so remembering is safe.
+_trusted_heads: collections.deque[tuple] = collections.deque(maxlen=16)
+
+
+def _head_problem(seq: int, hash_: str, event_seq: int, event_hash_: str, mac: str | None,
+                  key_id: str | None) -> str | None:
+    """Why the head row cannot be trusted, or None. A fresh head (genesis, never signed) is fine."""
+    mine = signing.key_id()
+    if key_id is not None and key_id != mine:
+        return (f"this store is signed with key id {key_id}, and this process's key ({signing.key_source()}) has id "
+                f"{mine}: every process of one store needs the same key. Set CTRLRUN_SIGNING_KEY (or SECRET_KEY) "
+                f"to the store's key")
+    state = (seq, hash_, event_seq, event_hash_, mac)
+    if state in _trusted_heads:
+        return None
+    fresh = seq == 0 and event_seq == 0 and hash_ == GENESIS_HASH and event_hash_ == GENESIS_HASH
+    if mac is None and fresh:
+        return None
+    if not signing.is_valid(HEAD_DOMAIN, _head_document(seq, hash_, event_seq, event_hash_), mac):
+        return (f"the chain head (receipt seq {seq}, event seq {event_seq}) does not carry ctrlrun's signature: it "
+                f"was moved outside ctrlrun")
+    _trusted_heads.append(state)
+    return None
+
+
+def _time_param(connection: Any) -> Any:
+    """How a datetime goes into raw SQL for this connection: Django's adaptation, or (SQLite in UTC, the
+    common case) the same text made without its per-call settings lookups."""
+    if connection.vendor == "sqlite" and connection.timezone_name == "UTC":
+        return _sqlite_utc_text
+    return connection.ops.adapt_datetimefield_value
+
+
+_recent_texts: dict[dt.datetime, str] = {}
+
+
+def _sqlite_utc_text(value: dt.datetime | None) -> str | None:
+    """Django's SQLite text for an aware time (naive UTC, ``str()``); one phase writes the same few
+    times many times over, so the last few are kept."""
+    if value is None:
+        return None
+    text = _recent_texts.get(value)
+    if text is None:
+        if len(_recent_texts) > 8:
+            _recent_texts.clear()
+        text = _recent_texts[value] = str(value.astimezone(dt.timezone.utc).replace(tzinfo=None))
+    return text
+
+
+# --------------------------------------------------------------------------- evidence
 
 
 def _event(type_: EventType, call_or_id: Call | str | None, effect_key: str | None, data: dict[str, Any],
-           now: dt.datetime, approval_id: str | None = None) -> EventRow:
+           when: dt.datetime, approval_id: str | None = None) -> EventRow:
     action_id = call_or_id.action.action_id if isinstance(call_or_id, Call) else call_or_id
-    return (now, type_.value, action_id, effect_key, approval_id, data)
+    return (when, type_.value, action_id, effect_key, approval_id, data)
 
 
-def _cursor() -> Any:
-    return connections[_db()].cursor()
+@dataclass(frozen=True)
+class _ReceiptSpec:
+    call: Call
+    result: Result
+    error: str | None
+    attempt: int | None
+    decision_reason: str | None = None
 
 
-def _insert_events(events: Sequence[EventRow]) -> None:
-    """All of one step's events in a single INSERT (the ORM's bulk_create costs more to build)."""
-    if not events:
-        return
-    ops = connections[_db()].ops
-    params: list[Any] = []
-    for ts, type_, action_id, effect_key, approval_id, data in events:
-        params += [ops.adapt_datetimefield_value(ts), type_, action_id, effect_key, approval_id,
-                   dumps_json(data)]
-    values = ",".join(["(%s,%s,%s,%s,%s,%s)"] * len(events))
-    with _cursor() as cursor:
-        cursor.execute(
-            'INSERT INTO "ctrlrun_event" ("ts","type","action_id","effect_key","approval_id","data") VALUES '
-            + values, params)
-
-
-def _opening_events(call: Call, now: dt.datetime) -> list[Event]:
-    return [
-        _event(EventType.ACTION_PROPOSED, call, call.effect_key,
-               {"action_hash": call.action.hash, "action": call.action.canonical()}, call.started_at),
-        _event(EventType.POLICY_EVALUATED, call, call.effect_key,
-               {"decision": call.decision.value, "reason": call.reason}, now),
-    ]
-
-
-def _append_receipt(call: Call, result: Result, error: str | None, attempt: int | None, now: dt.datetime,
-                    *, decision_reason: str | None = None) -> dict[str, Any]:
-    """Chain a receipt for ``call``. Must run inside a phase; takes the chain-head lock last."""
-    action = call.action
-    doc = build_receipt(
-        receipt_id=_new_receipt_id(),
+def _receipt_doc(spec: _ReceiptSpec, when: dt.datetime) -> dict[str, Any]:
+    call, action = spec.call, spec.call.action
+    return build_receipt(
+        receipt_id=new_id("ctr_"),
         action_id=action.action_id,
         action=action.name,
         action_hash=action.hash,
@@ -292,53 +544,105 @@ def _append_receipt(call: Call, result: Result, error: str | None, attempt: int 
         arguments=action.arguments,
         environment=action.environment,
         decision=call.decision.value,
-        decision_reason=decision_reason or call.reason,
+        decision_reason=spec.decision_reason or call.reason,
         approval_id=call.approval_id,
         approver=call.approver,
         effect_key=call.effect_key,
-        attempt=attempt,
-        result=result.value,
-        error=error,
-        started_at=evidence_time(call.started_at),
-        finished_at=evidence_time(now),
+        attempt=spec.attempt,
+        result=spec.result.value,
+        error=spec.error,
+        started_at=evidence_time(call.started_at or when),
+        finished_at=evidence_time(when),
         policy_hash=call.policy_hash,
     )
-    ops = connections[_db()].ops
-    with _cursor() as cursor:
-        # Taking the next seq locks the head row until commit: every writer queues here, briefly.
-        cursor.execute('UPDATE "ctrlrun_chainhead" SET "seq" = "seq" + 1 WHERE "id" = 1 RETURNING "seq", "hash"')
+
+
+_HEAD_TAKE = ('UPDATE "ctrlrun_chainhead" SET "seq" = "seq" + %s, "event_seq" = "event_seq" + %s WHERE "id" = 1 '
+              'RETURNING "seq", "hash", "event_seq", "event_hash", "mac", "key_id"')
+
+
+def _take_head(cursor: Any, receipts: int, events: int) -> tuple:
+    """Lock the head row and advance both chains; returns the row with the new seqs, old hashes."""
+    cursor.execute(_HEAD_TAKE, [receipts, events])
+    head = cursor.fetchone()
+    if head is None:
+        # Only a store whose tables were emptied (e.g. a test flush) has no head; with evidence
+        # present that would hide a deletion, so it is refused rather than silently restarted.
+        if _q(Receipt).exists() or _q(Event).exists():
+            raise EvidenceTampered(
+                "the chain head row is missing while receipts or events exist; run 'ctrlrun receipts "
+                "--verify-chain' and restore the store from a backup"
+            )
+        # Two first writers may race here: the loser's insert does nothing, and its UPDATE then
+        # waits for the winner's transaction and takes the next seq after it.
+        cursor.execute('INSERT INTO "ctrlrun_chainhead" ("id","seq","hash","event_seq","event_hash") '
+                       'VALUES (1, 0, %s, 0, %s) ON CONFLICT ("id") DO NOTHING', [GENESIS_HASH, GENESIS_HASH])
+        cursor.execute(_HEAD_TAKE, [receipts, events])
         head = cursor.fetchone()
-        if head is None:
-            # Only a store whose tables were emptied (e.g. a test flush) has no head; with receipts
-            # present that would hide a deletion, so it is refused rather than silently restarted.
-            if _q(Receipt).exists():
-                raise StoreUnavailable(
-                    "the receipt chain head row is missing while receipts exist; run 'ctrlrun receipts "
-                    "--verify-chain' and restore the store from a backup"
-                )
-            # Two first writers may race here: the loser's insert does nothing, and its UPDATE then
-            # waits for the winner's transaction and takes the next seq after it.
-            cursor.execute('INSERT INTO "ctrlrun_chainhead" ("id","seq","hash") VALUES (1, 0, %s) '
-                           'ON CONFLICT ("id") DO NOTHING', [GENESIS_HASH])
-            cursor.execute('UPDATE "ctrlrun_chainhead" SET "seq" = "seq" + 1 WHERE "id" = 1 RETURNING "seq", "hash"')
-            head = cursor.fetchone()
-        doc["seq"], doc["prev_hash"] = head
-        digest = receipt_hash(doc, trusted=True)
-        cursor.execute(
-            'INSERT INTO "ctrlrun_receipt" ("receipt_id","seq","action_id","action","agent","decision","result",'
-            '"effect_key","ts","document","prev_hash","hash") VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)',
-            [doc["receipt_id"], doc["seq"], action.action_id, action.name, action.principal.agent,
-             call.decision.value, result.value, call.effect_key, ops.adapt_datetimefield_value(now),
-             dump_receipt(doc), doc["prev_hash"], digest],
-        )
-        cursor.execute('UPDATE "ctrlrun_chainhead" SET "hash" = %s WHERE "id" = 1', [digest])
-    return doc
+    return head
 
 
-def _new_receipt_id() -> str:
-    from .canonical import new_id
+def _seal(events: Sequence[EventRow], receipts: Sequence[_ReceiptSpec], when: dt.datetime) -> list[dict[str, Any]]:
+    """Append ``events`` and ``receipts`` to their chains. Must run inside a phase; locks the head last.
 
-    return new_id("ctr_")
+    The head's signature is checked before anything is added on top of it: a head moved around
+    ctrlrun must not be re-signed by the next honest writer.
+    """
+    if not events and not receipts:
+        return []
+    docs = [_receipt_doc(spec, when) for spec in receipts]  # built before the lock is taken
+    adapt = _time_param(connections[_db()])
+    with _cursor() as cursor:
+        seq, prev, event_seq, event_prev, mac, key_id = _take_head(cursor, len(docs), len(events))
+        problem = _head_problem(seq - len(docs), prev, event_seq - len(events), event_prev, mac, key_id)
+        if problem is not None:
+            raise EvidenceTampered(f"ctrlrun refuses to add evidence: {problem}. Nothing was recorded; run "
+                                   f"'ctrlrun receipts --verify-chain'")
+        if events:
+            position, params = event_seq - len(events), []
+            for ts, type_, action_id, effect_key, approval_id, data, *known in events:
+                position += 1
+                text = known[0] if known else dumps_json(data)
+                digest = event_hash(event_document(position, event_prev, event_time(ts), type_, action_id,
+                                                   effect_key, approval_id, text))
+                params += [adapt(ts), type_, action_id, effect_key, approval_id, text, position, event_prev, digest]
+                event_prev = digest
+            cursor.execute(
+                'INSERT INTO "ctrlrun_event" ("ts","type","action_id","effect_key","approval_id","data","seq",'
+                '"prev_hash","hash") VALUES ' + ",".join(["(%s,%s,%s,%s,%s,%s,%s,%s,%s)"] * len(events)), params)
+        if docs:
+            position, params = seq - len(docs), []
+            for doc, spec in zip(docs, receipts):
+                position += 1
+                doc["seq"], doc["prev_hash"] = position, prev
+                digest = receipt_hash(doc, trusted=True)
+                action = spec.call.action
+                params += [doc["receipt_id"], position, action.action_id, action.name, action.principal.agent,
+                           spec.call.decision.value, spec.result.value, spec.call.effect_key, adapt(when),
+                           dump_receipt(doc), prev, digest]
+                prev = digest
+            cursor.execute(
+                'INSERT INTO "ctrlrun_receipt" ("receipt_id","seq","action_id","action","agent","decision","result",'
+                '"effect_key","ts","document","prev_hash","hash") VALUES '
+                + ",".join(["(%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)"] * len(docs)), params)
+        head_mac = signing.sign(HEAD_DOMAIN, _head_document(seq, prev, event_seq, event_prev))
+        cursor.execute('UPDATE "ctrlrun_chainhead" SET "hash" = %s, "event_hash" = %s, "mac" = %s, "key_id" = %s '
+                       'WHERE "id" = 1', [prev, event_prev, head_mac, signing.key_id()])
+    _trusted_heads.append((seq, prev, event_seq, event_prev, head_mac))
+    return docs
+
+
+def _opening_events(call: Call, when: dt.datetime) -> list[EventRow]:
+    return [
+        _event(EventType.ACTION_PROPOSED, call, call.effect_key,
+               {"action_hash": call.action.hash, "action": call.action.canonical()}, call.started_at or when),
+        _event(EventType.POLICY_EVALUATED, call, call.effect_key,
+               {"decision": call.decision.value, "reason": call.reason}, when),
+    ]
+
+
+def _started(call: Call, when: dt.datetime) -> Call:
+    return call if call.started_at is not None else replace(call, started_at=when)
 
 
 _known_policies: set[str] = set()
@@ -349,15 +653,23 @@ def forget_known_policies() -> None:
 
 
 def ensure_policy(policy_hash: str, schema: str, source: str, text: str, environment: str) -> None:
-    """Store the policy document once (per process, the first time it decides anything)."""
+    """Store the policy document once (per process, the first time it decides anything), and make
+    sure this process signs with the store's key before it acts at all."""
     if policy_hash in _known_policies:
         return
-    with _phase():
+    with _phase() as when:
         _q(PolicyDocument).get_or_create(
             hash=policy_hash,
             defaults={"schema": schema, "source": source, "text": text, "environment": environment,
-                      "first_seen": conf.now()},
+                      "first_seen": when},
         )
+        head = _q(ChainHead).filter(pk=1).values_list("key_id", flat=True).first()
+        if head is not None and head != signing.key_id():
+            raise EvidenceTampered(
+                f"this store is signed with key id {head}, and this process's key ({signing.key_source()}) has id "
+                f"{signing.key_id()}: every process of one store needs the same key. Set CTRLRUN_SIGNING_KEY (or "
+                f"SECRET_KEY) to the store's key. Nothing ran"
+            )
     _known_policies.add(policy_hash)
 
 
@@ -366,37 +678,44 @@ def ensure_policy(policy_hash: str, schema: str, source: str, text: str, environ
 
 def record_denial(call: Call, data: dict[str, Any], *, with_policy: bool = True) -> None:
     """A call refused before any effect: opening events, ACTION_DENIED, a ``denied`` receipt."""
-    now = conf.now()
-    with _phase():
-        events = _opening_events(call, now) if with_policy else _opening_events(call, now)[:1]
-        events.append(_event(EventType.ACTION_DENIED, call, call.effect_key, data, now, call.approval_id))
-        _insert_events(events)
-        _append_receipt(call, Result.DENIED, data.get("error"), None, now, decision_reason=data["reason"])
+    with _phase() as when:
+        call = _started(call, when)
+        events = _opening_events(call, when)[: None if with_policy else 1]
+        events.append(_event(EventType.ACTION_DENIED, call, call.effect_key, data, when, call.approval_id))
+        _seal(events, [_ReceiptSpec(call, Result.DENIED, data.get("error"), None, data["reason"])], when)
 
 
 def begin_unkeyed(call: Call, presented: str | None = None) -> Reserved | Refused:
-    """A call with no effect key: nothing to reserve; the approval (if any) is checked and used."""
-    now = conf.now()
-    with _phase():
-        events = _opening_events(call, now)
-        call, approval, refusal = _take_presented(call, presented, now, events)
+    """A call with no effect key: nothing to reserve; the approval (if any) is checked and used.
+
+    With no record to keep them on, its opening events join the chain now.
+    """
+    with _phase() as when:
+        call = _started(call, when)
+        events = _opening_events(call, when)
+        call, approval, refusal = _take_presented(call, presented, when, events)
         if refusal is not None:
             return refusal
+        if approval is None and presented is not None and call.decision is Decision.ALLOW:
+            approval, call = _matching_approval(call, presented, when)
         if approval is not None:
-            _consume(approval, call, now, events)
-        elif presented is not None and call.decision is Decision.ALLOW:
-            call = _consume_if_matching(call, presented, now, events)
-        events.append(_event(EventType.EXECUTION_STARTED, call, None, {"task": None, "hop": None}, now,
+            events.append(_consumption_event(approval, call, when, required=call.decision is Decision.APPROVE))
+            _mark_consumed(approval, call, when)
+        events.append(_event(EventType.EXECUTION_STARTED, call, None, {"task": None, "hop": None}, when,
                              call.approval_id))
-        _insert_events(events)
-    return Reserved(1, now, call)
+        _seal(events, [], when)
+    return Reserved(1, when, call)
 
 
 # --------------------------------------------------------------------------- reservation
 
 
-def _refusal_for(record: Any, now: dt.datetime) -> CTRLRunError:
+def _refusal_for(record: Any, tampered: bool = False) -> CTRLRunError:
     key = record.effect_key
+    resolve_hint = f"'ctrlrun resolve {key} --committed' or '--failed'"
+    if tampered:
+        return AmbiguousEffect(f"effect '{key}' is {record.state}, but {TAMPERED_HINT}; it will not run until a "
+                               f"person has checked the remote", effect_key=key, action_id=record.action_id)
     if record.state == S.COMMITTED:
         return DuplicateEffect(
             f"effect '{key}' was already committed by {record.action_id}; it will not run again",
@@ -408,7 +727,6 @@ def _refusal_for(record: Any, now: dt.datetime) -> CTRLRunError:
             f"{evidence_time(record.lease_expires_at)}); wait for it to finish",
             state="in_progress", effect_key=key,
         )
-    resolve_hint = f"'ctrlrun resolve {key} --committed' or '--failed'"
     if record.error == LEASE_LAPSED_ERROR:
         return AmbiguousEffect(
             f"effect '{key}' was left executing by {record.action_id} and its lease expired; ask the remote "
@@ -422,54 +740,9 @@ def _refusal_for(record: Any, now: dt.datetime) -> CTRLRunError:
     )
 
 
-def _refusal_evidence(call: Call, error: CTRLRunError, attempt: int, now: dt.datetime,
-                      events: Sequence[EventRow] = ()) -> None:
-    """The refusal's event (after ``events`` not yet written, in the same INSERT) and blocked receipt."""
-    if isinstance(error, DuplicateEffect):
-        data = {"reason": "duplicate", "state": error.state}
-    else:
-        data = {"reason": "ambiguous"}
-    _insert_events([
-        *events, _event(EventType.EFFECT_RESERVATION_REFUSED, call, call.effect_key, data, now, call.approval_id)
-    ])
-    _append_receipt(call, Result.BLOCKED, str(error), attempt, now)
-
-
-def _lapse(record: EffectRecord, now: dt.datetime, events: list[EventRow]) -> None:
-    """A held record whose lease ran out: nobody knows what its worker did. Mark it ambiguous."""
-    record.state = S.AMBIGUOUS
-    record.error = LEASE_LAPSED_ERROR
-    record.lease_expires_at = None
-    record.updated_at = now
-    record.save(update_fields=["state", "error", "lease_expires_at", "updated_at"])
-    events.append(
-        _event(EventType.EXECUTION_AMBIGUOUS, record.action_id, record.effect_key,
-               {"error": LEASE_LAPSED_ERROR, "reason": "lease_expired"}, now)
-    )
-
-
-def _insert_fresh(call: Call, now: dt.datetime, lease_until: dt.datetime) -> bool:
-    """Insert the key's record as this call's, executing at attempt 1; False if the key exists.
-
-    ``ON CONFLICT DO NOTHING`` makes losing the race an answer, not an error: on PostgreSQL a
-    concurrent insert of the same key waits for the other transaction and then does nothing.
-    """
-    ops = connections[_db()].ops
-    stamp = ops.adapt_datetimefield_value(now)
-    with _cursor() as cursor:
-        cursor.execute(
-            'INSERT INTO "ctrlrun_effectrecord" ("effect_key","action","state","action_id","attempt",'
-            '"lease_expires_at","reconcile_failures","created_at","updated_at") '
-            'VALUES (%s,%s,%s,%s,1,%s,0,%s,%s) ON CONFLICT ("effect_key") DO NOTHING RETURNING "attempt"',
-            [call.effect_key, call.action.name, S.EXECUTING.value, call.action.action_id,
-             ops.adapt_datetimefield_value(lease_until), stamp, stamp],
-        )
-        return cursor.fetchone() is not None
-
-
-@dataclass(frozen=True)
+@dataclass
 class _Peek:
-    """The columns a refusal needs, read (and locked, on PostgreSQL) without building a model."""
+    """The columns a decision needs, read (and locked, on PostgreSQL) without building a model."""
 
     effect_key: str
     state: str
@@ -478,102 +751,244 @@ class _Peek:
     lease_expires_at: dt.datetime | None
     error: str | None
     resolved_by: str | None
+    pending: str | None
+    mac: str | None
 
 
-def _as_datetime(value: Any, connection: Any) -> dt.datetime | None:
-    """A timestamp column read by raw SQL, as the ORM would read it (SQLite hands back text in the
-    connection's time zone)."""
-    if value is None or isinstance(value, dt.datetime) and value.tzinfo is not None:
-        return value
-    if isinstance(value, str):
-        value = parse_datetime(value)
-    return timezone.make_aware(value, connection.timezone) if value.tzinfo is None else value
+_PEEK_COLUMNS = '"state","action_id","attempt","lease_expires_at","error","resolved_by","pending","mac"'
 
 
-def _peek(effect_key: str) -> _Peek:
+def _peek(effect_key: str, *, lock: bool = True) -> _Peek | None:
     connection = connections[_db()]
-    lock = " FOR UPDATE" if connection.features.has_select_for_update else ""  # SQLite: BEGIN IMMEDIATE
-    with connection.cursor() as cursor:
+    suffix = " FOR UPDATE" if lock and connection.features.has_select_for_update else ""  # SQLite: IMMEDIATE
+    with _cursor() as cursor:
+        row = cursor.execute(f'SELECT {_PEEK_COLUMNS} FROM "ctrlrun_effectrecord" WHERE "effect_key" = %s' + suffix,
+                             [effect_key]).fetchone()
+    if row is None:
+        return None
+    state, action_id, attempt, lease, error, resolved_by, pending, mac = row
+    return _Peek(effect_key, state, action_id, attempt, _as_datetime(lease, connection), error, resolved_by,
+                 pending, mac)
+
+
+def _stash(call: Call, attempt: int, events: Sequence[EventRow]) -> Pending:
+    """The running attempt's opening events as kept on its record, with what a sweeper needs to
+    write the receipt of an attempt whose worker never came back. Each event's data is encoded
+    once, here, and the same text is what joins the chain."""
+    rows = tuple((*event[:6], dumps_json(event[5])) for event in events)
+    proposed = any(event[1] == EventType.ACTION_PROPOSED.value for event in events)
+    document = {
+        "v": 1,
+        # The action is in ACTION_PROPOSED's data when that event waits here too; else it is kept here.
+        "call": {"action": None if proposed else call.action.canonical(), "action_id": call.action.action_id,
+                 "decision": call.decision.value, "reason": call.reason, "policy_hash": call.policy_hash,
+                 "approval_id": call.approval_id, "approver": call.approver,
+                 "started_at": _iso(call.started_at), "effect_key": call.effect_key, "attempt": attempt},
+        "events": [[event_time(ts), type_, action_id, key, approval_id, text]
+                   for ts, type_, action_id, key, approval_id, _, text in rows],
+    }
+    return Pending(dumps_json(document), rows)
+
+
+def _unstash(text: str) -> tuple[Call, int, list[EventRow]]:
+    document = json.loads(text)
+    info = document["call"]
+    events = [(dt.datetime.fromisoformat(ts), type_, action_id, key, approval_id, json.loads(data), data)
+              for ts, type_, action_id, key, approval_id, data in document["events"]]
+    canonical = info["action"] or next(e[5]["action"] for e in events if e[1] == EventType.ACTION_PROPOSED.value)
+    principal = canonical["principal"]
+    action = Action(canonical["name"], canonical["arguments"], Principal(principal["agent"], principal["user"]),
+                    resource=canonical["resource"], environment=canonical["environment"],
+                    action_id=info["action_id"])
+    call = Call(action, Decision(info["decision"]), info["reason"], info["policy_hash"], info["effect_key"],
+                dt.datetime.fromisoformat(info["started_at"]) if info["started_at"] else None,
+                info["approval_id"], info["approver"])
+    return call, info["attempt"], events
+
+
+def _call_from_events(action_id: str, effect_key: str) -> Call | None:
+    """A record written before opening events were kept on it: rebuild its call from its events."""
+    found = {e.type: e.data for e in _q(Event).filter(action_id=action_id, type__in=[
+        EventType.ACTION_PROPOSED, EventType.POLICY_EVALUATED]).order_by("-id")}
+    proposed, evaluated = found.get(EventType.ACTION_PROPOSED.value), found.get(EventType.POLICY_EVALUATED.value)
+    if not proposed or not evaluated or not isinstance(proposed.get("action"), dict):
+        return None
+    canonical = proposed["action"]
+    try:
+        principal = canonical["principal"]
+        action = Action(canonical["name"], canonical["arguments"], Principal(principal["agent"], principal["user"]),
+                        resource=canonical["resource"], environment=canonical["environment"], action_id=action_id)
+        return Call(action, Decision(evaluated["decision"]), evaluated["reason"], None, effect_key)
+    except (CTRLRunError, KeyError, TypeError, ValueError):
+        return None
+
+
+def _lapse(record: _Peek, when: dt.datetime, events: list[EventRow], receipts: list[_ReceiptSpec]) -> None:
+    """A held record whose lease ran out: nobody knows what its worker did. Mark it ambiguous, and
+    write what the worker could not: its opening events, its ambiguous event and its receipt."""
+    with _cursor() as cursor:
         cursor.execute(
-            'SELECT "state","action_id","attempt","lease_expires_at","error","resolved_by" '
-            'FROM "ctrlrun_effectrecord" WHERE "effect_key" = %s' + lock, [effect_key])
-        state, action_id, attempt, lease, error, resolved_by = cursor.fetchone()
-    return _Peek(effect_key, state, action_id, attempt, _as_datetime(lease, connection), error, resolved_by)
+            'UPDATE "ctrlrun_effectrecord" SET "state" = %s, "error" = %s, "lease_expires_at" = NULL, '
+            '"pending" = NULL, "updated_at" = %s, "mac" = %s WHERE "effect_key" = %s AND "state" = %s',
+            [S.AMBIGUOUS.value, LEASE_LAPSED_ERROR, _time_param(connections[_db()])(when),
+             _effect_mac(record.effect_key, S.AMBIGUOUS, record.action_id, record.attempt, None, None, None),
+             record.effect_key, S.EXECUTING.value])
+    dead: Call | None = None
+    if record.pending:
+        dead, _, waiting = _unstash(record.pending)
+        events += waiting
+    else:
+        dead = _call_from_events(record.action_id, record.effect_key)
+    events.append(_event(EventType.EXECUTION_AMBIGUOUS, record.action_id, record.effect_key,
+                         {"error": LEASE_LAPSED_ERROR, "reason": "lease_expired"}, when,
+                         dead.approval_id if dead else None))
+    if dead is not None:
+        receipts.append(_ReceiptSpec(dead, Result.AMBIGUOUS, LEASE_LAPSED_ERROR, record.attempt))
+    else:
+        logger.warning("effect %s (attempt %s) was swept, but its call could not be rebuilt from the evidence: no "
+                       "receipt was written for it", record.effect_key, record.attempt)
+    record.state, record.error, record.lease_expires_at, record.pending = S.AMBIGUOUS, LEASE_LAPSED_ERROR, None, None
+
+
+def _insert_fresh(call: Call, when: dt.datetime, lease_until: dt.datetime, pending: Pending) -> bool:
+    """Insert the key's record as this call's, executing at attempt 1; False if the key exists.
+
+    ``ON CONFLICT DO NOTHING`` makes losing the race an answer, not an error: on PostgreSQL a
+    concurrent insert of the same key waits for the other transaction and then does nothing.
+    """
+    adapt = _time_param(connections[_db()])
+    stamp = adapt(when)
+    key, action_id = call.effect_key, call.action.action_id
+    with _cursor() as cursor:
+        cursor.execute(
+            'INSERT INTO "ctrlrun_effectrecord" ("effect_key","action","state","action_id","attempt",'
+            '"lease_expires_at","reconcile_failures","created_at","updated_at","pending","mac") '
+            'VALUES (%s,%s,%s,%s,1,%s,0,%s,%s,%s,%s) ON CONFLICT ("effect_key") DO NOTHING RETURNING "attempt"',
+            [key, call.action.name, S.EXECUTING.value, action_id, adapt(lease_until), stamp, stamp, pending.text,
+             _effect_mac(key, S.EXECUTING, action_id, 1, lease_until, None, pending.text)],
+        )
+        return cursor.fetchone() is not None
+
+
+def _renew(record: _Peek, call: Call, attempt: int, when: dt.datetime, lease_until: dt.datetime,
+           pending: Pending) -> None:
+    """failed -> executing: the only automatic retry hands the key to this call at ``attempt``."""
+    adapt = _time_param(connections[_db()])
+    key, action_id = call.effect_key, call.action.action_id
+    with _cursor() as cursor:
+        cursor.execute(
+            'UPDATE "ctrlrun_effectrecord" SET "state" = %s, "action" = %s, "action_id" = %s, "attempt" = %s, '
+            '"lease_expires_at" = %s, "result_json" = NULL, "error" = NULL, "resolved_by" = NULL, '
+            '"reconcile_failures" = 0, "reconcile_after" = NULL, "updated_at" = %s, "pending" = %s, "mac" = %s '
+            'WHERE "effect_key" = %s AND "state" = %s AND "attempt" = %s',
+            [S.EXECUTING.value, call.action.name, action_id, attempt, adapt(lease_until), adapt(when), pending.text,
+             _effect_mac(key, S.EXECUTING, action_id, attempt, lease_until, None, pending.text),
+             key, S.FAILED.value, record.attempt])
+
+
+def _taking_events(call: Call, attempt: int, when: dt.datetime, lease_until: dt.datetime,
+                   approval: Approval | None) -> list[EventRow]:
+    events = []
+    if approval is not None:
+        events.append(_consumption_event(approval, call, when, required=call.decision is Decision.APPROVE))
+    events += [
+        _event(EventType.EFFECT_RESERVED, call, call.effect_key,
+               {"attempt": attempt, "lease_expires_at": evidence_time(lease_until)}, when, call.approval_id),
+        _event(EventType.EXECUTION_STARTED, call, call.effect_key, {"task": None, "hop": None}, when,
+               call.approval_id),
+    ]
+    return events
 
 
 def reserve(call: Call, lease: dt.timedelta, *, opening: bool, hold_ambiguous: bool,
             presented: str | None = None) -> Reserved | Refused:
     """Take the call's effect key and mark it executing, or refuse (§5.3, §8.4).
 
-    ``opening`` writes the call's opening events first. With ``hold_ambiguous`` an ambiguous
-    record is refused *without* evidence (``final=False``) so the caller can ask a reconcile
-    hook and try once more; every other refusal writes its event and receipt here.
+    ``opening`` includes the call's opening events. With ``hold_ambiguous`` an ambiguous record is
+    refused *without* a receipt (``final=False``) so the caller can ask a reconcile hook and try
+    once more; every other refusal writes its event and receipt here.
 
     ``presented`` is the approval the caller holds. For an ``approve`` decision it is checked
     first (its refusal wins) and consumed only if the reservation succeeds, in this same
     transaction: a refused reservation leaves it granted. For an ``allow`` decision it is
     consumed only if it matches, and never blocks the call.
     """
-    now = conf.now()
-    lease_until = now + lease
-    events = _opening_events(call, now) if opening else []
-    with _phase():
-        call, approval, refusal = _take_presented(call, presented, now, events)
+    with _phase(check_head=True) as when:
+        call = _started(call, when)
+        events = _opening_events(call, when) if opening else []
+        call, approval, refusal = _take_presented(call, presented, when, events)
         if refusal is not None:
             return refusal
-        if presented is not None and call.decision is Decision.ALLOW:
+        taker = call
+        if approval is None and presented is not None and call.decision is Decision.ALLOW:
             # Lock order is always approval row, then effect row (as on the approve path): no deadlock.
-            _q(Approval).select_for_update().filter(pk=presented).first()
-        record: Any = None
-        if _insert_fresh(call, now, lease_until):
-            attempt, inserted = 1, True
-        else:
-            record = _peek(call.effect_key)
-            attempt, inserted = record.attempt, False
-            if record.state == S.FAILED or (record.state in (S.RESERVED, S.EXECUTING)
-                                            and record.lease_expires_at <= now):
-                record = _q(EffectRecord).select_for_update().get(pk=call.effect_key)  # it will change
-        if record is not None and record.state == S.FAILED:
-            record.state = S.EXECUTING
-            record.action = call.action.name
-            record.action_id = call.action.action_id
-            record.attempt += 1
-            record.lease_expires_at = lease_until
-            record.result_json = record.error = record.resolved_by = None
-            record.reconcile_failures = 0
-            record.reconcile_after = None
-            record.updated_at = now
-            record.save()
-            attempt, inserted = record.attempt, True
-        if inserted:
+            approval, taker = _matching_approval(call, presented, when)
+        lease_until = when + lease
+        pending = _stash(taker, 1, [*events, *_taking_events(taker, 1, when, lease_until, approval)])
+        if _insert_fresh(taker, when, lease_until, pending):
             if approval is not None:
-                _consume(approval, call, now, events)
-            elif presented is not None and call.decision is Decision.ALLOW:
-                call = _consume_if_matching(call, presented, now, events)
-            events += [
-                _event(EventType.EFFECT_RESERVED, call, call.effect_key,
-                       {"attempt": attempt, "lease_expires_at": evidence_time(lease_until)}, now,
-                       call.approval_id),
-                _event(EventType.EXECUTION_STARTED, call, call.effect_key, {"task": None, "hop": None}, now,
-                       call.approval_id),
-            ]
-            _insert_events(events)
-            return Reserved(attempt, lease_until, call)
-        assert record is not None
-        if record.state in (S.RESERVED, S.EXECUTING) and record.lease_expires_at <= now:
-            _lapse(record, now, events)  # kept even though this attempt is refused
-        error = _refusal_for(record, now)
-        if isinstance(error, AmbiguousEffect) and hold_ambiguous:
-            _insert_events(events)
+                _mark_consumed(approval, taker, when)
+            return Reserved(1, lease_until, replace(taker, pending=pending))
+        record = _peek(call.effect_key)
+        assert record is not None  # the insert found it, and a record is never deleted
+        tampered = False
+        if record.state == S.FAILED or (record.state == S.EXECUTING and record.lease_expires_at <= when):
+            tampered = not _effect_ok(record)
+        if record.state == S.FAILED and not tampered:
+            attempt = record.attempt + 1
+            pending = _stash(taker, attempt, [*events, *_taking_events(taker, attempt, when, lease_until, approval)])
+            _renew(record, taker, attempt, when, lease_until, pending)
+            if approval is not None:
+                _mark_consumed(approval, taker, when)
+            return Reserved(attempt, lease_until, replace(taker, pending=pending))
+        lapsed_events: list[EventRow] = []
+        lapsed_receipts: list[_ReceiptSpec] = []
+        if record.state == S.EXECUTING and record.lease_expires_at <= when and not tampered:
+            _lapse(record, when, lapsed_events, lapsed_receipts)  # kept even though this attempt is refused
+        error = _refusal_for(record, tampered)
+        if tampered:
+            logger.error("effect %s: its record does not carry ctrlrun's signature; refusing to retry or sweep it",
+                         call.effect_key)
+        if isinstance(error, AmbiguousEffect) and hold_ambiguous and not tampered:
+            _seal([*lapsed_events, *events], lapsed_receipts, when)
             return Refused(error, record.attempt, False, call)
-        _refusal_evidence(call, error, record.attempt, now, events)
+        _seal([*lapsed_events, *events, _refusal_event(call, error, when)],
+              [*lapsed_receipts, _ReceiptSpec(call, Result.BLOCKED, str(error), record.attempt)], when)
         return Refused(error, record.attempt, True, call)
+
+
+def _refusal_event(call: Call, error: CTRLRunError, when: dt.datetime) -> EventRow:
+    if isinstance(error, DuplicateEffect):
+        data = {"reason": "duplicate", "state": error.state}
+    else:
+        data = {"reason": "ambiguous"}
+    return _event(EventType.EFFECT_RESERVATION_REFUSED, call, call.effect_key, data, when, call.approval_id)
 
 
 def record_refusal(refused: Refused) -> None:
     """Write the evidence of a refusal that ``reserve`` held back."""
-    with _phase():
-        _refusal_evidence(refused.call, refused.error, refused.attempt or 1, conf.now())
+    with _phase() as when:
+        call = refused.call
+        _seal([_refusal_event(call, refused.error, when)],
+              [_ReceiptSpec(call, Result.BLOCKED, str(refused.error), refused.attempt or 1)], when)
+
+
+def renew_lease(call: Call, attempt: int, lease: dt.timedelta) -> bool:
+    """The heartbeat: extend a live attempt's lease from the store's clock. False when the record
+    has moved on (swept after this worker stopped renewing, or finished)."""
+    key = call.effect_key
+    assert key is not None
+    text = call.pending.text if call.pending else None
+    with _phase() as when:
+        until = when + lease
+        with _cursor() as cursor:
+            cursor.execute(
+                'UPDATE "ctrlrun_effectrecord" SET "lease_expires_at" = %s, "mac" = %s WHERE "effect_key" = %s AND '
+                '"action_id" = %s AND "attempt" = %s AND "state" = %s',
+                [_time_param(connections[_db()])(until),
+                 _effect_mac(key, S.EXECUTING, call.action.action_id, attempt, until, None, text),
+                 key, call.action.action_id, attempt, S.EXECUTING.value])
+            return cursor.rowcount == 1
 
 
 # --------------------------------------------------------------------------- approvals
@@ -599,6 +1014,8 @@ class ApprovalView:
     note: str | None
     consumed_at: dt.datetime | None
     consumed_by: str | None
+    #: False when the row does not carry ctrlrun's signature (written around ctrlrun).
+    signature_ok: bool = True
 
     @property
     def canonical_action(self) -> dict[str, Any]:
@@ -609,80 +1026,98 @@ class ApprovalView:
         return self.canonical_action.get("arguments", {})
 
 
+_APPROVAL_FIELDS = [f for f in ApprovalView.__dataclass_fields__ if f != "signature_ok"]
+
+
 def _approval_view(row: Approval) -> ApprovalView:
-    return ApprovalView(**{f: getattr(row, f) for f in ApprovalView.__dataclass_fields__})
+    return ApprovalView(**{f: getattr(row, f) for f in _APPROVAL_FIELDS}, signature_ok=_approval_ok(row))
 
 
 def request_approval(call: Call, ttl: dt.timedelta) -> ApprovalView:
     """An ``approve`` decision with nothing presented: a pending request bound to the action hash."""
-    from .canonical import new_id
-
-    now = conf.now()
-    action = call.action
-    row = Approval(
-        approval_id=new_id("apr_"), status=ApprovalStatus.PENDING, action=action.name, action_id=action.action_id,
-        action_hash=action.hash, action_json=json.dumps(action.canonical(), ensure_ascii=False, sort_keys=True),
-        agent=action.principal.agent, user=action.principal.user, effect_key=call.effect_key,
-        policy_hash=call.policy_hash, decision_reason=call.reason, created_at=now, expires_at=now + ttl,
-    )
-    with _phase():
+    with _phase() as when:
+        call = _started(call, when)
+        action = call.action
+        row = Approval(
+            approval_id=new_id("apr_"), status=ApprovalStatus.PENDING, action=action.name,
+            action_id=action.action_id, action_hash=action.hash,
+            action_json=json.dumps(action.canonical(), ensure_ascii=False, sort_keys=True),
+            agent=action.principal.agent, user=action.principal.user, effect_key=call.effect_key,
+            policy_hash=call.policy_hash, decision_reason=call.reason, created_at=when, expires_at=when + ttl,
+        )
+        _sign_approval(row)
         row.save(using=_db(), force_insert=True)
-        events = _opening_events(call, now)
+        events = _opening_events(call, when)
         events.append(_event(EventType.APPROVAL_REQUESTED, call, call.effect_key,
-                             {"action_hash": action.hash, "expires_at": evidence_time(row.expires_at)}, now,
+                             {"action_hash": action.hash, "expires_at": evidence_time(row.expires_at)}, when,
                              row.approval_id))
-        _insert_events(events)
+        _seal(events, [], when)
     return _approval_view(row)
 
 
-def _expire(row: Approval, now: dt.datetime, events: list[EventRow], call: Call | None = None) -> None:
+def _save_approval(row: Approval, fields: list[str]) -> None:
+    _sign_approval(row)
+    row.save(update_fields=[*fields, "mac"])
+
+
+def _expire(row: Approval, when: dt.datetime, events: list[EventRow], call: Call | None = None) -> None:
     """Mark ``row`` expired; the event belongs to ``call`` when a call presenting it found it lapsed."""
     row.status = ApprovalStatus.EXPIRED
-    row.save(update_fields=["status"])
+    _save_approval(row, ["status"])
     owner, key = (call, call.effect_key) if call is not None else (row.action_id, row.effect_key)
-    events.append(_event(EventType.APPROVAL_EXPIRED, owner, key, {}, now, row.approval_id))
+    events.append(_event(EventType.APPROVAL_EXPIRED, owner, key, {}, when, row.approval_id))
+
+
+def _tampered_request(approval_id: str) -> InvalidArgument:
+    return InvalidArgument(f"approval request {approval_id} cannot be answered: {TAMPERED_HINT}")
 
 
 def answer_approval(approval_id: str, grant: bool, *, by: str, note: str | None = None) -> ApprovalView:
     """A human grants or denies a pending request. Used by the commands and the console alike.
 
-    Only a pending, unexpired request can be answered; an expired one is marked expired (that
-    write is kept) and refused. The person who asked (the principal's ``user``) cannot answer.
+    Only a pending, unexpired request that ctrlrun itself wrote can be answered; an expired one is
+    marked expired (that write is kept) and refused. The person the call was made for (the
+    principal's ``user``, compared as normalised identities) cannot answer it.
     """
+    from .identity import same_person
+
     if not isinstance(by, str) or not by.strip():
         raise InvalidArgument("an approval needs the name of the person answering (--by NAME)")
-    by = by.strip()
-    now = conf.now()
+    by = evidence_text(by.strip())
+    note = evidence_text(note) if note else None
     expired: ApprovalView | None = None
-    with _phase():
+    with _phase() as when:
         row = _q(Approval).select_for_update().filter(pk=approval_id).first()
         if row is None:
             raise InvalidArgument(f"no approval request {approval_id}; 'approvals' lists the requests")
+        if not _approval_ok(row):
+            raise _tampered_request(approval_id)
         if row.status != ApprovalStatus.PENDING:
             raise InvalidArgument(f"approval request {approval_id} is already {row.status}")
-        if row.expires_at <= now:
+        if row.expires_at <= when:
             events: list[EventRow] = []
-            _expire(row, now, events)
-            _insert_events(events)
+            _expire(row, when, events)
+            _seal(events, [], when)
             expired = _approval_view(row)
         else:
-            if row.user is not None and row.user == by:
+            if row.user is not None and same_person(row.user, by):
+                alias = "" if row.user == by else f" ({by!r} names the same person)"
                 raise InvalidArgument(
-                    f"this request for {row.action} was made on behalf of user {by}, who cannot answer it; another "
-                    f"person must"
+                    f"this request for {row.action} was made on behalf of user {row.user}, who cannot answer "
+                    f"it{alias}; another person must"
                 )
             row.status = ApprovalStatus.GRANTED if grant else ApprovalStatus.DENIED
             row.approver = by
-            row.note = note or None
-            row.answered_at = now
-            row.save(update_fields=["status", "approver", "note", "answered_at"])
+            row.note = note
+            row.answered_at = when
+            _save_approval(row, ["status", "approver", "note", "answered_at"])
             data: dict[str, Any] = {"approver": by}
             if grant:
                 data["action_hash"] = row.action_hash
             if note:
                 data["note"] = note
             kind = EventType.APPROVAL_GRANTED if grant else EventType.APPROVAL_DENIED
-            _insert_events([_event(kind, row.action_id, row.effect_key, data, now, row.approval_id)])
+            _seal([_event(kind, row.action_id, row.effect_key, data, when, row.approval_id)], [], when)
     if expired is not None:
         raise InvalidArgument(
             f"approval {approval_id} expired at {evidence_time(expired.expires_at)}; the agent must ask again"
@@ -692,21 +1127,22 @@ def answer_approval(approval_id: str, grant: bool, *, by: str, note: str | None 
 
 def expire_if_due(approval_id: str) -> ApprovalView | None:
     """Mark a pending or granted request expired if its time is up (``wait=True`` giving up)."""
-    now = conf.now()
-    with _phase():
+    with _phase() as when:
         row = _q(Approval).select_for_update().filter(pk=approval_id).first()
         if row is None:
             return None
-        if row.status in (ApprovalStatus.PENDING, ApprovalStatus.GRANTED) and row.expires_at <= now:
+        if (row.status in (ApprovalStatus.PENDING, ApprovalStatus.GRANTED) and row.expires_at <= when
+                and _approval_ok(row)):
             events: list[EventRow] = []
-            _expire(row, now, events)
-            _insert_events(events)
+            _expire(row, when, events)
+            _seal(events, [], when)
     return _approval_view(row)
 
 
 def get_approval(approval_id: str) -> ApprovalView | None:
-    row = _q(Approval).filter(pk=approval_id).first()
-    return _approval_view(row) if row else None
+    with _reading():
+        row = _q(Approval).filter(pk=approval_id).first()
+        return _approval_view(row) if row else None
 
 
 def list_approvals(status: str | None = None) -> list[ApprovalView]:
@@ -724,22 +1160,28 @@ def approvals_for_hash(action_hash: str) -> list[ApprovalView]:
     return [_approval_view(r) for r in _q(Approval).filter(action_hash=action_hash).order_by("created_at")]
 
 
-def _take_presented(call: Call, presented: str | None, now: dt.datetime,
+def _take_presented(call: Call, presented: str | None, when: dt.datetime,
                     events: list[EventRow]) -> tuple[Call, Approval | None, Refused | None]:
     """Check a presented approval for an ``approve`` decision, in §8.4's order.
 
     Returns the call stamped with the approval, the row to consume once the effect is taken,
-    or a refusal whose evidence (and the events so far) is already written.
+    or a refusal whose evidence (and the events so far) is already written. An approval that
+    does not carry ctrlrun's signature (a status set around ctrlrun) is refused as ``tampered``
+    before anything it says is believed.
     """
     if presented is None or call.decision is not Decision.APPROVE:
         if presented is not None and call.decision is Decision.DENY:
             call = replace(call, approval_id=presented)
         return call, None, None
     row = _q(Approval).select_for_update().filter(pk=presented).first()
-    call = replace(call, approval_id=presented, approver=row.approver if row else None)
+    genuine = row is not None and _approval_ok(row)
+    call = replace(call, approval_id=presented, approver=row.approver if genuine else None)
     error: CTRLRunError | None = None
     if row is None:
         error = ApprovalMismatch(f"no approval {presented}", reason="unknown", approval_id=presented)
+    elif not genuine:
+        error = ApprovalMismatch(f"approval {presented} cannot be used: {TAMPERED_HINT}", reason="tampered",
+                                 approval_id=presented)
     elif row.action_hash != call.action.hash:
         error = ApprovalMismatch(
             f"approval {presented} authorizes {row.action_hash}, not {call.action.hash}: it was granted for a "
@@ -752,48 +1194,47 @@ def _take_presented(call: Call, presented: str | None, now: dt.datetime,
     elif row.status != ApprovalStatus.GRANTED:
         error = ApprovalMismatch(f"approval {presented} is {row.status}, not granted", reason=str(row.status),
                                  approval_id=presented)
-    elif row.expires_at <= now:
-        _expire(row, now, events, call)
+    elif row.expires_at <= when:
+        _expire(row, when, events, call)
         error = ApprovalMismatch(f"approval {presented} expired at {evidence_time(row.expires_at)}; ask again",
                                  reason="expired", approval_id=presented)
     if error is None:
         return call, row, None
     if isinstance(error, ActionDenied):
-        events.append(_event(EventType.APPROVAL_DENIED, call, call.effect_key, {"approver": row.approver}, now,
+        events.append(_event(EventType.APPROVAL_DENIED, call, call.effect_key, {"approver": row.approver}, when,
                              presented))
-        events.append(_event(EventType.ACTION_DENIED, call, call.effect_key, {"reason": "approval_denied"}, now))
-        _insert_events(events)
-        _append_receipt(call, Result.DENIED, str(error), None, now, decision_reason="approval_denied")
+        events.append(_event(EventType.ACTION_DENIED, call, call.effect_key, {"reason": "approval_denied"}, when))
+        _seal(events, [_ReceiptSpec(call, Result.DENIED, str(error), None, "approval_denied")], when)
     else:
         events.append(_event(EventType.APPROVAL_INVALIDATED, call, call.effect_key,
-                             {"reason": error.reason, "action_hash": call.action.hash}, now, presented))
-        _insert_events(events)
-        _append_receipt(call, Result.BLOCKED, str(error), None, now)
+                             {"reason": error.reason, "action_hash": call.action.hash}, when, presented))
+        _seal(events, [_ReceiptSpec(call, Result.BLOCKED, str(error), None)], when)
     return call, None, Refused(error, None, True, call)
 
 
-def _consume(row: Approval, call: Call, now: dt.datetime, events: list[EventRow], *, required: bool = True) -> None:
-    row.status = ApprovalStatus.CONSUMED
-    row.consumed_at = now
-    row.consumed_by = call.action.action_id
-    row.save(update_fields=["status", "consumed_at", "consumed_by"])
+def _consumption_event(row: Approval, call: Call, when: dt.datetime, *, required: bool) -> EventRow:
     data: dict[str, Any] = {"approver": row.approver}
     if not required:
         data["required"] = False
-    events.append(_event(EventType.APPROVAL_CONSUMED, call, call.effect_key, data, now, row.approval_id))
+    return _event(EventType.APPROVAL_CONSUMED, call, call.effect_key, data, when, row.approval_id)
 
 
-def _consume_if_matching(call: Call, presented: str, now: dt.datetime, events: list[EventRow]) -> Call:
+def _mark_consumed(row: Approval, call: Call, when: dt.datetime) -> None:
+    row.status = ApprovalStatus.CONSUMED
+    row.consumed_at = when
+    row.consumed_by = call.action.action_id
+    _save_approval(row, ["status", "consumed_at", "consumed_by"])
+
+
+def _matching_approval(call: Call, presented: str, when: dt.datetime) -> tuple[Approval | None, Call]:
     """An approval presented on an allowed call is used up only if it is for exactly this call."""
     row = _q(Approval).select_for_update().filter(pk=presented).first()
-    if (row is None or row.action_hash != call.action.hash or row.status != ApprovalStatus.GRANTED
-            or row.expires_at <= now):
+    if (row is None or not _approval_ok(row) or row.action_hash != call.action.hash
+            or row.status != ApprovalStatus.GRANTED or row.expires_at <= when):
         logger.info("approval %s presented on allowed call %s was not used (it does not match or is not granted)",
                     presented, call.action.action_id)
-        return call
-    call = replace(call, approval_id=presented, approver=row.approver)
-    _consume(row, call, now, events, required=False)
-    return call
+        return None, call
+    return row, replace(call, approval_id=presented, approver=row.approver)
 
 
 # --------------------------------------------------------------------------- outcome
@@ -808,44 +1249,49 @@ def _jsonable_result(value: Any) -> str:
 
 
 _STATE_FOR = {Result.COMMITTED: S.COMMITTED, Result.FAILED: S.FAILED, Result.AMBIGUOUS: S.AMBIGUOUS}
+_EVENT_FOR = {Result.COMMITTED: EventType.EXECUTION_COMMITTED, Result.FAILED: EventType.EXECUTION_FAILED,
+              Result.AMBIGUOUS: EventType.EXECUTION_AMBIGUOUS}
+_OUTCOME_UPDATE = (
+    'UPDATE "ctrlrun_effectrecord" SET "state" = %s, "lease_expires_at" = NULL, "error" = %s, "result_json" = %s, '
+    '"updated_at" = %s, "pending" = NULL, "mac" = %s WHERE "effect_key" = %s AND "action_id" = %s AND '
+    '"attempt" = %s AND "state" = %s AND "resolved_by" IS NULL'
+)
 
 
 def record_outcome(call: Call, attempt: int | None, result: Result, *, error: str | None = None,
                    value: Any = None, write_receipt: bool = True) -> OutcomeWrite:
     """Record how the function ended (§5.4), if this attempt still holds the row.
 
-    ``result`` is committed, failed or ambiguous. When the row moved on meanwhile (a contender
-    found this attempt's lease lapsed, or a human resolved it), the row is left as it is and
-    the call is recorded ambiguous: the function may have acted, and nobody recorded it.
+    ``result`` is committed, failed or ambiguous. When the row moved on meanwhile (this attempt's
+    lease lapsed and someone swept it, or a human resolved it since), the row is left as it is
+    and the call is recorded ambiguous: the function may have acted, and nobody recorded it.
     """
-    now = conf.now()
     key = call.effect_key
-    event_type = {Result.COMMITTED: EventType.EXECUTION_COMMITTED, Result.FAILED: EventType.EXECUTION_FAILED,
-                  Result.AMBIGUOUS: EventType.EXECUTION_AMBIGUOUS}[result]
-    with _phase():
+    with _phase() as when:
+        data = {} if result is Result.COMMITTED else {"error": error}
+        outcome = _event(_EVENT_FOR[result], call, key, data, when, call.approval_id)
+        receipts = [_ReceiptSpec(call, result, error, attempt)] if write_receipt else []
         if key is None:
-            data = {} if result is Result.COMMITTED else {"error": error}
-            _insert_events([_event(event_type, call, None, data, now, call.approval_id)])
-            _append_receipt(call, result, error, attempt, now)
+            _seal([outcome], receipts, when)
             return OutcomeWrite(True)
-        # One conditional UPDATE both checks that this attempt still holds the row and moves it.
-        held = "'reserved','executing'" + (",'ambiguous'" if result is Result.AMBIGUOUS else "")
-        ops = connections[_db()].ops
+        state = _STATE_FOR[result]
+        params = [state.value, error, _jsonable_result(value) if result is Result.COMMITTED else None,
+                  _time_param(connections[_db()])(when),
+                  _effect_mac(key, state, call.action.action_id, attempt, None, None, None),
+                  key, call.action.action_id, attempt]
         with _cursor() as cursor:
-            cursor.execute(
-                'UPDATE "ctrlrun_effectrecord" SET "state" = %s, "lease_expires_at" = NULL, "error" = %s, '
-                '"result_json" = %s, "updated_at" = %s WHERE "effect_key" = %s AND "action_id" = %s AND '
-                f'"attempt" = %s AND "state" IN ({held}) AND "resolved_by" IS NULL',
-                [_STATE_FOR[result].value, error, _jsonable_result(value) if result is Result.COMMITTED else None,
-                 ops.adapt_datetimefield_value(now), key, call.action.action_id, attempt],
-            )
-            holds = cursor.rowcount == 1
-        if holds:
-            data = {} if result is Result.COMMITTED else {"error": error}
-            _insert_events([_event(event_type, call, key, data, now, call.approval_id)])
-            if write_receipt:
-                _append_receipt(call, result, error, attempt, now)
-            return OutcomeWrite(True)
+            # One conditional UPDATE both checks that this attempt still holds the row and moves it.
+            cursor.execute(_OUTCOME_UPDATE, [*params, S.EXECUTING.value])
+            if cursor.rowcount == 1:
+                _seal([*(call.pending.events if call.pending else ()), outcome], receipts, when)
+                return OutcomeWrite(True)
+            if result is Result.AMBIGUOUS:
+                # Swept while it ran, and now it knows it hit an exception: record that, idempotently.
+                # Whoever swept it already wrote its opening events.
+                cursor.execute(_OUTCOME_UPDATE, [*params, S.AMBIGUOUS.value])
+                if cursor.rowcount == 1:
+                    _seal([outcome], receipts, when)
+                    return OutcomeWrite(True)
         record = _q(EffectRecord).filter(pk=key).first()
         refusal = _outcome_refusal(key, record)
         if result is Result.COMMITTED:
@@ -854,8 +1300,8 @@ def record_outcome(call: Call, attempt: int | None, result: Result, *, error: st
             why = f"the function raised NotExecuted: {error}, and the outcome write was refused: AmbiguousEffect: {refusal}"
         else:
             why = f"{error}; and the outcome write was refused: AmbiguousEffect: {refusal}"
-        _insert_events([_event(EventType.EXECUTION_AMBIGUOUS, call, key, {"error": why}, now, call.approval_id)])
-        _append_receipt(call, Result.AMBIGUOUS, why, attempt, now)
+        _seal([_event(EventType.EXECUTION_AMBIGUOUS, call, key, {"error": why}, when, call.approval_id)],
+              [_ReceiptSpec(call, Result.AMBIGUOUS, why, attempt)], when)
         return OutcomeWrite(False, refusal)
 
 
@@ -878,13 +1324,14 @@ def _outcome_refusal(key: str, record: EffectRecord | None) -> AmbiguousEffect:
 # --------------------------------------------------------------------------- reconciliation and humans
 
 
-def _move_ambiguous(record: EffectRecord, state: EffectState, resolver: str, now: dt.datetime) -> None:
+def _move_ambiguous(record: EffectRecord, state: EffectState, resolver: str, when: dt.datetime) -> None:
     record.error = f"resolved {state.value} by {resolver} (was: {record.error})"
     record.state = state
     record.resolved_by = resolver
     record.reconcile_after = None
-    record.updated_at = now
-    record.save(update_fields=["state", "error", "resolved_by", "reconcile_after", "updated_at"])
+    record.updated_at = when
+    record.mac = _effect_mac(record.effect_key, state, record.action_id, record.attempt, None, resolver, None)
+    record.save(update_fields=["state", "error", "resolved_by", "reconcile_after", "updated_at", "mac"])
 
 
 def record_reconciliation(effect_key: str, action_id: str | None, resolver: str, trigger: str,
@@ -899,48 +1346,52 @@ def record_reconciliation(effect_key: str, action_id: str | None, resolver: str,
     ``unknown`` (and a hook that raised or said nonsense) moves nothing; it pushes the next
     deferred attempt back (exponential, capped). The answer is about ``attempt``, the attempt
     the hook was asked about: if the record is no longer ambiguous at that attempt (someone else
-    answered first, or a later attempt has run since), the answer is dropped, never applied to an
-    attempt it does not describe. ``receipt_for`` writes the eager trigger's
-    ambiguous receipt after the reconciliation events, in the same transaction.
+    answered first, or a later attempt has run since), or its ambiguous state was not written by
+    ctrlrun, the answer is dropped, never applied to a state it does not describe.
+    ``receipt_for`` writes the eager trigger's ambiguous receipt after the reconciliation events,
+    in the same transaction.
     """
-    now = conf.now()
     moved: str | None = None
-    with _phase():
+    with _phase() as when:
         record = _q(EffectRecord).select_for_update().filter(pk=effect_key).first()
         events = [
             _event(EventType.RECONCILIATION_STARTED, action_id, effect_key,
                    {"effect_key": effect_key, "trigger": trigger,
-                    **({"requested_by": requested_by} if requested_by else {})}, answer.started_at or now),
-            _event(EventType.RECONCILIATION_RESOLVED, action_id, effect_key, answer.data(), now),
+                    **({"requested_by": requested_by} if requested_by else {})},
+                   when - dt.timedelta(seconds=max(answer.duration, 0.0))),
+            _event(EventType.RECONCILIATION_RESOLVED, action_id, effect_key, answer.data(), when),
         ]
-        if record is None or record.state != S.AMBIGUOUS or record.attempt != attempt:
-            now_is = f"{record.state} at attempt {record.attempt}" if record else "gone"
+        if record is None or record.state != S.AMBIGUOUS or record.attempt != attempt or not _effect_ok(record):
+            if record is not None and record.state == S.AMBIGUOUS and record.attempt == attempt:
+                now_is = f"ambiguous at attempt {attempt}, but {TAMPERED_HINT}"
+            else:
+                now_is = f"{record.state} at attempt {record.attempt}" if record else "gone"
             logger.warning("reconcile answer %r for %s (attempt %s) dropped: the record is %s now", answer.outcome,
                            effect_key, attempt, now_is)
             events[-1][5]["dropped"] = f"the record is {now_is}; this answer was about attempt {attempt}"
             moved = "dropped"
         elif answer.outcome in ("committed", "not_executed"):
             state = S.COMMITTED if answer.outcome == "committed" else S.FAILED
-            _move_ambiguous(record, state, resolver, now)
+            _move_ambiguous(record, state, resolver, when)
             moved = state.value
             events.append(_event(EventType.EFFECT_RESOLVED, action_id, effect_key,
-                                 {"state": state.value, "resolver": resolver, "resolved_by": "reconcile"}, now))
+                                 {"state": state.value, "resolver": resolver, "resolved_by": "reconcile"}, when))
         else:
             first, cap = conf.reconcile_backoff()
             delay = min(first * (2 ** min(record.reconcile_failures, 30)), cap)
             record.reconcile_failures += 1
-            record.reconcile_after = now + delay
+            record.reconcile_after = when + delay
             record.save(update_fields=["reconcile_failures", "reconcile_after"])
-        _insert_events(events)
-        if receipt_for is not None:
-            _append_receipt(receipt_for, Result.AMBIGUOUS, receipt_error, receipt_attempt, now)
+        receipts = [] if receipt_for is None else [
+            _ReceiptSpec(receipt_for, Result.AMBIGUOUS, receipt_error, receipt_attempt)]
+        _seal(events, receipts, when)
     return moved
 
 
 def write_ambiguous_receipt(call: Call, attempt: int | None, error: str) -> None:
     """The eager trigger's receipt when the hook itself never returned (it raised a BaseException)."""
-    with _phase():
-        _append_receipt(call, Result.AMBIGUOUS, error, attempt, conf.now())
+    with _phase() as when:
+        _seal([], [_ReceiptSpec(call, Result.AMBIGUOUS, error, attempt)], when)
 
 
 def resolve(effect_key: str, outcome: str, *, by: str, reason: str | None = None,
@@ -950,70 +1401,80 @@ def resolve(effect_key: str, outcome: str, *, by: str, reason: str | None = None
         raise InvalidArgument(f"say which it was: committed or failed, not {outcome!r}")
     if not by or not by.strip():
         raise InvalidArgument("a resolution needs the name of the person who decided it (--by NAME)")
-    now = conf.now()
-    with _phase():
+    with _phase() as when:
         record = _q(EffectRecord).select_for_update().filter(pk=effect_key).first()
         if record is None:
             raise InvalidArgument(f"no effect '{effect_key}' to resolve; 'ctrlrun effects' lists the keys")
         if record.state != S.AMBIGUOUS:
             hint = ""
-            if record.state in (S.RESERVED, S.EXECUTING) and record.lease_expires_at <= now:
+            if record.state in (S.RESERVED, S.EXECUTING) and record.lease_expires_at <= when:
                 hint = " (its lease has lapsed: 'ctrlrun reconcile' sweeps it to ambiguous first)"
             raise InvalidArgument(
                 f"effect '{effect_key}' is {record.state}, not ambiguous; only an effect with an unknown "
                 f"outcome is resolved by hand{hint}"
             )
+        if not _effect_ok(record):
+            raise InvalidArgument(f"effect '{effect_key}' says ambiguous, but {TAMPERED_HINT}. It may still be "
+                                  f"running; it is not resolved")
         if attempt is not None and attempt != record.attempt:
             raise InvalidArgument(
                 f"effect '{effect_key}' is at attempt {record.attempt}, not {attempt}: it moved since you "
                 f"looked. Check it again ('ctrlrun effects') before resolving"
             )
-        resolver = by.strip()
+        resolver = evidence_text(by.strip())
         state = S.COMMITTED if outcome == "committed" else S.FAILED
-        _move_ambiguous(record, state, resolver, now)
+        _move_ambiguous(record, state, resolver, when)
         data = {"state": state.value, "resolver": resolver, "resolved_by": "human", "attempt": record.attempt}
         if reason:
-            data["reason"] = reason
-        _insert_events([_event(EventType.EFFECT_RESOLVED, record.action_id, effect_key, data, now)])
+            data["reason"] = evidence_text(reason)
+        _seal([_event(EventType.EFFECT_RESOLVED, record.action_id, effect_key, data, when)], [], when)
     return _effect_view(record)
 
 
-def sweep_lapsed(now: dt.datetime | None = None, action: str | None = None,
-                 effect_key: str | None = None) -> list[EffectView]:
-    """Move every held record whose lease lapsed to ambiguous (its worker died or hung)."""
-    now = now or conf.now()
+def sweep_lapsed(action: str | None = None, effect_key: str | None = None) -> list[EffectView]:
+    """Move every held record whose lease lapsed to ambiguous (its worker died, hung or was frozen
+    past its lease), writing the dead attempt's evidence. Leases are compared with the store's clock."""
     swept: list[EffectView] = []
-    query = _q(EffectRecord).filter(state__in=[S.RESERVED, S.EXECUTING], lease_expires_at__lte=now)
-    if action:
-        query = query.filter(action=action)
-    if effect_key:
-        query = query.filter(pk=effect_key)
-    for key in list(query.values_list("effect_key", flat=True)):
-        with _phase():
-            record = _q(EffectRecord).select_for_update().filter(pk=key).first()
-            if record is None or record.state not in (S.RESERVED, S.EXECUTING) or record.lease_expires_at > now:
-                continue  # its worker finished, or someone else swept it, meanwhile
+    with _reading():
+        cutoff = _clock()
+        query = _q(EffectRecord).filter(state__in=[S.RESERVED, S.EXECUTING], lease_expires_at__lte=cutoff)
+        if action:
+            query = query.filter(action=action)
+        if effect_key:
+            query = query.filter(pk=effect_key)
+        keys = list(query.values_list("effect_key", flat=True))
+    for key in keys:
+        with _phase() as when:
+            record = _peek(key)
+            if record is None or record.state != S.EXECUTING or record.lease_expires_at > when:
+                continue  # its worker finished or renewed, or someone else swept it, meanwhile
+            if not _effect_ok(record):
+                logger.error("effect %s has a lapsed lease, but %s; it is not swept", key, TAMPERED_HINT)
+                continue
             events: list[EventRow] = []
-            _lapse(record, now, events)
-            _insert_events(events)
-        swept.append(_effect_view(record))
+            receipts: list[_ReceiptSpec] = []
+            _lapse(record, when, events, receipts)
+            _seal(events, receipts, when)
+        view = get_effect(key)
+        if view is not None:
+            swept.append(view)
     return swept
 
 
-def reconcile_candidates(now: dt.datetime | None = None, action: str | None = None,
-                         limit: int | None = None) -> list[EffectView]:
+def reconcile_candidates(action: str | None = None, limit: int | None = None) -> list[EffectView]:
     """Ambiguous records due for a deferred reconcile (backoff respected), oldest first."""
-    now = now or conf.now()
     from django.db.models import Q
 
-    query = _q(EffectRecord).filter(state=S.AMBIGUOUS).filter(
-        Q(reconcile_after__isnull=True) | Q(reconcile_after__lte=now)
-    ).order_by("updated_at", "effect_key")
-    if action:
-        query = query.filter(action=action)
-    if limit:
-        query = query[:limit]
-    return [_effect_view(r) for r in query]
+    with _reading():
+        cutoff = _clock()
+        query = _q(EffectRecord).filter(state=S.AMBIGUOUS).filter(
+            Q(reconcile_after__isnull=True) | Q(reconcile_after__lte=cutoff)
+        ).order_by("updated_at", "effect_key")
+        if action:
+            query = query.filter(action=action)
+        if limit:
+            query = query[:limit]
+        return [_effect_view(r) for r in query]
 
 
 # --------------------------------------------------------------------------- reading
@@ -1025,6 +1486,7 @@ def _effect_view(record: EffectRecord) -> EffectView:
         attempt=record.attempt, lease_expires_at=record.lease_expires_at, error=record.error,
         resolved_by=record.resolved_by, reconcile_failures=record.reconcile_failures,
         reconcile_after=record.reconcile_after, created_at=record.created_at, updated_at=record.updated_at,
+        signature_ok=_effect_ok(record),
     )
 
 
@@ -1040,9 +1502,23 @@ def _event_view(row: Event) -> EventView:
                      approval_id=row.approval_id, data=row.data)
 
 
+def _waiting_views(records: Any) -> list[EventView]:
+    """The opening events of running attempts, not yet in the chain (shown with id 0)."""
+    views = []
+    for text in records:
+        try:
+            _, _, waiting = _unstash(text)
+        except (ValueError, KeyError, TypeError, CTRLRunError):
+            continue
+        views += [EventView(0, ts, type_, action_id, key, approval_id, data)
+                  for ts, type_, action_id, key, approval_id, data, _ in waiting]
+    return views
+
+
 def get_effect(effect_key: str) -> EffectView | None:
-    record = _q(EffectRecord).filter(pk=effect_key).first()
-    return _effect_view(record) if record else None
+    with _reading():
+        record = _q(EffectRecord).filter(pk=effect_key).first()
+        return _effect_view(record) if record else None
 
 
 def list_effects(state: str | None = None) -> list[EffectView]:
@@ -1070,43 +1546,98 @@ def receipts_for_action(action_id: str) -> list[ReceiptView]:
 
 
 def events_for_action(action_id: str) -> list[EventView]:
-    return [_event_view(e) for e in _q(Event).filter(action_id=action_id).order_by("id")]
-
-
-#: Receipt columns that repeat a field of the hashed document (``agent`` is principal.agent).
-_RECEIPT_COLUMNS = ("receipt_id", "action_id", "action", "agent", "decision", "result", "effect_key")
-
-
-def verify() -> ChainReport:
-    """Re-hash every receipt and walk the chain (§9.4), without stopping writers.
-
-    A receipt and the head move in one transaction, so after reading the rows and then the head,
-    every receipt up to the head is committed: any the first read missed (written meanwhile) is
-    read once more. A row beyond the head can then only be one written around ctrlrun, and is
-    reported as such.
-    """
-    fields = ("seq", "prev_hash", "hash", "document", *_RECEIPT_COLUMNS)
-
-    def stored(query: Any) -> list[StoredReceipt]:
-        return [StoredReceipt(r["receipt_id"], r["seq"], r["prev_hash"], r["hash"], r["document"],
-                              tuple((c, r[c]) for c in _RECEIPT_COLUMNS))
-                for r in query.values(*fields).iterator()]
-
-    rows = stored(_q(Receipt).all())
-    head = _q(ChainHead).filter(pk=1).first()
-    head_seq, head_hash = (head.seq, head.hash) if head else (0, GENESIS_HASH)
-    seen = max((r.seq for r in rows if r.seq is not None), default=0)
-    if head_seq > seen:
-        rows += stored(_q(Receipt).filter(seq__gt=seen, seq__lte=head_seq))
-    return verify_chain(rows, head_seq, head_hash)
+    """Every event of one action, in the order written; a running call's waiting events last."""
+    chained = [_event_view(e) for e in _q(Event).filter(action_id=action_id).order_by("id")]
+    waiting = _q(EffectRecord).filter(action_id=action_id, pending__isnull=False).values_list("pending", flat=True)
+    return chained + [e for e in _waiting_views(waiting) if e.action_id == action_id]
 
 
 def events_for_effect(effect_key: str) -> list[EventView]:
-    return [_event_view(e) for e in _q(Event).filter(effect_key=effect_key).order_by("id")]
+    chained = [_event_view(e) for e in _q(Event).filter(effect_key=effect_key).order_by("id")]
+    waiting = _q(EffectRecord).filter(pk=effect_key, pending__isnull=False).values_list("pending", flat=True)
+    return chained + _waiting_views(waiting)
 
 
 def receipts_for_effect(effect_key: str) -> list[ReceiptView]:
     return [_receipt_view(r) for r in _q(Receipt).filter(effect_key=effect_key).order_by("seq")]
+
+
+#: Receipt columns that repeat a field of the hashed document (``agent`` is principal.agent,
+#: ``ts`` is finished_at): lists, filters and the date hierarchy read them, so each is checked.
+_RECEIPT_COLUMNS = ("receipt_id", "action_id", "action", "agent", "decision", "result", "effect_key", "ts")
+_EVENT_FIELDS = ("id", "seq", "prev_hash", "hash", "ts", "type", "action_id", "effect_key", "approval_id")
+
+
+def _stored_receipts(query: Any) -> list[StoredReceipt]:
+    fields = ("seq", "prev_hash", "hash", "document", *_RECEIPT_COLUMNS)
+    return [StoredReceipt(r["receipt_id"], r["seq"], r["prev_hash"], r["hash"], r["document"],
+                          tuple((c, evidence_time(r[c]) if c == "ts" else r[c]) for c in _RECEIPT_COLUMNS))
+            for r in query.values(*fields).iterator()]
+
+
+def _stored_events(after: int | None = None, upto: int | None = None) -> list[StoredEvent]:
+    """Event rows as stored, ``data`` as the column's exact text (a row altered into invalid JSON is
+    a named break, not a crash); optionally only those with ``after < seq <= upto``."""
+    connection = connections[_db()]
+    sql = f'SELECT {",".join(chr(34) + f + chr(34) for f in _EVENT_FIELDS)},"data" FROM "ctrlrun_event"'
+    params: list[Any] = []
+    if after is not None:
+        sql += ' WHERE "seq" > %s AND "seq" <= %s'
+        params = [after, upto]
+    with _cursor() as cursor:
+        rows = cursor.execute(sql, params).fetchall()
+    return [StoredEvent(id_, seq, prev, digest, _as_datetime(ts, connection), type_, action_id, key, approval_id,
+                        data) for id_, seq, prev, digest, ts, type_, action_id, key, approval_id, data in rows]
+
+
+def verify() -> ChainReport:
+    """Re-hash every receipt and event, walk both chains (§9.4), and check every signature, without
+    stopping writers.
+
+    Evidence and the head move in one transaction, so after reading the rows and then the head,
+    every row up to the head is committed: any the first read missed (written meanwhile) is read
+    once more. A row beyond the head can then only be one written around ctrlrun.
+    """
+    with _reading():
+        receipts = _stored_receipts(_q(Receipt).all())
+        events = _stored_events()
+        head = _q(ChainHead).filter(pk=1).first()
+        if head is None:
+            seq, hash_, event_seq, event_hash_, mac, key_id = 0, GENESIS_HASH, 0, GENESIS_HASH, None, None
+        else:
+            seq, hash_, event_seq, event_hash_, mac, key_id = (head.seq, head.hash, head.event_seq, head.event_hash,
+                                                               head.mac, head.key_id)
+        seen = max((r.seq for r in receipts if r.seq is not None), default=0)
+        if seq > seen:
+            receipts += _stored_receipts(_q(Receipt).filter(seq__gt=seen, seq__lte=seq))
+        seen = max((e.seq for e in events if e.seq is not None), default=0)
+        if event_seq > seen:
+            events += _stored_events(seen, event_seq)
+        report = verify_chain(receipts, seq, hash_)
+        verify_events(events, event_seq, event_hash_, report)
+        checked = 0
+        problem = _head_problem(seq, hash_, event_seq, event_hash_, mac, key_id)
+        if problem is not None:
+            report.breaks.append(ChainBreak("signature_invalid", seq, problem, kind="head"))
+        checked += 1
+        if problem is None or key_id == signing.key_id():
+            for row in _q(Approval).order_by("created_at").iterator():
+                checked += 1
+                if not _approval_ok(row):
+                    report.breaks.append(ChainBreak(
+                        "signature_invalid", None, f"approval {row.approval_id} ({row.status}, approver "
+                        f"{row.approver or '-'}) does not carry ctrlrun's signature: it was written or changed "
+                        f"outside ctrlrun, and will not be used", kind="approval", subject=row.approval_id))
+            for record in _q(EffectRecord).order_by("effect_key").iterator():
+                checked += 1
+                if not _effect_ok(record):
+                    report.breaks.append(ChainBreak(
+                        "signature_invalid", None, f"effect record {record.effect_key} ({record.state}, attempt "
+                        f"{record.attempt}) does not carry ctrlrun's signature: it was written or changed outside "
+                        f"ctrlrun, and will not be retried, swept or resolved", kind="effect",
+                        subject=record.effect_key))
+        report.signatures_checked = checked
+    return report
 
 
 @dataclass(frozen=True)
@@ -1119,11 +1650,13 @@ class Overview:
     receipts: int
 
 
-def overview(now: dt.datetime | None = None) -> Overview:
-    now = now or conf.now()
-    return Overview(
-        pending_approvals=_q(Approval).filter(status=ApprovalStatus.PENDING, expires_at__gt=now).count(),
-        ambiguous_effects=_q(EffectRecord).filter(state=S.AMBIGUOUS).count(),
-        lapsed_leases=_q(EffectRecord).filter(state__in=[S.RESERVED, S.EXECUTING], lease_expires_at__lte=now).count(),
-        receipts=_q(Receipt).count(),
-    )
+def overview() -> Overview:
+    with _reading():
+        cutoff = _clock()
+        return Overview(
+            pending_approvals=_q(Approval).filter(status=ApprovalStatus.PENDING, expires_at__gt=cutoff).count(),
+            ambiguous_effects=_q(EffectRecord).filter(state=S.AMBIGUOUS).count(),
+            lapsed_leases=_q(EffectRecord).filter(state__in=[S.RESERVED, S.EXECUTING],
+                                                  lease_expires_at__lte=cutoff).count(),
+            receipts=_q(Receipt).count(),
+        )

@@ -25,3 +25,7 @@ STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
 }
+
+# One signing key for the test process and every OS process a test starts (they inherit the
+# environment), as every process of one production store must share one.
+CTRLRUN_SIGNING_KEY = os.environ.setdefault("CTRLRUN_SIGNING_KEY", "tests-only-signing-key-0123456789abcdef")

@@ -93,7 +93,7 @@ def hold_key(key: str, *, action: str = "stripe.refund", action_id: str | None =
     arguments = {"payment_id": key.split(":", 1)[1], "amount": 1}
     ids = {} if action_id is None else {"action_id": action_id}
     held = ctrlrun.Action(action, arguments, principal, environment=conf.environment(), **ids)
-    call = store.Call(held, ctrlrun.Decision.ALLOW, "rule[0]", None, key, conf.now())
+    call = store.Call(held, ctrlrun.Decision.ALLOW, "rule[0]", None, key)
     taken = store.reserve(call, dt.timedelta(minutes=minutes), opening=True, hold_ambiguous=False)
     assert isinstance(taken, store.Reserved)
     return taken
@@ -205,10 +205,10 @@ def run_together(folder: Path, script: str, argument_lists: list[list[str]], env
 
 
 def evidence_guard():
-    """The migration module that installs and removes the append-only triggers."""
-    import importlib
+    """The module that installs and removes the database's guard (append-only evidence, state tables)."""
+    from ctrlrun import guard
 
-    return importlib.import_module("ctrlrun.migrations.0006_evidence_append_only")
+    return guard
 
 
 class evidence_unguarded:

@@ -62,6 +62,22 @@ def breaks(report: dict) -> list[tuple[str, int | None]]:
     return [(b["name"], b["seq"]) for b in report["breaks"]]
 
 
+def problems(lines: list[str]) -> list[str]:
+    """The break lines of --verify-chain's text output (indented, between the counts and the verdict)."""
+    return [line for line in lines if line.startswith("  ")]
+
+
+def intact_lines(receipts: int) -> list[str]:
+    """What --verify-chain prints for an untouched store holding ``receipts`` receipts."""
+    from ctrlrun.models import Approval, Event
+
+    events = Event.objects.count()
+    signed = 1 + Approval.objects.count() + EffectRecord.objects.count()
+    return [f"chain: {receipts} of {receipts} receipts verified", f"events: {events} of {events} events verified",
+            f"signatures: {signed} of {signed} signed rows verify (the chain head, approvals, effect records)",
+            "the chain is intact"]
+
+
 @pytest.fixture
 def mixed(agent, clock):
     """Eight receipts from a mix of calls: committed, denied, ambiguous, failed, blocked and unkeyed."""
@@ -115,24 +131,30 @@ def test_verify_chain_intact(mixed):
     """--verify-chain on an untouched store verifies every receipt and says the chain is intact."""
     lines, error = verify()
     assert error is None
-    assert lines == ["chain: 8 of 8 receipts verified", "the chain is intact"]
+    assert lines == intact_lines(8)
 
 
 def test_verify_chain_json_intact(mixed):
-    """--verify-chain --json prints one document: ok, counts, the head, and no breaks."""
+    """--verify-chain --json prints one document: ok, counts, the heads, no breaks, the signatures checked."""
+    from ctrlrun.models import Event
+
     report, error = verify_json()
     assert error is None
-    assert list(report) == ["ok", "verified", "chained", "unchained", "head_seq", "head_hash", "breaks"]
-    last = rows()[-1]
+    assert list(report) == ["ok", "verified", "chained", "unchained", "head_seq", "head_hash", "breaks", "events",
+                            "signatures_checked"]
+    last, events = rows()[-1], Event.objects.order_by("seq")
     assert report == {"ok": True, "verified": 8, "chained": 8, "unchained": 0, "head_seq": 8,
-                      "head_hash": last.hash, "breaks": []}
+                      "head_hash": last.hash, "breaks": [],
+                      "events": {"verified": events.count(), "chained": events.count(), "unchained": 0,
+                                 "head_seq": events.count(), "head_hash": events.last().hash},
+                      "signatures_checked": 1 + EffectRecord.objects.count()}
 
 
 def test_verify_chain_on_an_empty_store():
     """With no receipts the chain is trivially intact."""
     lines, error = verify()
     assert error is None
-    assert lines == ["chain: 0 of 0 receipts verified", "the chain is intact"]
+    assert lines == intact_lines(0)
 
 
 # --------------------------------------------------------------------------- tampering
@@ -154,11 +176,12 @@ def test_edited_document_is_content_altered_and_breaks_the_next_link(mixed):
     lines, error = verify()
     assert error is not None and error.returncode == 1
     assert lines[0] == "chain: 6 of 8 receipts verified"
-    assert lines[1] == f"  content_altered at seq 3: the recomputed hash {edited} is not the stored {stored}"
+    found = problems(lines)
+    assert found[0] == f"  content_altered at seq 3: the recomputed hash {edited} is not the stored {stored}"
     # the result column (what lists and filters show) no longer agrees with the edited document
-    assert lines[2] == ("  content_altered at seq 3: the row's result column says 'ambiguous', but its hashed "
+    assert found[1] == ("  content_altered at seq 3: the row's result column says 'ambiguous', but its hashed "
                         "document says 'committed'")
-    assert lines[3] == (f"  link_broken at seq 4: prev_hash is {stored}, and the receipt before it hashes to "
+    assert found[2] == (f"  link_broken at seq 4: prev_hash is {stored}, and the receipt before it hashes to "
                         f"{edited}")
     assert lines[-1] == "the chain is broken: 3 break(s)"
 
@@ -178,8 +201,8 @@ def test_deleted_receipt_is_missing(mixed):
     lines, error = verify()
     assert error is not None
     assert lines[0] == "chain: 6 of 7 receipts verified"
-    assert lines[1].startswith("  missing at seq 5: seq 5 is not here; the next receipt says it is seq 6")
-    assert lines[2].startswith("  link_broken at seq 6: ")
+    assert problems(lines)[0].startswith("  missing at seq 5: seq 5 is not here; the next receipt says it is seq 6")
+    assert problems(lines)[1].startswith("  link_broken at seq 6: ")
 
 
 def test_deleted_last_receipt_is_a_head_mismatch(mixed):
@@ -197,8 +220,8 @@ def test_nulled_hash_is_hash_missing(mixed):
     lines, error = verify()
     assert error is not None
     assert lines[0] == "chain: 7 of 8 receipts verified"
-    assert lines[1].startswith("  hash_missing at seq 2: ")
-    assert len(lines) == 3
+    [only] = problems(lines)
+    assert only.startswith("  hash_missing at seq 2: ")
 
 
 def test_nulled_seq_is_unchained(mixed):
@@ -223,7 +246,7 @@ def test_corrupt_json_is_reported_without_a_traceback(mixed):
     lines, error = verify()
     assert isinstance(error, CommandError) and error.returncode == 1
     assert lines[0] == "chain: 7 of 8 receipts verified"
-    assert lines[1] == "  content_altered at seq 3: this row could not be read (JSONDecodeError)"
+    assert problems(lines)[0] == "  content_altered at seq 3: this row could not be read (JSONDecodeError)"
     listing = StringIO()
     call_command("receipts", stdout=listing)
     listed = listing.getvalue().splitlines()
@@ -245,9 +268,9 @@ def test_verify_chain_json_when_broken(mixed):
     report, error = verify_json()
     assert error is not None and error.returncode == 1
     assert report["ok"] is False
-    assert report["breaks"] == [{"name": "hash_missing", "seq": 7,
-                                 "detail": report["breaks"][0]["detail"]}]
-    assert list(report["breaks"][0]) == ["name", "seq", "detail"]
+    assert report["breaks"] == [{"name": "hash_missing", "seq": 7, "detail": report["breaks"][0]["detail"],
+                                 "kind": "receipt", "subject": None}]
+    assert list(report["breaks"][0]) == ["name", "seq", "detail", "kind", "subject"]
     assert report["verified"] == 7
 
 
@@ -340,7 +363,7 @@ def test_two_processes_writing_at_once_keep_one_linear_chain(mixed, tmp_path):
         previous = row.hash
     lines, error = verify()
     assert error is None
-    assert lines == [f"chain: {total} of {total} receipts verified", "the chain is intact"]
+    assert lines == intact_lines(total)
 
     # every shared key ran exactly once; the loser of each race got a blocked receipt
     for i in range(25):

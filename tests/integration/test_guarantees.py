@@ -163,7 +163,7 @@ def post(entry_id: str) -> str:
     return entry_id
 
 def die_at_events_insert(execute, sql, params, many, context):
-    if 'INSERT INTO "ctrlrun_event"' in sql:   # the effect row is already inserted, uncommitted
+    if 'INSERT INTO "ctrlrun_event"' in sql:   # the record's outcome is already written, uncommitted
         os.kill(os.getpid(), signal.SIGKILL)
     return execute(sql, params, many, context)
 
@@ -174,24 +174,29 @@ with ctrlrun.context(agent="fragile-worker"):
 """
 
 
-def test_worker_killed_inside_a_transaction_leaves_no_partial_rows(tmp_path, agent):
-    """SIGKILL between two statements of the reservation: the database keeps nothing of it."""
+def test_worker_killed_inside_a_transaction_leaves_no_partial_rows(tmp_path, agent, clock, hook_registry):
+    """SIGKILL between two statements of the outcome write: the database keeps nothing of that transaction;
+    the record stays held, as a killed worker leaves it, and the sweep later writes its evidence."""
     env = script_environment(tmp_path, LEDGER_POLICY)
     (tmp_path / "worker.py").write_text(KILL_IN_TRANSACTION)
     result = subprocess.run([sys.executable, "worker.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
                             timeout=120)
     assert result.returncode == -signal.SIGKILL, result.stderr
     assert EffectRecord.objects.filter(pk="post:warm", state="committed").exists()
-    assert not EffectRecord.objects.filter(pk="post:e2").exists()
+    record = EffectRecord.objects.get(pk="post:e2")
+    assert (record.state, record.attempt) == ("executing", 1)  # the outcome's UPDATE rolled back with the rest
     assert not Event.objects.filter(effect_key="post:e2").exists()
     assert not Receipt.objects.filter(effect_key="post:e2").exists()
+    assert call_command("receipts", "--verify-chain", stdout=open(os.devnull, "w")) is None
 
-    @ctrlrun.protect("ledger.post", effect="post:{entry_id}")
-    def post(entry_id: str) -> str:
-        return entry_id
+    clock.now = dt.datetime.now(dt.timezone.utc) + dt.timedelta(minutes=10)  # its lease lapses
+    from ctrlrun import reconcile
 
-    assert post(entry_id="e2") == "e2"  # the key was never taken: it runs now, attempt 1
-    assert EffectRecord.objects.get(pk="post:e2").attempt == 1
+    assert [e.effect_key for e in reconcile.run_once().swept] == ["post:e2"]
+    assert list(Event.objects.filter(effect_key="post:e2").values_list("type", flat=True)) == [
+        "ACTION_PROPOSED", "POLICY_EVALUATED", "EFFECT_RESERVED", "EXECUTION_STARTED", "EXECUTION_AMBIGUOUS"]
+    [dead] = [json.loads(r.document) for r in Receipt.objects.filter(effect_key="post:e2")]
+    assert (dead["result"], dead["attempt"], dead["principal"]["agent"]) == ("ambiguous", 1, "fragile-worker")
     assert call_command("receipts", "--verify-chain", stdout=open(os.devnull, "w")) is None
 
 

@@ -39,9 +39,9 @@ def test_allowed_call_costs_two_write_transactions(refund, agent, monkeypatch):
     phases = []
     original = store._phase
 
-    def counting():
+    def counting(**options):
         phases.append(1)
-        return original()
+        return original(**options)
 
     monkeypatch.setattr(store, "_phase", counting)
     refund(payment_id="txn_2", amount=1)
@@ -273,17 +273,23 @@ def test_outcome_write_refused_after_lease_lapsed(remote, agent, clock):
 
 
 def test_idempotency_token_inside_executor_only(agent):
-    """idempotency_token() is stable per key and attempt inside the function, refused outside."""
+    """idempotency_token() is stable for the key across attempts; per_attempt=True changes with each."""
     tokens = []
 
     @ctrlrun.protect("email.send", effect="email:{msg_id}")
-    def send(msg_id: str) -> None:
-        tokens.append(ctrlrun.idempotency_token())
+    def send(msg_id: str, fail: bool = False) -> None:
+        tokens.append((ctrlrun.idempotency_token(), ctrlrun.idempotency_token(per_attempt=True)))
+        if fail:
+            raise ctrlrun.NotExecuted("connection refused before sending")
 
+    with pytest.raises(ctrlrun.NotExecuted):
+        send(msg_id="m1", fail=True)
     send(msg_id="m1")
     from ctrlrun.canonical import idempotency_token_for
 
-    assert tokens == [idempotency_token_for("email:m1", 1)]
+    stable = idempotency_token_for("email:m1")
+    assert tokens == [(stable, idempotency_token_for("email:m1", 1)), (stable, idempotency_token_for("email:m1", 2))]
+    assert idempotency_token_for("email:m1", 1) != idempotency_token_for("email:m1", 2) != stable
     with pytest.raises(ctrlrun.InvalidArgument, match="only inside an executor"):
         ctrlrun.idempotency_token()
 

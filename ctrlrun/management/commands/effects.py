@@ -3,7 +3,7 @@ from __future__ import annotations
 from argparse import ArgumentParser
 from typing import Any
 
-from ... import conf, report, store
+from ... import report, store
 from ...states import EffectState
 from ..base import CtrlrunCommand
 
@@ -21,6 +21,6 @@ class Command(CtrlrunCommand):
         if not effects:
             self.stdout.write(f"no effects are {state}" if state else "no effects yet")
             return
-        now = conf.now()
+        now = store.now()  # the store's clock, as leases and expiries are kept
         for effect in effects:
             self.stdout.write(report.effect_line(effect, now))

@@ -1,0 +1,217 @@
+"""What the database itself refuses, whoever connects: ctrlrun's invariants as triggers.
+
+- **Evidence is append-only.** Receipts, events and policy documents are never updated or
+  deleted (nor truncated, on PostgreSQL). On SQLite an ``INSERT OR REPLACE`` / ``REPLACE`` deletes
+  the row it collides with *without* firing DELETE triggers, so an insert that would collide with
+  an existing row is refused before it happens (and an upsert's ``DO UPDATE`` is an update).
+- **Effect records move only along the state table** (``states.TRANSITIONS``), in the style of
+  django-pgtrigger's FSM trigger: a record is created ``executing`` at attempt 1; only the edges
+  of the table are allowed; only ``failed -> executing`` hands the key to a new attempt; the key
+  never changes; ``committed`` is final; records are never deleted. An insert colliding with an
+  existing key does nothing (ctrlrun's own reservation relies on that, and it makes SQLite's
+  ``REPLACE`` harmless).
+- **Approvals move pending -> granted | denied | expired, granted -> consumed | expired**; what
+  the human read (the action, its hash, the principal, the expiry) never changes; never deleted.
+- **The chain head only moves forward** and is never deleted.
+
+An application's usual database role (SELECT/INSERT/UPDATE/DELETE) cannot disable these: only
+the tables' owner can. What a role *may* still write within the rules (a granted status, a
+forged row at the head) is caught by the signatures in ``ctrlrun.signing``.
+
+``install`` and ``remove`` take a connection; migrations install the guard, and tooling that must
+empty the tables on purpose (a test database's flush) lifts it and puts it back.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from .states import INITIAL_STATE, RENEWALS, TRANSITIONS
+
+__all__ = ["install", "remove", "APPEND_ONLY_MESSAGE"]
+
+APPEND_ONLY_MESSAGE = "ctrlrun evidence is append-only: receipts and events are never updated or deleted"
+EVIDENCE_TABLES = ("ctrlrun_receipt", "ctrlrun_event", "ctrlrun_policydocument")
+#: Columns an insert may collide on (primary key and unique columns), per evidence table.
+_UNIQUE = {"ctrlrun_receipt": ("receipt_id", "seq"), "ctrlrun_event": ("id", "seq"),
+           "ctrlrun_policydocument": ("hash",)}
+#: What the person deciding read; an approval keeps it for life.
+_APPROVAL_FIXED = ("approval_id", "action", "action_id", "action_hash", "action_json", "agent", "user",
+                   "effect_key", "policy_hash", "decision_reason", "created_at", "expires_at")
+_APPROVAL_EDGES = (("pending", "granted"), ("pending", "denied"), ("pending", "expired"),
+                   ("granted", "consumed"), ("granted", "expired"))
+
+
+def _pairs(edges: Any) -> str:
+    return ", ".join(f"('{a}', '{b}')" for a, b in sorted((str(a), str(b)) for a, b in edges))
+
+
+def _effect_allowed(values: str) -> str:
+    """The SQL condition an effect record UPDATE must meet (``values`` wraps a row list)."""
+    kept = [edge for edge in TRANSITIONS if edge not in RENEWALS and edge[0].value != "new"]
+    return (
+        "NEW.effect_key = OLD.effect_key AND NEW.created_at = OLD.created_at AND ("
+        f"((OLD.state, NEW.state) IN ({values(_pairs(kept))}) AND NEW.attempt = OLD.attempt "
+        "AND NEW.action_id = OLD.action_id)"
+        f" OR ((OLD.state, NEW.state) IN ({values(_pairs(RENEWALS))}) AND NEW.attempt = OLD.attempt + 1))"
+    )
+
+
+def _same(column: str, distinct: str) -> str:
+    return f'NEW."{column}" {distinct} OLD."{column}"'
+
+
+def _approval_allowed(values: str, same: str) -> str:
+    fixed = " AND ".join(_same(c, same) for c in _APPROVAL_FIXED)
+    return f"{fixed} AND (OLD.status, NEW.status) IN ({values(_pairs(_APPROVAL_EDGES))})"
+
+
+_HEAD_FORWARD = "NEW.id = OLD.id AND NEW.seq >= OLD.seq AND NEW.event_seq >= OLD.event_seq"
+_INSERT_OK = f"NEW.state = '{INITIAL_STATE.value}' AND NEW.attempt = 1"
+
+# --------------------------------------------------------------------------- SQLite
+
+_sqlite_values = "VALUES {}".format
+
+
+def _sqlite_statements() -> list[tuple[str, str]]:
+    """(trigger name, CREATE statement) pairs."""
+    out: list[tuple[str, str]] = []
+
+    def add(name: str, timing: str, table: str, message: str, *, condition: str | None = None,
+            ignore: bool = False) -> None:
+        action = "RAISE(IGNORE)" if ignore else f"RAISE(ABORT, '{message}')"
+        clause = f" WHEN {condition}" if condition else ""
+        out.append((name, f'CREATE TRIGGER "{name}" {timing} ON "{table}"{clause} BEGIN SELECT {action}; END'))
+
+    for table in EVIDENCE_TABLES:
+        add(f"{table}_no_update", "BEFORE UPDATE", table, APPEND_ONLY_MESSAGE)
+        add(f"{table}_no_delete", "BEFORE DELETE", table, APPEND_ONLY_MESSAGE)
+        collide = " OR ".join(f'"{c}" = NEW."{c}"' for c in _UNIQUE[table])
+        add(f"{table}_no_replace", "BEFORE INSERT", table,
+            APPEND_ONLY_MESSAGE + " (an insert may not replace an existing row)",
+            condition=f'EXISTS (SELECT 1 FROM "{table}" WHERE {collide})')
+
+    effect = "ctrlrun_effectrecord"
+    add(f"{effect}_no_replace", "BEFORE INSERT", effect, "", ignore=True,
+        condition=f'EXISTS (SELECT 1 FROM "{effect}" WHERE "effect_key" = NEW."effect_key")')
+    add(f"{effect}_insert_state", "BEFORE INSERT", effect,
+        "a ctrlrun effect record starts executing at attempt 1", condition=f"NOT ({_INSERT_OK})")
+    add(f"{effect}_no_delete", "BEFORE DELETE", effect, "ctrlrun effect records are never deleted")
+    add(f"{effect}_state_table", "BEFORE UPDATE", effect,
+        "ctrlrun effect records move only along the state table (committed is final)",
+        condition=f"NOT ({_effect_allowed(_sqlite_values)})")
+
+    approval = "ctrlrun_approval"
+    add(f"{approval}_no_replace", "BEFORE INSERT", approval, "an approval request is created once, pending",
+        condition=f'NEW."status" <> \'pending\' OR EXISTS (SELECT 1 FROM "{approval}" WHERE '
+                  f'"approval_id" = NEW."approval_id")')
+    add(f"{approval}_no_delete", "BEFORE DELETE", approval, "ctrlrun approvals are never deleted")
+    add(f"{approval}_state_table", "BEFORE UPDATE", approval,
+        "ctrlrun approvals move pending -> granted/denied/expired, granted -> consumed/expired, and keep what "
+        "the human read", condition=f"NOT ({_approval_allowed(_sqlite_values, 'IS')})")
+
+    head = "ctrlrun_chainhead"
+    add(f"{head}_no_replace", "BEFORE INSERT", head, "", ignore=True,
+        condition=f'EXISTS (SELECT 1 FROM "{head}" WHERE "id" = NEW."id")')
+    add(f"{head}_no_delete", "BEFORE DELETE", head, "the ctrlrun chain head is never deleted")
+    add(f"{head}_forward", "BEFORE UPDATE", head, "the ctrlrun chain head only moves forward",
+        condition=f"NOT ({_HEAD_FORWARD})")
+    return out
+
+
+# Names of the triggers earlier migrations installed (0006), removed before the full set goes in.
+_SQLITE_LEGACY = [f"{t}_no_{v}" for t in ("ctrlrun_receipt", "ctrlrun_event") for v in ("update", "delete")]
+
+# --------------------------------------------------------------------------- PostgreSQL
+
+
+def _pg_function(name: str, body: str) -> str:
+    return (f"CREATE OR REPLACE FUNCTION {name}() RETURNS trigger AS $$\nBEGIN\n{body}\nEND\n$$ LANGUAGE plpgsql")
+
+
+def _pg_raise(message: str) -> str:
+    return f"RAISE EXCEPTION '{message} (% on %)', TG_OP, TG_TABLE_NAME USING ERRCODE = 'insufficient_privilege';"
+
+
+def _postgresql_statements() -> list[str]:
+    pg_values = "{}".format
+    statements = [
+        _pg_function("ctrlrun_refuse_evidence_change", _pg_raise(APPEND_ONLY_MESSAGE)),
+        _pg_function("ctrlrun_guard_effectrecord", "\n".join([
+            "IF TG_OP IN ('DELETE', 'TRUNCATE') THEN " + _pg_raise("ctrlrun effect records are never deleted") + " END IF;",
+            f"IF TG_OP = 'INSERT' THEN IF NOT ({_INSERT_OK}) THEN "
+            + _pg_raise("a ctrlrun effect record starts executing at attempt 1") + " END IF; RETURN NEW; END IF;",
+            f"IF NOT ({_effect_allowed(pg_values)}) THEN "
+            "RAISE EXCEPTION 'ctrlrun effect records move only along the state table (committed is final): "
+            "% -> % refused for %', OLD.state, NEW.state, OLD.effect_key USING ERRCODE = 'insufficient_privilege'; "
+            "END IF;",
+            "RETURN NEW;",
+        ])),
+        _pg_function("ctrlrun_guard_approval", "\n".join([
+            "IF TG_OP IN ('DELETE', 'TRUNCATE') THEN " + _pg_raise("ctrlrun approvals are never deleted") + " END IF;",
+            "IF TG_OP = 'INSERT' THEN IF NEW.status <> 'pending' THEN "
+            + _pg_raise("an approval request is created pending") + " END IF; RETURN NEW; END IF;",
+            f"IF NOT ({_approval_allowed(pg_values, 'IS NOT DISTINCT FROM')}) THEN "
+            + _pg_raise("ctrlrun approvals move pending -> granted/denied/expired, granted -> consumed/expired, "
+                        "and keep what the human read") + " END IF;",
+            "RETURN NEW;",
+        ])),
+        _pg_function("ctrlrun_guard_chainhead", "\n".join([
+            "IF TG_OP IN ('DELETE', 'TRUNCATE') THEN " + _pg_raise("the ctrlrun chain head is never deleted") + " END IF;",
+            f"IF TG_OP = 'UPDATE' AND NOT ({_HEAD_FORWARD}) THEN "
+            + _pg_raise("the ctrlrun chain head only moves forward") + " END IF;",
+            "RETURN NEW;",
+        ])),
+    ]
+    for table in EVIDENCE_TABLES:
+        statements += [
+            f'CREATE TRIGGER "{table}_append_only" BEFORE UPDATE OR DELETE ON "{table}" '
+            f"FOR EACH ROW EXECUTE FUNCTION ctrlrun_refuse_evidence_change()",
+            f'CREATE TRIGGER "{table}_no_truncate" BEFORE TRUNCATE ON "{table}" '
+            f"FOR EACH STATEMENT EXECUTE FUNCTION ctrlrun_refuse_evidence_change()",
+        ]
+    for table, function, ops in (("ctrlrun_effectrecord", "ctrlrun_guard_effectrecord", "INSERT OR UPDATE OR DELETE"),
+                                 ("ctrlrun_approval", "ctrlrun_guard_approval", "INSERT OR UPDATE OR DELETE"),
+                                 ("ctrlrun_chainhead", "ctrlrun_guard_chainhead", "UPDATE OR DELETE")):
+        statements += [
+            f'CREATE TRIGGER "{table}_guard" BEFORE {ops} ON "{table}" FOR EACH ROW EXECUTE FUNCTION {function}()',
+            f'CREATE TRIGGER "{table}_no_truncate" BEFORE TRUNCATE ON "{table}" '
+            f"FOR EACH STATEMENT EXECUTE FUNCTION {function}()",
+        ]
+    return statements
+
+
+_PG_TRIGGERS = [(t, n) for t in EVIDENCE_TABLES for n in ("append_only", "no_truncate")] + [
+    (t, n) for t in ("ctrlrun_effectrecord", "ctrlrun_approval", "ctrlrun_chainhead") for n in ("guard", "no_truncate")]
+_PG_FUNCTIONS = ("ctrlrun_refuse_evidence_change", "ctrlrun_guard_effectrecord", "ctrlrun_guard_approval",
+                 "ctrlrun_guard_chainhead")
+
+
+def _removal(vendor: str) -> list[str]:
+    if vendor == "sqlite":
+        names = _SQLITE_LEGACY + [name for name, _ in _sqlite_statements()]
+        return [f'DROP TRIGGER IF EXISTS "{name}"' for name in dict.fromkeys(names)]
+    if vendor == "postgresql":
+        return ([f'DROP TRIGGER IF EXISTS "{t}_{n}" ON "{t}"' for t, n in _PG_TRIGGERS]
+                + [f"DROP FUNCTION IF EXISTS {f}()" for f in _PG_FUNCTIONS])
+    return []
+
+
+def _run(connection: Any, statements: list[str]) -> None:
+    with connection.cursor() as cursor:
+        for statement in statements:
+            cursor.execute(statement)
+
+
+def install(connection: Any) -> None:
+    """Put the whole guard in place (replacing any earlier version of it)."""
+    remove(connection)
+    if connection.vendor == "sqlite":
+        _run(connection, [statement for _, statement in _sqlite_statements()])
+    elif connection.vendor == "postgresql":
+        _run(connection, _postgresql_statements())
+
+
+def remove(connection: Any) -> None:
+    """Lift the guard (a test database's flush; never in production)."""
+    _run(connection, _removal(connection.vendor))

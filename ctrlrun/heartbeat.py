@@ -1,0 +1,147 @@
+"""Lease renewal while a protected function runs: a live worker is never swept.
+
+A lease exists so that a *dead* worker's key does not stay held forever: once it lapses, the
+sweeper (or the next caller) marks the record ambiguous and a reconcile hook may license a retry.
+A worker that is merely *slow* must never meet that fate, so while the function runs, one daemon
+thread per process renews the lease of every attempt in flight, from the store's clock. Only a
+worker that stops renewing (killed, frozen by SIGSTOP or a VM pause, stuck holding the GIL) lets
+its lease lapse. Renewal stops the moment the function returns; a renewal that finds the record
+moved (swept while this process was frozen) stops, and says so in the log.
+
+Renewals are cheap and rare: none at all for a call shorter than a third of its lease.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import heapq
+import itertools
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+logger = logging.getLogger("ctrlrun.heartbeat")
+
+__all__ = ["hold", "release", "Held"]
+
+#: Renew when a third of the lease has gone: two renewals in a row may fail (a database blip, a
+#: slow commit) and the lease still has not lapsed when the third succeeds.
+RENEW_FRACTION = 3
+#: Never renew more often than this, whatever the lease: a renewal is a database write.
+MIN_INTERVAL_SECONDS = 0.05
+#: After a renewal failed for a database reason, try again this soon (bounded by the interval).
+RETRY_SECONDS = 1.0
+
+
+@dataclass(eq=False)
+class Held:
+    """One attempt in flight whose lease this process renews."""
+
+    call: Any  # store.Call, with its pending events
+    attempt: int
+    lease: dt.timedelta
+    interval: float
+    stopped: bool = False
+    renewals: int = 0
+    order: int = field(default_factory=itertools.count().__next__)
+
+
+class _Heartbeat:
+    def __init__(self) -> None:
+        self._wake = threading.Condition()
+        self._due: list[tuple[float, int, Held]] = []
+        self._thread: threading.Thread | None = None
+
+    def hold(self, call: Any, attempt: int, lease: dt.timedelta) -> Held:
+        interval = max(lease.total_seconds() / RENEW_FRACTION, MIN_INTERVAL_SECONDS)
+        held = Held(call, attempt, lease, interval)
+        with self._wake:
+            first = not self._due or time.monotonic() + interval < self._due[0][0]
+            heapq.heappush(self._due, (time.monotonic() + interval, held.order, held))
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="ctrlrun-heartbeat", daemon=True)
+                self._thread.start()
+            elif first:
+                self._wake.notify()
+        return held
+
+    def release(self, held: Held) -> None:
+        held.stopped = True  # the heap entry is dropped when it comes due; nothing else to do
+
+    def _next(self) -> Held | None:
+        """Wait for the next attempt whose renewal is due (None: nothing held for a while)."""
+        with self._wake:
+            while True:
+                while self._due and self._due[0][2].stopped:
+                    heapq.heappop(self._due)
+                if not self._due:
+                    if not self._wake.wait(timeout=60):
+                        return None
+                    continue
+                due, _, held = self._due[0]
+                delay = due - time.monotonic()
+                if delay <= 0:
+                    heapq.heappop(self._due)
+                    return held
+                self._wake.wait(timeout=delay)
+
+    def _schedule(self, held: Held, delay: float) -> None:
+        with self._wake:
+            heapq.heappush(self._due, (time.monotonic() + delay, held.order, held))
+
+    def _run(self) -> None:
+        from django.db import connections
+
+        from . import store
+
+        while True:
+            held = self._next()
+            if held is None:
+                connections.close_all()  # this thread's connections: idle workers hold none
+                with self._wake:
+                    if not self._due:
+                        self._thread = None
+                        return
+                continue
+            try:
+                renewed = store.renew_lease(held.call, held.attempt, held.lease)
+            except Exception as exc:  # the database, or anything else: keep trying while the lease lasts
+                if not held.stopped:
+                    logger.warning("could not renew the lease of effect %s (attempt %s): %s; trying again",
+                                   held.call.effect_key, held.attempt, exc)
+                    self._schedule(held, min(RETRY_SECONDS, held.interval))
+                continue
+            if renewed:
+                held.renewals += 1
+                if not held.stopped:
+                    self._schedule(held, held.interval)
+            elif not held.stopped:
+                held.stopped = True
+                logger.warning(
+                    "effect %s (attempt %s of %s): renewing its lease found the record moved on (its lease lapsed "
+                    "while this worker was not running, and it was swept); renewal stops. Whatever the function "
+                    "does now is recorded as ambiguous", held.call.effect_key, held.attempt,
+                    held.call.action.action_id)
+
+
+_heartbeat = _Heartbeat()
+
+
+def hold(call: Any, attempt: int, lease: dt.timedelta) -> Held:
+    """Start renewing ``call``'s lease (its effect key, at ``attempt``) until :func:`release`."""
+    return _heartbeat.hold(call, attempt, lease)
+
+
+def release(held: Held) -> None:
+    """Stop renewing (the function returned or raised)."""
+    _heartbeat.release(held)
+
+
+def _after_fork() -> None:
+    global _heartbeat
+    _heartbeat = _Heartbeat()  # the parent's thread does not exist here, nor do its calls
+
+
+os.register_at_fork(after_in_child=_after_fork)
