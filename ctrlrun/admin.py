@@ -9,38 +9,98 @@ and the action URLs answer 403.
 """
 from __future__ import annotations
 
+import datetime as dt
 import json
+import threading
+import time
 from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin.models import CHANGE, LogEntry
+from django.contrib.admin.options import IncorrectLookupParameters, get_content_type_for_model
 from django.contrib.admin.utils import quote, unquote
 from django.core.exceptions import PermissionDenied
-from django.db.models import Case, IntegerField, Q, Value, When
+from django.db.models import Case, IntegerField, Model, Q, Value, When
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html
+from django.utils.safestring import SafeString, mark_safe
 from django.utils.timesince import timesince, timeuntil
+from django.utils.translation import gettext_lazy as _
 
 from . import conf, reconcile, store
 from .canonical import evidence_time, idempotency_token_for
+from .display import dumps, dumps_html, hidden_fields, reveal, reveal_html, warning
 from .errors import CTRLRunError
+from .identity import same_person
 from .models import Approval, EffectRecord, Event, PolicyDocument, Receipt
 from .report import chain_lines
 from .states import ApprovalStatus, EffectState
+
+_clock = threading.local()
+
+
+def _now() -> Any:
+    """The store's clock (the database's, on PostgreSQL) for what a page shows: lapsed, expired, age.
+
+    Read at most once a second per thread, so a list of 100 rows costs one read, not 100.
+    """
+    if conf.clock_overridden():
+        return conf.now()  # a test clock: exact, never cached
+    cached = getattr(_clock, "value", None)
+    if cached is None or time.monotonic() - cached[0] > 1.0:
+        cached = (time.monotonic(), store.now())
+        _clock.value = cached
+    return cached[1]
+
 
 DECIDE = "ctrlrun.decide_approval"
 RESOLVE = "ctrlrun.resolve_effect"
 
 
-def _pretty(value: Any) -> str:
-    return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False)
+# --------------------------------------------------------------------------- showing what people read
+#
+# Every string an agent, a policy or a remote put in a row is shown through ``ctrlrun.display``:
+# invisible and direction-changing characters become highlighted escapes, never raw text, and
+# the pages that show an action to decide on warn when it holds any.
 
 
-def _pre(value: Any) -> str:
-    return format_html('<pre class="ctrlrun-json">{}</pre>', _pretty(value))
+def _pre(value: Any) -> SafeString:
+    return format_html('<pre class="ctrlrun-json">{}</pre>', mark_safe(dumps_html(value, indent=2, sort_keys=True)))
+
+
+def _shown(text: str | None, *, multiline: bool = False, empty: str = "-") -> SafeString:
+    """``text`` as HTML, each hidden character a highlighted escape; ``empty`` when there is none."""
+    if text is None or text == "":
+        return format_html("{}", empty)
+    shown = reveal_html(text, multiline=multiline)
+    return mark_safe(shown.replace("\n", "<br>") if multiline else shown)
+
+
+def _principal_html(agent: str, user: str | None) -> SafeString:
+    if user:
+        return format_html("{} (user {})", _shown(agent), _shown(user))
+    return _shown(agent)
+
+
+def _object_key(object_id: str) -> str:
+    """The primary key in an admin URL, unquoted; a NUL character (which PostgreSQL cannot be
+    sent, and no ctrlrun key holds) is a 404."""
+    key = unquote(object_id)
+    if "\x00" in key:
+        raise Http404("no such record: a ctrlrun id or key never contains a NUL character")
+    return key
+
+
+class RevealedValuesFilter(admin.AllValuesFieldListFilter):
+    """The admin's filter by distinct values, each value shown with hidden characters escaped."""
+
+    def choices(self, changelist: Any) -> Any:
+        for choice in super().choices(changelist):
+            yield {**choice, "display": reveal(str(choice["display"]))}
 
 
 class EvidenceAdmin(admin.ModelAdmin):
@@ -48,6 +108,43 @@ class EvidenceAdmin(admin.ModelAdmin):
 
     def get_queryset(self, request: HttpRequest) -> Any:
         return super().get_queryset(request).using(conf.database_alias())  # CTRLRUN_DATABASE
+
+    def get_object(self, request: HttpRequest, object_id: str, from_field: str | None = None) -> Any:
+        if "\x00" in object_id:  # never stored; PostgreSQL refuses the query itself
+            return None
+        return super().get_object(request, object_id, from_field)
+
+    def get_changelist_instance(self, request: HttpRequest) -> Any:
+        """Lookups the database cannot take are the admin's "invalid lookup" redirect (``?e=1``), not a 500."""
+        for key, values in request.GET.lists():
+            if "\x00" in key or any("\x00" in value for value in values):
+                raise IncorrectLookupParameters("a NUL character in the query string")
+        if self.date_hierarchy:
+            _check_date_hierarchy(request, self.date_hierarchy)
+        return super().get_changelist_instance(request)
+
+    def render_change_form(self, request: HttpRequest, context: dict[str, Any], add: bool = False,
+                           change: bool = False, form_url: str = "", obj: Any = None) -> Any:
+        if obj is not None:  # the page's title, subtitle and breadcrumb name the object: escaped
+            context["subtitle"] = reveal(str(obj))
+            context["shown_original"] = reveal(str(obj))
+        return super().render_change_form(request, context, add, change, form_url, obj)
+
+    def history_view(self, request: HttpRequest, object_id: str, extra_context: dict[str, Any] | None = None) -> Any:
+        obj = self.get_object(request, unquote(object_id))
+        context: dict[str, Any] = dict(extra_context or {})
+        if obj is not None:
+            context.setdefault("title", _("Change history: %s") % reveal(str(obj)))
+            context["shown_object"] = reveal(str(obj))
+        return super().history_view(request, object_id, context)
+
+    def log_change(self, request: HttpRequest, obj: Model, message: Any) -> LogEntry:
+        """As the admin's own, with the object's name and the message escaped (the front page lists them)."""
+        return LogEntry.objects.create(
+            user_id=request.user.pk, content_type_id=get_content_type_for_model(obj).pk, object_id=str(obj.pk),
+            object_repr=reveal(str(obj))[:200], action_flag=CHANGE,
+            change_message=reveal(message, multiline=True) if isinstance(message, str) else message,
+        )
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
@@ -59,6 +156,42 @@ class EvidenceAdmin(admin.ModelAdmin):
         return False
 
 
+def _check_date_hierarchy(request: HttpRequest, field: str) -> None:
+    """Refuse a year, month or day no calendar holds, before the admin turns them into a datetime
+    (which would raise OverflowError, or ValueError past year 9998: both 500s)."""
+    parts: dict[str, int] = {}
+    for part in ("year", "month", "day"):
+        values = request.GET.getlist(f"{field}__{part}")
+        if values:
+            try:
+                parts[part] = int(values[-1])
+            except ValueError:
+                raise IncorrectLookupParameters(f"{field}__{part} is not a whole number") from None
+    if not parts:
+        return
+    if not 1 <= parts.get("month", 1) <= 12 or not 1 <= parts.get("day", 1) <= 31:
+        raise IncorrectLookupParameters(f"{field}: no such month or day")
+    if "year" not in parts:
+        return
+    try:  # the bounds the admin computes, in the same way
+        start = dt.datetime(parts["year"], parts.get("month", 1), parts.get("day", 1))
+        if "day" in parts:
+            end = start + dt.timedelta(days=1)
+        elif "month" in parts:
+            end = (start + dt.timedelta(days=32)).replace(day=1)
+        else:
+            end = start.replace(year=start.year + 1)
+        timezone.make_aware(start, dt.timezone.utc)
+        timezone.make_aware(end, dt.timezone.utc)
+    except (ValueError, OverflowError) as exc:
+        raise IncorrectLookupParameters(f"{field}: no such date ({exc})") from None
+
+
+def _approval_fields(approval: Any) -> list[str]:
+    """What in an approval request (a row or a store view) holds hidden characters, for the warning."""
+    return hidden_fields(json.loads(approval.action_json), approval.effect_key)
+
+
 # --------------------------------------------------------------------------- approvals
 
 
@@ -67,22 +200,33 @@ class DecisionForm(forms.Form):
                            help_text="Optional: why, kept with the answer and in the event.")
 
 
+def _own_request_message(approval: Any, username: str) -> str:
+    """Why the viewer cannot answer: the request was made on their behalf (however the name is written)."""
+    if approval.user == username:  # word for word as the store says it
+        return (f"this request for {reveal(approval.action)} was made on behalf of user {reveal(username)}, who "
+                f"cannot answer it; another person must")
+    return (f"this request for {reveal(approval.action)} was made on behalf of user '{reveal(approval.user)}', the "
+            f"same person as you ({reveal(username)}) written another way, who cannot answer it; another person must")
+
+
 @admin.register(Approval)
 class ApprovalAdmin(EvidenceAdmin):
-    list_display = ("request", "status", "action", "key_arguments", "principal", "age", "expiry")
+    list_display = ("request", "status", "shown_action", "key_arguments", "principal", "age", "expiry")
     list_display_links = ("request",)
-    list_filter = ("status", "action", "agent")
+    list_filter = ("status", ("action", RevealedValuesFilter), ("agent", RevealedValuesFilter))
     search_fields = ("approval_id", "action", "agent", "user", "effect_key", "action_hash")
     list_per_page = 50
     fieldsets = [
         ("What the human is authorising", {"fields": (
-            "action", "canonical_arguments", "principal", "resource", "environment", "action_hash", "effect_key")}),
+            "shown_action", "canonical_arguments", "principal", "resource", "environment", "action_hash",
+            "shown_effect_key")}),
         ("Why it needs a person", {"fields": ("decision_reason", "policy_hash")}),
         ("The request", {"fields": (
-            "approval_id", "status", "created_at", "expires_at", "time_left", "approver", "note", "answered_at",
-            "consumed_at", "consumed_by", "action_id")}),
+            "approval_id", "status", "created_at", "expires_at", "time_left", "shown_approver", "shown_note",
+            "answered_at", "consumed_at", "consumed_by", "action_id")}),
     ]
-    readonly_fields = ("canonical_arguments", "principal", "resource", "environment", "time_left")
+    readonly_fields = ("shown_action", "canonical_arguments", "principal", "resource", "environment",
+                       "shown_effect_key", "time_left", "shown_approver", "shown_note")
     change_form_template = "admin/ctrlrun/approval/change_form.html"
 
     def get_queryset(self, request: HttpRequest) -> Any:
@@ -102,23 +246,55 @@ class ApprovalAdmin(EvidenceAdmin):
     def request(self, obj: Approval) -> str:
         return format_html('<span title="{}">{}…</span>', obj.approval_id, obj.approval_id[:12])
 
+    @admin.display(description=_("action"), ordering="action")
+    def shown_action(self, obj: Approval) -> SafeString:
+        return _shown(obj.action)
+
+    @admin.display(description=_("effect key"))
+    def shown_effect_key(self, obj: Approval) -> SafeString:
+        return _shown(obj.effect_key)
+
+    @admin.display(description=_("approver"))
+    def shown_approver(self, obj: Approval) -> SafeString:
+        return _shown(obj.approver)
+
+    @admin.display(description=_("note"))
+    def shown_note(self, obj: Approval) -> SafeString:
+        return _shown(obj.note, multiline=True)
+
     @admin.display(description="arguments")
-    def key_arguments(self, obj: Approval) -> str:
+    def key_arguments(self, obj: Approval) -> SafeString:
+        """``key=value, ...`` cut at about 80 visible characters, escapes highlighted; a badge when any hide."""
         arguments = json.loads(obj.action_json).get("arguments", {})
-        text = ", ".join(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in sorted(arguments.items()))
-        return text if len(text) <= 80 else text[:77] + "…"
+        plain_length, pieces = 0, []
+        for k, v in sorted(arguments.items()):
+            plain = f"{reveal(k)}={dumps(v)}"
+            separator = ", " if pieces else ""
+            if plain_length + len(separator) + len(plain) > 80:
+                if not pieces:  # one long argument: its start, as text
+                    pieces.append(format_html("{}", plain[:77]))
+                pieces.append(mark_safe("…"))
+                break
+            pieces.append(format_html("{}{}={}", separator, _shown(k), mark_safe(dumps_html(v))))
+            plain_length += len(separator) + len(plain)
+        text = mark_safe("".join(pieces))
+        hidden = _approval_fields(obj)
+        if hidden:
+            return format_html('<span class="ctrlrun-hidden-badge" title="{}">{}</span> {}', warning(hidden),
+                               _("hidden characters"), text)
+        return text
 
     @admin.display(description="principal")
-    def principal(self, obj: Approval) -> str:
-        return obj.agent + (f" (user {obj.user})" if obj.user else "")
+    def principal(self, obj: Approval) -> SafeString:
+        return _principal_html(obj.agent, obj.user)
 
     @admin.display(description="age")
     def age(self, obj: Approval) -> str:
-        return timesince(obj.created_at, conf.now())
+        return timesince(obj.created_at, _now())
 
     @admin.display(description="expires")
     def expiry(self, obj: Approval) -> str:
-        now = conf.now()
+        now = _now()
         if obj.status != ApprovalStatus.PENDING and obj.status != ApprovalStatus.GRANTED:
             return "-"
         return f"in {timeuntil(obj.expires_at, now)}" if obj.expires_at > now else "expired"
@@ -132,12 +308,12 @@ class ApprovalAdmin(EvidenceAdmin):
         return _pre(json.loads(obj.action_json).get("arguments", {}))
 
     @admin.display(description="resource")
-    def resource(self, obj: Approval) -> str:
-        return json.loads(obj.action_json).get("resource") or "-"
+    def resource(self, obj: Approval) -> SafeString:
+        return _shown(json.loads(obj.action_json).get("resource"))
 
     @admin.display(description="environment")
-    def environment(self, obj: Approval) -> str:
-        return json.loads(obj.action_json).get("environment") or "-"
+    def environment(self, obj: Approval) -> SafeString:
+        return _shown(json.loads(obj.action_json).get("environment"))
 
     def get_urls(self) -> list[Any]:
         decide = self.admin_site.admin_view(self.decide_view)
@@ -145,13 +321,20 @@ class ApprovalAdmin(EvidenceAdmin):
 
     def change_view(self, request: HttpRequest, object_id: str, form_url: str = "",
                     extra_context: dict[str, Any] | None = None) -> HttpResponse:
-        approval = store.get_approval(unquote(object_id))  # the admin's URLs quote the pk (apr_5F...)
+        approval = store.get_approval(_object_key(object_id))  # the admin's URLs quote the pk (apr_5F...)
         pending = approval is not None and approval.status == ApprovalStatus.PENDING
-        own = approval is not None and approval.user is not None and approval.user == request.user.get_username()
+        # The same person however the name is written (case, spaces, invisible characters, look-alikes).
+        own = approval is not None and same_person(approval.user, request.user.get_username())
+        hidden = _approval_fields(approval) if approval is not None else []
+        tampered = approval is not None and not approval.signature_ok
         context = {
-            "can_decide": pending and request.user.has_perm(DECIDE) and not own,
+            "can_decide": pending and request.user.has_perm(DECIDE) and not own and not tampered,
+            "tampered": tampered,
             "own_request": own,
             "is_pending": pending,
+            "hidden_warning": warning(hidden) if hidden else None,
+            "shown_user": _shown(approval.user) if approval is not None else None,
+            "shown_approver": _shown(approval.approver) if approval is not None else None,
             **(extra_context or {}),
         }
         return super().change_view(request, object_id, form_url, context)
@@ -161,19 +344,22 @@ class ApprovalAdmin(EvidenceAdmin):
             raise Http404("unknown answer")
         if not request.user.has_perm(DECIDE):
             raise PermissionDenied("deciding approvals needs the ctrlrun.decide_approval permission")
-        object_id = unquote(object_id)
+        object_id = _object_key(object_id)
         approval = store.get_approval(object_id)
         if approval is None:
             raise Http404(f"no approval request {object_id}")
         change_url = reverse("admin:ctrlrun_approval_change", args=[quote(object_id)])
+        username = request.user.get_username()
+        if same_person(approval.user, username):  # refused before the form is even shown
+            self.message_user(request, _own_request_message(approval, username), messages.ERROR)
+            return HttpResponseRedirect(change_url)
         form = DecisionForm(request.POST if request.method == "POST" else None)
         if request.method == "POST" and form.is_valid():
             note = form.cleaned_data["note"] or None
             try:
-                result = store.answer_approval(object_id, answer == "approve", by=request.user.get_username(),
-                                               note=note)
+                result = store.answer_approval(object_id, answer == "approve", by=username, note=note)
             except CTRLRunError as exc:
-                self.message_user(request, str(exc), messages.ERROR)
+                self.message_user(request, reveal(str(exc)), messages.ERROR)
                 return HttpResponseRedirect(change_url)
             verb = "granted" if answer == "approve" else "denied"
             self.log_change(request, Approval.objects.using(conf.database_alias()).get(pk=object_id),
@@ -183,16 +369,26 @@ class ApprovalAdmin(EvidenceAdmin):
                               + (f"The agent may now retry inside ctrlrun.with_approval('{object_id}')."
                                  if result.status == ApprovalStatus.GRANTED else ""), messages.SUCCESS)
             return HttpResponseRedirect(change_url)
+        action = approval.canonical_action
+        hidden = _approval_fields(approval)
         context = {
             **self.admin_site.each_context(request),
-            "title": f"{'Approve' if answer == 'approve' else 'Deny'} {approval.action}?",
+            "title": f"{'Approve' if answer == 'approve' else 'Deny'} {reveal(approval.action)}?",
             "approval": approval,
-            "arguments": _pretty(approval.arguments),
+            "shown": {
+                "action": _shown(approval.action),
+                "arguments": mark_safe(dumps_html(approval.arguments, indent=2, sort_keys=True)),
+                "principal": _principal_html(approval.agent, approval.user),
+                "effect_key": _shown(approval.effect_key),
+                "resource": _shown(action.get("resource")),
+                "environment": _shown(action.get("environment")),
+            },
+            "hidden_warning": warning(hidden) if hidden else None,
             "answer": answer,
             "form": form,
             "opts": self.model._meta,
             "change_url": change_url,
-            "expires_in": timeuntil(approval.expires_at, conf.now()) if approval.expires_at > conf.now() else None,
+            "expires_in": timeuntil(approval.expires_at, _now()) if approval.expires_at > _now() else None,
         }
         return TemplateResponse(request, "admin/ctrlrun/approval/decide.html", context)
 
@@ -221,19 +417,20 @@ class NeedsAttentionFilter(admin.SimpleListFilter):
             return queryset.filter(state=EffectState.AMBIGUOUS)
         if self.value() == "lapsed":
             return queryset.filter(state__in=[EffectState.RESERVED, EffectState.EXECUTING],
-                                   lease_expires_at__lte=conf.now())
+                                   lease_expires_at__lte=_now())
         return queryset
 
 
 @admin.register(EffectRecord)
 class EffectRecordAdmin(EvidenceAdmin):
-    list_display = ("effect_key", "state", "action", "attempt", "age", "last_error", "hook", "lease")
-    list_filter = (NeedsAttentionFilter, "state", "action")
+    list_display = ("shown_key", "state", "shown_action", "attempt", "age", "last_error", "hook", "lease")
+    list_filter = (NeedsAttentionFilter, "state", ("action", RevealedValuesFilter))
     search_fields = ("effect_key", "action_id", "action")
     list_per_page = 50
-    fields = ("effect_key", "action", "state", "attempt", "action_id", "lease_expires_at", "error", "resolved_by",
-              "reconcile_failures", "reconcile_after", "created_at", "updated_at", "idempotency_token", "hook")
-    readonly_fields = ("idempotency_token", "hook")
+    fields = ("shown_key", "shown_action", "state", "attempt", "action_id", "lease_expires_at", "shown_error",
+              "shown_resolved_by", "reconcile_failures", "reconcile_after", "created_at", "updated_at",
+              "idempotency_token", "hook")
+    readonly_fields = ("shown_key", "shown_action", "shown_error", "shown_resolved_by", "idempotency_token", "hook")
     change_form_template = "admin/ctrlrun/effectrecord/change_form.html"
 
     def get_queryset(self, request: HttpRequest) -> Any:
@@ -241,20 +438,36 @@ class EffectRecordAdmin(EvidenceAdmin):
         return super().get_queryset(request).annotate(
             attention=Case(
                 When(state=EffectState.AMBIGUOUS, then=Value(0)),
-                When(Q(state__in=held) & Q(lease_expires_at__lte=conf.now()), then=Value(1)),
+                When(Q(state__in=held) & Q(lease_expires_at__lte=_now()), then=Value(1)),
                 default=Value(2), output_field=IntegerField(),
             )
         ).order_by("attention", "-updated_at")
 
     @admin.display(description="age")
     def age(self, obj: EffectRecord) -> str:
-        return timesince(obj.updated_at, conf.now())
+        return timesince(obj.updated_at, _now())
+
+    @admin.display(description=_("effect key"), ordering="effect_key")
+    def shown_key(self, obj: EffectRecord) -> SafeString:
+        return _shown(obj.effect_key)
+
+    @admin.display(description=_("action"), ordering="action")
+    def shown_action(self, obj: EffectRecord) -> SafeString:
+        return _shown(obj.action)
+
+    @admin.display(description=_("error"))
+    def shown_error(self, obj: EffectRecord) -> SafeString:
+        return _shown(obj.error, multiline=True)
+
+    @admin.display(description=_("resolved by"))
+    def shown_resolved_by(self, obj: EffectRecord) -> SafeString:
+        return _shown(obj.resolved_by)
 
     @admin.display(description="last error")
     def last_error(self, obj: EffectRecord) -> str:
         if not obj.error:
             return "-"
-        return obj.error if len(obj.error) <= 70 else obj.error[:67] + "…"
+        return reveal(obj.error if len(obj.error) <= 70 else obj.error[:67] + "…")
 
     @admin.display(description="reconcile hook")
     def hook(self, obj: EffectRecord) -> str:
@@ -265,12 +478,13 @@ class EffectRecordAdmin(EvidenceAdmin):
     def lease(self, obj: EffectRecord) -> str:
         if obj.lease_expires_at is None:
             return "-"
-        now = conf.now()
+        now = _now()
         return "lapsed" if obj.lease_expires_at <= now else f"{timeuntil(obj.lease_expires_at, now)} left"
 
-    @admin.display(description="provider idempotency token (this attempt)")
+    @admin.display(description="provider idempotency token (the same for every attempt)")
     def idempotency_token(self, obj: EffectRecord) -> str:
-        return idempotency_token_for(obj.effect_key, obj.attempt)
+        return (f"{idempotency_token_for(obj.effect_key)}  (this attempt's own, per_attempt=True: "
+                f"{idempotency_token_for(obj.effect_key, obj.attempt)})")
 
     def get_urls(self) -> list[Any]:
         view = self.admin_site.admin_view
@@ -282,30 +496,37 @@ class EffectRecordAdmin(EvidenceAdmin):
 
     def change_view(self, request: HttpRequest, object_id: str, form_url: str = "",
                     extra_context: dict[str, Any] | None = None) -> HttpResponse:
-        from django.contrib.admin.utils import unquote
-
-        key = unquote(object_id)
+        key = _object_key(object_id)
         effect = store.get_effect(key)
         context: dict[str, Any] = dict(extra_context or {})
         if effect is not None:
-            now = conf.now()
+            now = _now()
             askable = effect.state == EffectState.AMBIGUOUS or (
                 effect.state in (EffectState.RESERVED, EffectState.EXECUTING) and effect.lease_lapsed(now))
             may_resolve = request.user.has_perm(RESOLVE)
             reconcile.ensure_discovered()
             has_hook = reconcile.hook_for(effect.action) is not None
             lapsed = effect.state in (EffectState.RESERVED, EffectState.EXECUTING) and effect.lease_lapsed(now)
+            hidden = hidden_fields({"name": effect.action}, key)
             context.update({
                 "effect_events": [
                     {"id": e.id, "ts": evidence_time(e.ts), "type": e.type, "action_id": e.action_id,
-                     "data": json.dumps(e.data, sort_keys=True, ensure_ascii=False)}
+                     "data": mark_safe(dumps_html(e.data, sort_keys=True))}
                     for e in store.events_for_effect(key)
                 ],
-                "effect_receipts": store.receipts_for_effect(key),
-                "can_ask": may_resolve and askable and (has_hook or lapsed),
+                "effect_receipts": [
+                    {"seq": r.seq, "receipt_id": r.receipt_id, "result": r.result, "action_id": r.action_id,
+                     "agent": _shown(r.agent)}
+                    for r in store.receipts_for_effect(key)
+                ],
+                "shown_key": _shown(key),
+                "shown_action": _shown(effect.action),
+                "hidden_warning": warning(hidden, subject="This effect record") if hidden else None,
+                "tampered": not effect.signature_ok,
+                "can_ask": may_resolve and askable and (has_hook or lapsed) and effect.signature_ok,
                 "has_hook": has_hook,
                 "ask_label": "Ask the remote now" if has_hook else "Mark ambiguous (the worker is gone)",
-                "can_resolve": may_resolve and effect.state == EffectState.AMBIGUOUS,
+                "can_resolve": may_resolve and effect.state == EffectState.AMBIGUOUS and effect.signature_ok,
                 "resolve_form": ResolveForm(initial={"attempt": effect.attempt}),
                 "pinned_attempt": effect.attempt,
                 "ask_url": reverse("admin:ctrlrun_effectrecord_ask", args=[object_id]),
@@ -314,15 +535,13 @@ class EffectRecordAdmin(EvidenceAdmin):
         return super().change_view(request, object_id, form_url, context)
 
     def _effect_or_404(self, request: HttpRequest, object_id: str) -> tuple[str, str]:
-        from django.contrib.admin.utils import quote, unquote
-
         if not request.user.has_perm(RESOLVE):
             raise PermissionDenied("resolving effects needs the ctrlrun.resolve_effect permission")
         if request.method != "POST":
             raise PermissionDenied("this action only accepts a form submission")
-        key = unquote(object_id)
+        key = _object_key(object_id)
         if store.get_effect(key) is None:
-            raise Http404(f"no effect {key}")
+            raise Http404(f"no effect {reveal(key)}")
         return key, reverse("admin:ctrlrun_effectrecord_change", args=[quote(key)])
 
     def ask_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
@@ -331,10 +550,10 @@ class EffectRecordAdmin(EvidenceAdmin):
         try:
             line = reconcile.ask_now(key, requested_by=request.user.get_username())
         except CTRLRunError as exc:
-            self.message_user(request, str(exc), messages.ERROR)
+            self.message_user(request, reveal(str(exc)), messages.ERROR)
             return HttpResponseRedirect(change_url)
         level = messages.SUCCESS if line.outcome in ("committed", "failed") else messages.WARNING
-        self.message_user(request, f"asked the remote about {key}: {line.outcome} ({line.detail})", level)
+        self.message_user(request, reveal(f"asked the remote about {key}: {line.outcome} ({line.detail})"), level)
         self.log_change(request, EffectRecord.objects.using(conf.database_alias()).get(pk=key), f"asked the remote: {line.outcome}")
         return HttpResponseRedirect(change_url)
 
@@ -343,17 +562,17 @@ class EffectRecordAdmin(EvidenceAdmin):
         form = ResolveForm(request.POST)
         if not form.is_valid():
             problems = "; ".join(f"{field}: {' '.join(errors)}" for field, errors in form.errors.items())
-            self.message_user(request, f"not resolved: {problems}", messages.ERROR)
+            self.message_user(request, reveal(f"not resolved: {problems}"), messages.ERROR)
             return HttpResponseRedirect(change_url)
         outcome, reason, attempt = (form.cleaned_data[f] for f in ("outcome", "reason", "attempt"))
         try:
             store.resolve(key, outcome, by=request.user.get_username(), reason=reason, attempt=attempt)
         except CTRLRunError as exc:
-            self.message_user(request, f"not resolved: {exc}", messages.ERROR)
+            self.message_user(request, reveal(f"not resolved: {exc}"), messages.ERROR)
             return HttpResponseRedirect(change_url)
         self.log_change(request, EffectRecord.objects.using(conf.database_alias()).get(pk=key), f"resolved {outcome} (attempt {attempt}): {reason}")
         after = ("a retry is now permitted" if outcome == "failed" else "a retry will be refused as a duplicate")
-        self.message_user(request, f"Effect {key} resolved {outcome} by {request.user.get_username()}; {after}",
+        self.message_user(request, reveal(f"Effect {key} resolved {outcome} by {request.user.get_username()}; {after}"),
                           messages.SUCCESS)
         return HttpResponseRedirect(change_url)
 
@@ -374,15 +593,28 @@ class ReceiptResultFilter(admin.SimpleListFilter):
 
 @admin.register(Receipt)
 class ReceiptAdmin(EvidenceAdmin):
-    list_display = ("seq", "finished", "receipt_id", "action", "decision", "result", "effect_key", "agent")
-    list_filter = (ReceiptResultFilter, "decision", "action", "agent", "ts")
+    list_display = ("seq", "finished", "receipt_id", "shown_action", "decision", "result", "shown_key", "shown_agent")
+    list_filter = (ReceiptResultFilter, "decision", ("action", RevealedValuesFilter), ("agent", RevealedValuesFilter),
+                   "ts")
     search_fields = ("receipt_id", "action_id", "effect_key", "agent", "action")
     date_hierarchy = "ts"
     list_per_page = 100
-    fields = ("receipt_id", "seq", "action_id", "action", "agent", "decision", "result", "effect_key", "ts",
+    fields = ("receipt_id", "seq", "action_id", "shown_action", "shown_agent", "decision", "result", "shown_key", "ts",
               "prev_hash", "hash", "pretty_document")
-    readonly_fields = ("pretty_document",)
+    readonly_fields = ("shown_action", "shown_agent", "shown_key", "pretty_document")
     change_list_template = "admin/ctrlrun/receipt/change_list.html"
+
+    @admin.display(description=_("action"), ordering="action")
+    def shown_action(self, obj: Receipt) -> SafeString:
+        return _shown(obj.action)
+
+    @admin.display(description=_("agent"), ordering="agent")
+    def shown_agent(self, obj: Receipt) -> SafeString:
+        return _shown(obj.agent)
+
+    @admin.display(description=_("effect key"), ordering="effect_key")
+    def shown_key(self, obj: Receipt) -> SafeString:
+        return _shown(obj.effect_key)
 
     @admin.display(description="finished", ordering="ts")
     def finished(self, obj: Receipt) -> str:
@@ -394,7 +626,8 @@ class ReceiptAdmin(EvidenceAdmin):
             return _pre(json.loads(obj.document))
         except ValueError:
             return format_html('<pre class="ctrlrun-json">{}</pre><p class="errornote">This document is not valid '
-                               'JSON: the row was altered. Run the chain check.</p>', obj.document)
+                               'JSON: the row was altered. Run the chain check.</p>',
+                               _shown(obj.document, multiline=True))
 
     def get_urls(self) -> list[Any]:
         return [path("verify/", self.admin_site.admin_view(self.verify_view), name="ctrlrun_receipt_verify"),
@@ -417,13 +650,17 @@ class ReceiptAdmin(EvidenceAdmin):
 
 @admin.register(Event)
 class EventAdmin(EvidenceAdmin):
-    list_display = ("id", "when", "type", "action_id", "effect_key", "approval_id", "short_data")
+    list_display = ("id", "when", "type", "action_id", "shown_key", "approval_id", "short_data")
     list_filter = ("type", "ts")
     search_fields = ("action_id", "effect_key", "approval_id")
     date_hierarchy = "ts"
     list_per_page = 100
-    fields = ("id", "ts", "type", "action_id", "effect_key", "approval_id", "pretty_data")
-    readonly_fields = ("pretty_data",)
+    fields = ("id", "ts", "type", "action_id", "shown_key", "approval_id", "pretty_data")
+    readonly_fields = ("shown_key", "pretty_data")
+
+    @admin.display(description=_("effect key"), ordering="effect_key")
+    def shown_key(self, obj: Event) -> SafeString:
+        return _shown(obj.effect_key)
 
     @admin.display(description="ts", ordering="ts")
     def when(self, obj: Event) -> str:
@@ -431,7 +668,7 @@ class EventAdmin(EvidenceAdmin):
 
     @admin.display(description="data")
     def short_data(self, obj: Event) -> str:
-        text = json.dumps(obj.data, sort_keys=True, ensure_ascii=False)
+        text = dumps(obj.data, sort_keys=True)
         return text if len(text) <= 90 else text[:87] + "…"
 
     @admin.display(description="data")
@@ -455,7 +692,7 @@ class PolicyDocumentAdmin(EvidenceAdmin):
 
     @admin.display(description="text")
     def pretty_text(self, obj: PolicyDocument) -> str:
-        return format_html('<pre class="ctrlrun-json">{}</pre>', obj.text)
+        return format_html('<pre class="ctrlrun-json">{}</pre>', mark_safe(reveal_html(obj.text, multiline=True)))
 
 
 def _current_policy_hash() -> str | None:

@@ -2,7 +2,8 @@
 
 Everything that differs between machines comes from the environment (django-environ):
 
-- ``DATABASE_URL``: default a SQLite file beside manage.py (``db.sqlite3``);
+- ``DATABASE_URL``: default a SQLite file beside manage.py (``db.sqlite3``); SQLite or PostgreSQL
+  only (anything else is refused with ImproperlyConfigured, which manage.py prints as one line);
 - ``SECRET_KEY``: required to serve pages with ``DEBUG`` off (wsgi/asgi refuse to start without it);
 - ``DEBUG`` (default off), ``ALLOWED_HOSTS`` (comma-separated);
 - ``CTRLRUN_POLICY`` (default ``ctrlrun.yaml`` beside manage.py), ``CTRLRUN_ENVIRONMENT``,
@@ -10,7 +11,10 @@ Everything that differs between machines comes from the environment (django-envi
 """
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import environ
 from django.core.exceptions import ImproperlyConfigured
@@ -81,7 +85,43 @@ TEMPLATES = [
     },
 ]
 
-DATABASES = {"default": env.db_url("DATABASE_URL", default=f"sqlite:///{BASE_DIR / 'db.sqlite3'}")}
+#: The database engines ctrlrun's SQL, locks and append-only triggers are written for.
+SUPPORTED_ENGINES = ("django.db.backends.sqlite3", "django.db.backends.postgresql",
+                     "django.contrib.gis.db.backends.postgis")
+
+
+def _shown_url(url: str) -> str:
+    """The URL as given, its password replaced by ***, for an error message."""
+    try:
+        parts = urlsplit(url)
+        if parts.password is not None:
+            host = parts.hostname or ""
+            host += f":{parts.port}" if parts.port else ""
+            netloc = f"{parts.username or ''}:***@{host}"
+            return urlunsplit(parts._replace(netloc=netloc))
+    except ValueError:  # an unreadable port or netloc: say nothing of it
+        return "an unreadable URL"
+    return url
+
+
+def store_database(url: str | None) -> dict[str, Any]:
+    """The Django DATABASES entry for ``DATABASE_URL``; refused unless SQLite or PostgreSQL."""
+    default = f"sqlite:///{BASE_DIR / 'db.sqlite3'}"
+    with warnings.catch_warnings():  # django-environ warns of an unknown scheme: the refusal below says more
+        warnings.simplefilter("ignore")
+        config = environ.Env.db_url_config(default if url is None else url)
+    engine = config.get("ENGINE", "")
+    if engine not in SUPPORTED_ENGINES:
+        raise ImproperlyConfigured(
+            f"ctrlrun's store must be SQLite or PostgreSQL, but DATABASE_URL is {_shown_url(url or '')}"
+            f" ({f'the {engine} engine' if engine else 'no database engine recognised'}). Set DATABASE_URL to "
+            f"sqlite:////absolute/path/to/db.sqlite3 or postgresql://USER@HOST:5432/NAME, or unset it for "
+            f"db.sqlite3 beside manage.py."
+        )
+    return config
+
+
+DATABASES = {"default": store_database(env.str("DATABASE_URL", default=None))}
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
     # IMMEDIATE transactions, WAL and a busy timeout: ctrlrun's serialisation on SQLite.
     DATABASES["default"].setdefault("OPTIONS", {}).update(sqlite_options())
@@ -126,9 +166,27 @@ CTRLRUN_LEASE_SECONDS = env.int("CTRLRUN_LEASE_SECONDS", default=300)
 CTRLRUN_APPROVAL_TTL_SECONDS = env.int("CTRLRUN_APPROVAL_TTL_SECONDS", default=900)
 CTRLRUN_HOOK_MODULES = env.list("CTRLRUN_HOOK_MODULES", default=[])
 
+# Logging goes to stderr, where gunicorn and runserver users read it. Django's own default sends a
+# 500 (django.request, ERROR) to the console only with DEBUG on, and by mail otherwise (to ADMINS,
+# which this project has none of): with DEBUG off a 500 was logged nowhere. Here it is always
+# logged, with its traceback; with DEBUG on, 4xx warnings too, as Django does. django.server
+# (runserver's request lines) is left to Django: it already logs to stderr whatever DEBUG is.
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
-    "loggers": {"ctrlrun": {"handlers": ["console"], "level": env.str("CTRLRUN_LOG_LEVEL", default="WARNING")}},
+    "filters": {"require_debug_false": {"()": "django.utils.log.RequireDebugFalse"}},
+    "formatters": {"request": {"format": "{asctime} {levelname} {name}: {message}", "style": "{"}},
+    "handlers": {
+        "console": {"class": "logging.StreamHandler"},
+        "stderr": {"class": "logging.StreamHandler", "stream": "ext://sys.stderr", "formatter": "request"},
+        # Django's default, kept: mails a 500 to ADMINS when there are any and DEBUG is off.
+        "mail_admins": {"class": "django.utils.log.AdminEmailHandler", "level": "ERROR",
+                        "filters": ["require_debug_false"]},
+    },
+    "loggers": {
+        "ctrlrun": {"handlers": ["console"], "level": env.str("CTRLRUN_LOG_LEVEL", default="WARNING")},
+        # Not propagated: the "django" logger's console handler would print it a second time with DEBUG on.
+        "django.request": {"handlers": ["stderr", "mail_admins"], "level": "WARNING" if DEBUG else "ERROR",
+                           "propagate": False},
+    },
 }

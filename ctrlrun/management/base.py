@@ -5,10 +5,15 @@ import getpass
 import os
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError
 
+from ..display import reveal
 from ..errors import CTRLRunError
+
+#: The largest count a command accepts (``--last``, ``--limit``, ``--attempt``): the largest value
+#: of a 64-bit signed integer, what SQLite and PostgreSQL (bigint, LIMIT) can hold.
+MAX_COUNT = 2**63 - 1
 
 
 class Error(CommandError):
@@ -16,15 +21,21 @@ class Error(CommandError):
 
 
 def positive_int(value: str) -> int:
-    """An argparse type: a whole number of at least 1, with a message that says so."""
+    """An argparse type: a whole number from 1 to ``MAX_COUNT``, with a message that says so.
+
+    A larger number is a usage error here, not a database error later (the databases cannot
+    hold it)."""
     import argparse
 
     try:
         number = int(value)
-    except ValueError:
+    except ValueError:  # also a number too long to read (more than 4300 digits)
         raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
     if number < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {number}")
+    if number > MAX_COUNT:
+        given = str(number) if len(str(number)) <= 30 else f"a number of {len(str(number))} digits"
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_COUNT} (2**63 - 1), got {given}")
     return number
 
 
@@ -41,6 +52,19 @@ class CtrlrunCommand(BaseCommand):
 
     requires_system_checks: list[str] = []  # a malformed policy must not stop reading evidence
 
+    def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
+        """Django's parser, with a usage error on the command line as one ``Error: ...`` line and exit 2
+        (argparse would print the whole usage block first)."""
+        parser = super().create_parser(prog_name, subcommand, **kwargs)
+
+        def error(message: str) -> None:
+            if not parser.called_from_command_line:
+                raise CommandError(f"Error: {message}")  # as Django's own, for call_command
+            parser.exit(2, f"Error: {message} ('{parser.prog} --help' lists the options)\n")
+
+        parser.error = error  # type: ignore[method-assign]
+        return parser
+
     def handle(self, *args: Any, **options: Any) -> None:
         try:
             self.run(**options)
@@ -50,15 +74,15 @@ class CtrlrunCommand(BaseCommand):
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, 1)
             return
-        except CTRLRunError as exc:
-            raise Error(str(exc)) from None
+        except CTRLRunError as exc:  # messages quote names and keys: never print their hidden characters raw
+            raise Error(reveal(str(exc), multiline=True)) from None
         except UnicodeError as exc:
             raise Error(f"an argument is not valid UTF-8 text ({exc.reason}); check the id or key you typed") from None
         except DatabaseError as exc:
-            raise Error(
+            raise Error(reveal(
                 f"the ctrlrun store could not be read ({type(exc).__name__}: {str(exc).strip()}). If its tables "
                 f"are missing, run 'python manage.py migrate'"
-            ) from None
+            )) from None
 
     def run(self, **options: Any) -> None:  # pragma: no cover - abstract
         raise NotImplementedError

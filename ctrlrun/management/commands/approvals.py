@@ -1,11 +1,11 @@
 from __future__ import annotations
 
 import datetime as dt
-import json
 from argparse import ArgumentParser
 from typing import Any
 
-from ... import conf, store
+from ... import store
+from ...display import dumps, hidden_fields, reveal, warning
 from ...states import ApprovalStatus
 from ..base import CtrlrunCommand
 
@@ -32,16 +32,22 @@ class Command(CtrlrunCommand):
         if not approvals:
             self.stdout.write(f"no approval requests are {status}" if status else "no approval requests yet")
             return
-        now = conf.now()
+        now = store.now()  # the store's clock, as leases and expiries are kept
         for a in approvals:
-            who = a.agent + (f" (user {a.user})" if a.user else "")
-            arguments = json.dumps(a.arguments, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+            # Every name and value with its invisible or direction-changing characters escaped
+            # (ctrlrun.display): a terminal would render them, and show other text than what runs.
+            who = reveal(a.agent) + (f" (user {reveal(a.user)})" if a.user else "")
+            arguments = dumps(a.arguments, sort_keys=True, separators=(",", ":"))
             if a.status == ApprovalStatus.PENDING:
                 expiry = f"expires in {_span(a.expires_at - now)}" if a.expires_at > now else "expired (not yet marked)"
             elif a.approver:
-                expiry = f"{a.status} by {a.approver}"
+                expiry = f"{a.status} by {reveal(a.approver)}"
             else:
                 expiry = str(a.status)
             self.stdout.write(
-                f"{a.approval_id}  {a.status}  {a.action}  {arguments}  {who}  age {_span(now - a.created_at)}  {expiry}"
+                f"{a.approval_id}  {a.status}  {reveal(a.action)}  {arguments}  {who}  age {_span(now - a.created_at)}  "
+                f"{expiry}"
             )
+            hidden = hidden_fields(a.canonical_action, a.effect_key)
+            if hidden:  # on stderr: stdout keeps one line per request
+                self.stderr.write(f"warning: {a.approval_id}: {warning(hidden)}")

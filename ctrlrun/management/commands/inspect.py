@@ -1,11 +1,11 @@
 from __future__ import annotations
 
-import json
 from argparse import ArgumentParser
 from typing import Any
 
 from ... import report, store
 from ...canonical import evidence_time
+from ...display import dumps, hidden_fields, reveal, warning
 from ..base import CtrlrunCommand, Error
 
 INSPECTION_SCHEMA = "ctrlrun.inspection/v2"
@@ -59,23 +59,33 @@ class Command(CtrlrunCommand):
             "decision": last.get("decision") or evaluated.get("decision"),
             "reason": last.get("decision_reason") or evaluated.get("reason"),
         }
+        # Names, arguments and keys hold whatever the agent sent: their invisible or
+        # direction-changing characters are shown escaped (ctrlrun.display), with a warning.
+        hidden = hidden_fields(summary, " ".join(keys) or None)
         if json:
             unreadable = [receipt_id for receipt_id, doc in readable.items() if doc is None]
+            if hidden:
+                self.stderr.write(f"warning: {warning(hidden)}")
             self._json(action_id, summary, effects, docs, events, unreadable, approvals)
         else:
-            self._text(action_id, summary, effects, receipts, events, readable, approvals)
+            self._text(action_id, summary, effects, receipts, events, readable, approvals, hidden)
 
     def _text(self, action_id: str, summary: dict[str, Any], effects: list[Any], receipts: list[Any],
-              events: list[Any], readable: dict[str, dict[str, Any] | None], approvals: list[Any]) -> None:
-        out = self.stdout.write
+              events: list[Any], readable: dict[str, dict[str, Any] | None], approvals: list[Any],
+              hidden: list[str]) -> None:
+        def out(line: str) -> None:  # every line with hidden characters escaped
+            self.stdout.write(reveal(line))
+
         principal = summary["principal"] or {}
-        who = principal.get("agent", "-") + (f" (user {principal['user']})" if principal.get("user") else "")
+        who = (principal.get("agent") or "-") + (f" (user {principal['user']})" if principal.get("user") else "")
         out(f"{action_id}  {summary['name']}")
+        if hidden:
+            out(f"warning: {warning(hidden)}")
         out("")
         out(f"{'principal':<12}{who}")
         out(f"{'resource':<12}{summary['resource'] or '-'}")
         out(f"{'environment':<12}{summary['environment'] or '-'}")
-        out(f"{'arguments':<12}{json.dumps(summary['arguments'], sort_keys=True, ensure_ascii=False)}")
+        self.stdout.write(f"{'arguments':<12}{dumps(summary['arguments'], sort_keys=True)}")  # valid JSON still
         out(f"{'decision':<12}{summary['decision'] or '-'}  ({summary['reason'] or '-'})")
         for approval in approvals:
             by = f" by {approval.approver}" if approval.approver else ""
@@ -125,7 +135,7 @@ class Command(CtrlrunCommand):
                 for e in events
             ],
         }
-        self.stdout.write(json.dumps(document, indent=2, ensure_ascii=False))
+        self.stdout.write(dumps(document, indent=2))  # hidden characters as JSON escapes: the same document
 
     @staticmethod
     def _effect(effect: Any) -> dict[str, Any]:
