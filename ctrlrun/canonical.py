@@ -285,19 +285,19 @@ def _check_jsonable(value: Any, path: str, walk: _Walk | None = None) -> Any:
     return plain
 
 
+#: The canonical encoder, built once (``json.dumps`` with these options builds one per call).
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
 def canonical_bytes(value: Any) -> bytes:
     """The one byte form everything hashed goes through: sorted keys, no spaces, raw UTF-8."""
     plain = _check_jsonable(value, "value")
-    return json.dumps(
-        plain, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-    ).encode("utf-8")
+    return _CANONICAL.encode(plain).encode("utf-8")
 
 
 def trusted_canonical_bytes(value: Any) -> bytes:
     """:func:`canonical_bytes` for a value this process built from validated parts (no re-check)."""
-    return json.dumps(
-        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-    ).encode("utf-8")
+    return _CANONICAL.encode(value).encode("utf-8")
 
 
 def sha256_hash(data: bytes) -> str:
@@ -399,10 +399,19 @@ class Action:
         }
 
     @property
+    def canonical_json(self) -> str:
+        """:meth:`canonical` as its canonical JSON text (computed once; the hash is taken over it)."""
+        cached = self.__dict__.get("_canonical_json")
+        if cached is None:
+            cached = _CANONICAL.encode(self.canonical())  # arguments checked at init
+            object.__setattr__(self, "_canonical_json", cached)
+        return cached
+
+    @property
     def hash(self) -> str:
         cached = self.__dict__.get("_hash")
         if cached is None:
-            cached = sha256_hash(trusted_canonical_bytes(self.canonical()))  # arguments checked at init
+            cached = sha256_hash(self.canonical_json.encode("utf-8"))
             object.__setattr__(self, "_hash", cached)
         return cached
 

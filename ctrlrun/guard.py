@@ -32,7 +32,7 @@ __all__ = ["install", "remove", "APPEND_ONLY_MESSAGE"]
 APPEND_ONLY_MESSAGE = "ctrlrun evidence is append-only: receipts and events are never updated or deleted"
 EVIDENCE_TABLES = ("ctrlrun_receipt", "ctrlrun_event", "ctrlrun_policydocument")
 #: Columns an insert may collide on (primary key and unique columns), per evidence table.
-_UNIQUE = {"ctrlrun_receipt": ("receipt_id", "seq"), "ctrlrun_event": ("id", "seq"),
+_UNIQUE = {"ctrlrun_receipt": ("receipt_id", "seq"), "ctrlrun_event": ("id",),
            "ctrlrun_policydocument": ("hash",)}
 #: What the person deciding read; an approval keeps it for life.
 _APPROVAL_FIXED = ("approval_id", "action", "action_id", "action_hash", "action_json", "agent", "user",

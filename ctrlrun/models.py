@@ -134,7 +134,10 @@ class Event(models.Model):
     effect_key = models.CharField(max_length=MAX_KEY_LENGTH, null=True, blank=True, db_index=True)
     approval_id = models.CharField(max_length=ID_LENGTH, null=True, blank=True)
     data = JSONTextField(default=dict)
-    seq = models.BigIntegerField(unique=True, null=True, help_text="Position in the event chain.")
+    # No index: rows are appended in seq order under the head lock and only verification reads
+    # by seq (in one pass), so an index would cost every insert and serve no query. A duplicate or
+    # missing seq is what verification names.
+    seq = models.BigIntegerField(null=True, help_text="Position in the event chain.")
     prev_hash = models.CharField(max_length=HASH_LENGTH, null=True)
     hash = models.CharField(max_length=HASH_LENGTH, null=True)
 

@@ -102,7 +102,7 @@ class ChainBreak:
     ``kind`` says which evidence: ``receipt`` (``seq`` is the receipt's), ``event`` (``seq`` is the
     event chain's), ``head`` (the chain head row), ``approval`` or ``effect`` (a signed row, named
     by ``subject``). ``name`` is one of missing, content_altered, hash_missing, link_broken,
-    head_mismatch, unchained, reordered, signature_invalid.
+    head_mismatch, unchained, reordered, duplicate, signature_invalid.
     """
 
     name: str
@@ -345,12 +345,17 @@ def verify_events(rows: Iterable[StoredEvent], head_seq: int, head_hash: str, re
                                             f"never linked into the event chain", kind="event", subject=str(row.id)))
         else:
             chained.append(row)
-    chained.sort(key=lambda r: r.seq)  # type: ignore[arg-type, return-value]
+    chained.sort(key=lambda r: (r.seq, r.id))  # type: ignore[arg-type, return-value]
     report.events_chained = len(chained)
     expected_seq, previous_hash, previous_id = 1, GENESIS_HASH, None
     for row in chained:
         seq = row.seq
         assert seq is not None
+        if seq < expected_seq:  # a second row claiming a position already walked: it is not the chain's
+            report.breaks.append(ChainBreak(
+                "duplicate", seq, f"event {row.id} ({row.type}) claims seq {seq}, which another event holds: it was "
+                f"added outside ctrlrun", kind="event", subject=str(row.id)))
+            continue
         if seq != expected_seq:
             report.breaks.append(ChainBreak(
                 "missing", expected_seq, f"event seq {expected_seq} is not here; the next event says it is seq "

@@ -143,7 +143,7 @@ def configure(create: bool = True) -> None:
     commands). A store that cannot be reached is ``StoreUnavailable`` naming where it looked.
     """
     from django.conf import settings
-    from django.db import DatabaseError
+    from django.db import Error as DatabaseError  # InterfaceError too
 
     configure_settings()
     if not getattr(settings, "CTRLRUN_STANDALONE", False):
@@ -169,7 +169,7 @@ def configure(create: bool = True) -> None:
             _require_tables()
     except DatabaseError as exc:
         raise StoreUnavailable(
-            f"the ctrlrun store ({describe_store()}) could not be opened: {str(exc).strip()}. Check "
+            f"the ctrlrun store ({describe_store()}) could not be opened: {' '.join(str(exc).split())}. Check "
             f"CTRLRUN_STORE_URL / DATABASE_URL / CTRLRUN_STATE; nothing ran"
         ) from None
 
@@ -244,7 +244,7 @@ def _require_tables() -> None:
     try:
         tables = connection.introspection.table_names()
     except Exception as exc:
-        raise StoreUnavailable(f"the store ({describe_store()}) could not be opened: {exc}") from None
+        raise StoreUnavailable(f"the store ({describe_store()}) could not be opened: {' '.join(str(exc).split())}") from None
     if "ctrlrun_receipt" not in tables:
         raise StoreUnavailable(
             f"the store ({describe_store()}) has no ctrlrun tables yet. A read command does not "

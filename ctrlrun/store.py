@@ -346,7 +346,8 @@ def _unavailable(exc: DjangoDatabaseError, what: str) -> StoreUnavailable:
     # A dropped connection stays broken until closed; close it now so that the next call
     # reconnects (Django would only do this at the end of a web request).
     connections[_db()].close_if_unusable_or_obsolete()
-    return StoreUnavailable(f"the ctrlrun store could not {what} ({type(exc).__name__}: {exc}); nothing was "
+    detail = " ".join(str(exc).split())  # drivers' messages span lines; an error is one line
+    return StoreUnavailable(f"the ctrlrun store could not {what} ({type(exc).__name__}: {detail}); nothing was "
                             f"recorded by that step")
 
 
@@ -371,13 +372,20 @@ def _clock_checking_head() -> dt.datetime:
 
 
 @contextlib.contextmanager
-def _phase(*, check_head: bool = False) -> Iterator[dt.datetime]:
+def _phase(*, check_head: bool = False, clock: bool = True) -> Iterator[Any]:
     """One short, durable transaction, yielding the store's time for everything it writes;
     database trouble becomes ``StoreUnavailable``. ``check_head`` refuses to go on when the chain
-    head is not ctrlrun's own (for phases after which a function runs, before they write)."""
+    head is not ctrlrun's own (for phases after which a function runs, before they write).
+    ``clock=False`` yields None instead of reading PostgreSQL's clock up front: the phase's first
+    statement brings it (a round trip saved)."""
     try:
         with transaction.atomic(using=_db(), durable=True):
-            yield _clock_checking_head() if check_head else _clock()
+            if check_head:
+                yield _clock_checking_head()
+            elif clock or conf.clock_overridden() or connections[_db()].vendor != "postgresql":
+                yield _clock()
+            else:
+                yield None
     except RuntimeError as exc:
         if "durable" in str(exc):
             raise InvalidArgument(
@@ -559,12 +567,19 @@ def _receipt_doc(spec: _ReceiptSpec, when: dt.datetime) -> dict[str, Any]:
 
 _HEAD_TAKE = ('UPDATE "ctrlrun_chainhead" SET "seq" = "seq" + %s, "event_seq" = "event_seq" + %s WHERE "id" = 1 '
               'RETURNING "seq", "hash", "event_seq", "event_hash", "mac", "key_id"')
+_EVENT_INSERT = ('INSERT INTO "ctrlrun_event" ("ts","type","action_id","effect_key","approval_id","data","seq",'
+                 '"prev_hash","hash") VALUES ')
+_RECEIPT_INSERT = ('INSERT INTO "ctrlrun_receipt" ("receipt_id","seq","action_id","action","agent","decision",'
+                   '"result","effect_key","ts","document","prev_hash","hash") VALUES ')
+_HEAD_MOVE = ('UPDATE "ctrlrun_chainhead" SET "hash" = %s, "event_hash" = %s, "mac" = %s, "key_id" = %s '
+              'WHERE "id" = 1')
 
 
-def _take_head(cursor: Any, receipts: int, events: int) -> tuple:
-    """Lock the head row and advance both chains; returns the row with the new seqs, old hashes."""
-    cursor.execute(_HEAD_TAKE, [receipts, events])
-    head = cursor.fetchone()
+def _take_head(cursor: Any, receipts: int, events: int, *, clock: bool = False) -> tuple:
+    """Lock the head row and advance both chains; returns the row with the new seqs, old hashes
+    (and, with ``clock``, the database's time: one round trip for both)."""
+    sql = _HEAD_TAKE + (", now()" if clock else "")
+    head = cursor.execute(sql, [receipts, events]).fetchone()
     if head is None:
         # Only a store whose tables were emptied (e.g. a test flush) has no head; with evidence
         # present that would hide a deletion, so it is refused rather than silently restarted.
@@ -577,65 +592,93 @@ def _take_head(cursor: Any, receipts: int, events: int) -> tuple:
         # waits for the winner's transaction and takes the next seq after it.
         cursor.execute('INSERT INTO "ctrlrun_chainhead" ("id","seq","hash","event_seq","event_hash") '
                        'VALUES (1, 0, %s, 0, %s) ON CONFLICT ("id") DO NOTHING', [GENESIS_HASH, GENESIS_HASH])
-        cursor.execute(_HEAD_TAKE, [receipts, events])
-        head = cursor.fetchone()
+        head = cursor.execute(sql, [receipts, events]).fetchone()
     return head
 
 
-def _seal(events: Sequence[EventRow], receipts: Sequence[_ReceiptSpec], when: dt.datetime) -> list[dict[str, Any]]:
+Built = tuple  # (events, receipts) a builder makes once the seal knows the time
+
+
+def _seal(events: Sequence[EventRow], receipts: Sequence[_ReceiptSpec], when: dt.datetime | None, *,
+          build: Any = None, sizes: tuple[int, int] = (0, 0)) -> list[dict[str, Any]]:
     """Append ``events`` and ``receipts`` to their chains. Must run inside a phase; locks the head last.
 
     The head's signature is checked before anything is added on top of it: a head moved around
-    ctrlrun must not be re-signed by the next honest writer.
+    ctrlrun must not be re-signed by the next honest writer. With ``when`` None (PostgreSQL, a phase
+    that has not read the clock yet), the head's lock brings the database's time, and ``build(when)``
+    makes the ``sizes`` = (events, receipts) it appends. On PostgreSQL the events, the receipts and the
+    head's move are one statement, so the head stays locked for two round trips in all.
     """
-    if not events and not receipts:
-        return []
-    docs = [_receipt_doc(spec, when) for spec in receipts]  # built before the lock is taken
-    adapt = _time_param(connections[_db()])
+    connection = connections[_db()]
+    postgres = connection.vendor == "postgresql"
+    if build is None:
+        if not events and not receipts:
+            return []
+        sizes = (len(events), len(receipts))
+    database_clock = when is None and postgres and not conf.clock_overridden()
+    if when is None and not database_clock:
+        when = _clock()
+    docs = [] if build is not None else [_receipt_doc(spec, when) for spec in receipts]  # before the lock
+    adapt = _time_param(connection)
     with _cursor() as cursor:
-        seq, prev, event_seq, event_prev, mac, key_id = _take_head(cursor, len(docs), len(events))
-        problem = _head_problem(seq - len(docs), prev, event_seq - len(events), event_prev, mac, key_id)
+        head = _take_head(cursor, sizes[1], sizes[0], clock=database_clock)
+        seq, prev, event_seq, event_prev, mac, key_id = head[:6]
+        problem = _head_problem(seq - sizes[1], prev, event_seq - sizes[0], event_prev, mac, key_id)
         if problem is not None:
             raise EvidenceTampered(f"ctrlrun refuses to add evidence: {problem}. Nothing was recorded; run "
                                    f"'ctrlrun receipts --verify-chain'")
-        if events:
-            position, params = event_seq - len(events), []
-            for ts, type_, action_id, effect_key, approval_id, data, *known in events:
-                position += 1
-                text = known[0] if known else dumps_json(data)
-                digest = event_hash(event_document(position, event_prev, event_time(ts), type_, action_id,
-                                                   effect_key, approval_id, text))
-                params += [adapt(ts), type_, action_id, effect_key, approval_id, text, position, event_prev, digest]
-                event_prev = digest
-            cursor.execute(
-                'INSERT INTO "ctrlrun_event" ("ts","type","action_id","effect_key","approval_id","data","seq",'
-                '"prev_hash","hash") VALUES ' + ",".join(["(%s,%s,%s,%s,%s,%s,%s,%s,%s)"] * len(events)), params)
-        if docs:
-            position, params = seq - len(docs), []
-            for doc, spec in zip(docs, receipts):
-                position += 1
-                doc["seq"], doc["prev_hash"] = position, prev
-                digest = receipt_hash(doc, trusted=True)
-                action = spec.call.action
-                params += [doc["receipt_id"], position, action.action_id, action.name, action.principal.agent,
-                           spec.call.decision.value, spec.result.value, spec.call.effect_key, adapt(when),
-                           dump_receipt(doc), prev, digest]
-                prev = digest
-            cursor.execute(
-                'INSERT INTO "ctrlrun_receipt" ("receipt_id","seq","action_id","action","agent","decision","result",'
-                '"effect_key","ts","document","prev_hash","hash") VALUES '
-                + ",".join(["(%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)"] * len(docs)), params)
+        if build is not None:
+            when = head[6] if database_clock else when
+            events, receipts = build(when)
+            docs = [_receipt_doc(spec, when) for spec in receipts]
+            assert (len(events), len(receipts)) == sizes, "a builder made other than it announced"
+        event_params: list[Any] = []
+        position = event_seq - len(events)
+        for ts, type_, action_id, effect_key, approval_id, data, *known in events:
+            position += 1
+            text = known[0] if known else dumps_json(data)
+            digest = event_hash(event_document(position, event_prev, event_time(ts), type_, action_id,
+                                               effect_key, approval_id, text))
+            event_params += [adapt(ts), type_, action_id, effect_key, approval_id, text, position, event_prev, digest]
+            event_prev = digest
+        receipt_params: list[Any] = []
+        position = seq - len(docs)
+        for doc, spec in zip(docs, receipts):
+            position += 1
+            doc["seq"], doc["prev_hash"] = position, prev
+            digest = receipt_hash(doc, trusted=True)
+            action = spec.call.action
+            receipt_params += [doc["receipt_id"], position, action.action_id, action.name, action.principal.agent,
+                               spec.call.decision.value, spec.result.value, spec.call.effect_key, adapt(when),
+                               dump_receipt(doc), prev, digest]
+            prev = digest
         head_mac = signing.sign(HEAD_DOMAIN, _head_document(seq, prev, event_seq, event_prev))
-        cursor.execute('UPDATE "ctrlrun_chainhead" SET "hash" = %s, "event_hash" = %s, "mac" = %s, "key_id" = %s '
-                       'WHERE "id" = 1', [prev, event_prev, head_mac, signing.key_id()])
+        head_params = [prev, event_prev, head_mac, signing.key_id()]
+        event_sql = _EVENT_INSERT + ",".join(["(%s,%s,%s,%s,%s,%s,%s,%s,%s)"] * len(events))
+        receipt_sql = _RECEIPT_INSERT + ",".join(["(%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)"] * len(docs))
+        if postgres:  # one round trip: data-modifying CTEs all run, referenced or not
+            parts = [f"{name} AS ({sql})" for name, sql, rows in (("e", event_sql, events), ("r", receipt_sql, docs))
+                     if rows]
+            cursor.execute(("WITH " + ", ".join(parts) + " " if parts else "") + _HEAD_MOVE,
+                           [*event_params, *receipt_params, *head_params])
+        else:
+            if events:
+                cursor.execute(event_sql, event_params)
+            if docs:
+                cursor.execute(receipt_sql, receipt_params)
+            cursor.execute(_HEAD_MOVE, head_params)
     _trusted_heads.append((seq, prev, event_seq, event_prev, head_mac))
     return docs
 
 
 def _opening_events(call: Call, when: dt.datetime) -> list[EventRow]:
+    action = call.action
+    # The data's text is built from the action's canonical JSON, already encoded for its hash.
+    proposed_text = '{"action_hash":"%s","action":%s}' % (action.hash, action.canonical_json)
     return [
-        _event(EventType.ACTION_PROPOSED, call, call.effect_key,
-               {"action_hash": call.action.hash, "action": call.action.canonical()}, call.started_at or when),
+        (*_event(EventType.ACTION_PROPOSED, call, call.effect_key,
+                 {"action_hash": action.hash, "action": action.canonical()}, call.started_at or when),
+         proposed_text),
         _event(EventType.POLICY_EVALUATED, call, call.effect_key,
                {"decision": call.decision.value, "reason": call.reason}, when),
     ]
@@ -678,11 +721,15 @@ def ensure_policy(policy_hash: str, schema: str, source: str, text: str, environ
 
 def record_denial(call: Call, data: dict[str, Any], *, with_policy: bool = True) -> None:
     """A call refused before any effect: opening events, ACTION_DENIED, a ``denied`` receipt."""
-    with _phase() as when:
-        call = _started(call, when)
-        events = _opening_events(call, when)[: None if with_policy else 1]
-        events.append(_event(EventType.ACTION_DENIED, call, call.effect_key, data, when, call.approval_id))
-        _seal(events, [_ReceiptSpec(call, Result.DENIED, data.get("error"), None, data["reason"])], when)
+
+    def build(when: dt.datetime) -> Built:
+        denied = _started(call, when)
+        events = _opening_events(denied, when)[: None if with_policy else 1]
+        events.append(_event(EventType.ACTION_DENIED, denied, denied.effect_key, data, when, denied.approval_id))
+        return events, [_ReceiptSpec(denied, Result.DENIED, data.get("error"), None, data["reason"])]
+
+    with _phase(clock=False) as when:
+        _seal((), (), when, build=build, sizes=(3 if with_policy else 2, 1))
 
 
 def begin_unkeyed(call: Call, presented: str | None = None) -> Reserved | Refused:
@@ -775,7 +822,7 @@ def _stash(call: Call, attempt: int, events: Sequence[EventRow]) -> Pending:
     """The running attempt's opening events as kept on its record, with what a sweeper needs to
     write the receipt of an attempt whose worker never came back. Each event's data is encoded
     once, here, and the same text is what joins the chain."""
-    rows = tuple((*event[:6], dumps_json(event[5])) for event in events)
+    rows = tuple(event if len(event) == 7 else (*event, dumps_json(event[5])) for event in events)
     proposed = any(event[1] == EventType.ACTION_PROPOSED.value for event in events)
     document = {
         "v": 1,
@@ -1253,9 +1300,12 @@ _EVENT_FOR = {Result.COMMITTED: EventType.EXECUTION_COMMITTED, Result.FAILED: Ev
               Result.AMBIGUOUS: EventType.EXECUTION_AMBIGUOUS}
 _OUTCOME_UPDATE = (
     'UPDATE "ctrlrun_effectrecord" SET "state" = %s, "lease_expires_at" = NULL, "error" = %s, "result_json" = %s, '
-    '"updated_at" = %s, "pending" = NULL, "mac" = %s WHERE "effect_key" = %s AND "action_id" = %s AND '
-    '"attempt" = %s AND "state" = %s AND "resolved_by" IS NULL'
+    '"updated_at" = {time}, "pending" = NULL, "mac" = %s WHERE "effect_key" = %s AND "action_id" = %s AND '
+    '"attempt" = %s AND "state" = %s AND "resolved_by" IS NULL{returning}'
 )
+#: PostgreSQL: the row's time and the phase's come from the one statement (now() is the transaction's).
+_OUTCOME_UPDATE_NOW = _OUTCOME_UPDATE.format(time="now()", returning=' RETURNING now()')
+_OUTCOME_UPDATE_AT = _OUTCOME_UPDATE.format(time="%s", returning="")
 
 
 def record_outcome(call: Call, attempt: int | None, result: Result, *, error: str | None = None,
@@ -1267,31 +1317,39 @@ def record_outcome(call: Call, attempt: int | None, result: Result, *, error: st
     and the call is recorded ambiguous: the function may have acted, and nobody recorded it.
     """
     key = call.effect_key
-    with _phase() as when:
-        data = {} if result is Result.COMMITTED else {"error": error}
-        outcome = _event(_EVENT_FOR[result], call, key, data, when, call.approval_id)
-        receipts = [_ReceiptSpec(call, result, error, attempt)] if write_receipt else []
+    data = {} if result is Result.COMMITTED else {"error": error}
+
+    def outcome(when: dt.datetime) -> EventRow:
+        return _event(_EVENT_FOR[result], call, key, data, when, call.approval_id)
+
+    def receipts() -> list[_ReceiptSpec]:
+        return [_ReceiptSpec(call, result, error, attempt)] if write_receipt else []
+
+    with _phase(clock=False) as when:
         if key is None:
-            _seal([outcome], receipts, when)
+            _seal((), (), when, build=lambda at: ([outcome(at)], receipts()), sizes=(1, len(receipts())))
             return OutcomeWrite(True)
         state = _STATE_FOR[result]
-        params = [state.value, error, _jsonable_result(value) if result is Result.COMMITTED else None,
-                  _time_param(connections[_db()])(when),
-                  _effect_mac(key, state, call.action.action_id, attempt, None, None, None),
-                  key, call.action.action_id, attempt]
+        fields = [state.value, error, _jsonable_result(value) if result is Result.COMMITTED else None]
+        holder = [_effect_mac(key, state, call.action.action_id, attempt, None, None, None), key,
+                  call.action.action_id, attempt]
         with _cursor() as cursor:
             # One conditional UPDATE both checks that this attempt still holds the row and moves it.
-            cursor.execute(_OUTCOME_UPDATE, [*params, S.EXECUTING.value])
-            if cursor.rowcount == 1:
-                _seal([*(call.pending.events if call.pending else ()), outcome], receipts, when)
-                return OutcomeWrite(True)
-            if result is Result.AMBIGUOUS:
-                # Swept while it ran, and now it knows it hit an exception: record that, idempotently.
-                # Whoever swept it already wrote its opening events.
-                cursor.execute(_OUTCOME_UPDATE, [*params, S.AMBIGUOUS.value])
-                if cursor.rowcount == 1:
-                    _seal([outcome], receipts, when)
+            for held in ((S.EXECUTING,) if result is not Result.AMBIGUOUS else (S.EXECUTING, S.AMBIGUOUS)):
+                # Swept while it ran, and now it knows it hit an exception: that is recorded too
+                # (ambiguous, idempotently); whoever swept it already wrote its opening events.
+                if when is None:
+                    row = cursor.execute(_OUTCOME_UPDATE_NOW, [*fields, *holder, held.value]).fetchone()
+                    moved, at = row is not None, row[0] if row is not None else None
+                else:
+                    cursor.execute(_OUTCOME_UPDATE_AT, [*fields, _time_param(cursor.connection)(when), *holder,
+                                                        held.value])
+                    moved, at = cursor.rowcount == 1, when
+                if moved:
+                    waiting = call.pending.events if call.pending and held is S.EXECUTING else ()
+                    _seal([*waiting, outcome(at)], receipts(), at)
                     return OutcomeWrite(True)
+        when = when or _clock()
         record = _q(EffectRecord).filter(pk=key).first()
         refusal = _outcome_refusal(key, record)
         if result is Result.COMMITTED:

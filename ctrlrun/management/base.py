@@ -6,7 +6,7 @@ import os
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import DatabaseError
+from django.db import Error as DatabaseError  # InterfaceError too: it is not a DatabaseError
 
 from ..display import reveal
 from ..errors import CTRLRunError
@@ -80,7 +80,7 @@ class CtrlrunCommand(BaseCommand):
             raise Error(f"an argument is not valid UTF-8 text ({exc.reason}); check the id or key you typed") from None
         except DatabaseError as exc:
             raise Error(reveal(
-                f"the ctrlrun store could not be read ({type(exc).__name__}: {str(exc).strip()}). If its tables "
+                f"the ctrlrun store could not be read ({type(exc).__name__}: {' '.join(str(exc).split())}). If its tables "
                 f"are missing, run 'python manage.py migrate'"
             )) from None
 

@@ -119,7 +119,7 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='event',
             name='seq',
-            field=models.BigIntegerField(help_text='Position in the event chain.', null=True, unique=True),
+            field=models.BigIntegerField(help_text='Position in the event chain.', null=True),
         ),
         migrations.RunPython(chain_and_sign, unguard),
     ]

@@ -109,3 +109,32 @@ def test_override_in_an_argument_is_shown_escaped_and_what_runs_is_what_was_read
     assert_shown_escaped(console)
     assert "This effect is committed" in console.by_id("ctrlrun-resolution").text
     assert len(console.shots) == 6  # the login page too
+
+
+def test_a_request_changed_outside_ctrlrun_says_so_and_offers_no_answer(narrow, refund, remote):
+    """A pending request whose row was edited with SQL (its signature fails): the page says so in red, at
+    1280 px, with no Approve… or Deny…; the agent's retry with it is refused and nothing runs."""
+    from django.db import connection
+
+    from tests.support import evidence_unguarded
+
+    console = narrow
+    make_user("approver", "ana")
+    with ctrlrun.context(agent="support-agent"), pytest.raises(ctrlrun.ApprovalRequired) as caught:
+        refund(payment_id="txn_edit", amount=APPROVED_AMOUNT)
+    request_id = caught.value.request_id
+    with evidence_unguarded(), connection.cursor() as cursor:  # as the database's owner could
+        cursor.execute('UPDATE "ctrlrun_approval" SET "agent" = %s WHERE "approval_id" = %s',
+                       ["trusted-agent", request_id])
+    console.login("ana")
+    console.open(f"/admin/ctrlrun/approval/{quote(request_id)}/change/")
+    box = console.by_id("ctrlrun-tampered")
+    assert box.is_displayed() and "changed outside ctrlrun" in box.text
+    assert box.rect["x"] + box.rect["width"] <= viewport_width(console)
+    assert not console.has("ctrlrun-approve") and not console.has("ctrlrun-deny")
+    console.shot("tampered-request")
+    with ctrlrun.context(agent="support-agent"), ctrlrun.with_approval(request_id):
+        with pytest.raises(ctrlrun.ApprovalMismatch) as refused:
+            refund(payment_id="txn_edit", amount=APPROVED_AMOUNT)
+    assert refused.value.reason == "tampered" and remote.calls == []
+    assert Approval.objects.get(pk=request_id).status == "pending"

@@ -348,6 +348,16 @@ def test_a_removed_event_is_named(refund, remote):
     assert ("head_mismatch", "event", events[-1].seq) in _breaks()
 
 
+def test_a_copied_event_is_named(refund, remote):
+    """A valid event copied under a new id (same seq, same hash) is named as a duplicate."""
+    _mixed_calls(refund, remote)
+    original = Event.objects.order_by("seq")[2]
+    _execute('INSERT INTO "ctrlrun_event" ("ts","type","action_id","effect_key","approval_id","data","seq",'
+             '"prev_hash","hash") SELECT "ts","type","action_id","effect_key","approval_id","data","seq","prev_hash",'
+             '"hash" FROM "ctrlrun_event" WHERE "id" = %s', (original.id,))
+    assert _breaks() == [("duplicate", "event", original.seq)]
+
+
 def test_reordered_events_are_named(refund, remote):
     """Two events swapped in the order people read them (their ids) are named reordered."""
     _mixed_calls(refund, remote)

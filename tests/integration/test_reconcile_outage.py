@@ -279,7 +279,9 @@ def test_single_pass_still_fails_on_outage(entry: str, cluster: Cluster, tmp_pat
     result = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=TIMEOUT)
     assert result.returncode != 0
     # Standalone, the check that the store exists already fails (ctrlrun.cli); in the project, the
-    # pass's first query does. Either way: "Error: <message>" (the driver's message may carry a second, indented hint line), no traceback.
+    # pass's first query does. Either way: one "Error: <message>" line (the driver's two-line message
+    # joined), no traceback.
     assert result.stderr.startswith("Error: ") and "Connection refused" in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert "Traceback" not in result.stderr and "retrying" not in result.stderr, result.stderr
     assert result.stdout == ""
