@@ -41,18 +41,24 @@ _APPROVAL_EDGES = (("pending", "granted"), ("pending", "denied"), ("pending", "e
                    ("granted", "consumed"), ("granted", "expired"))
 
 
-def _pairs(edges: Any) -> str:
-    return ", ".join(f"('{a}', '{b}')" for a, b in sorted((str(a), str(b)) for a, b in edges))
+def _edges(edges: Any) -> str:
+    """``(OLD.<x>, NEW.<x>)`` is one of ``edges``, as plain comparisons grouped by source (a row-value
+    ``IN (VALUES …)`` builds a temporary table on every row SQLite checks)."""
+    by_source: dict[str, list[str]] = {}
+    for source, target in sorted((str(a), str(b)) for a, b in edges):
+        by_source.setdefault(source, []).append(target)
+    return "(" + " OR ".join(
+        f"(OLD.{{column}} = '{source}' AND NEW.{{column}} IN ({', '.join(repr(t) for t in targets)}))"
+        for source, targets in by_source.items()) + ")"
 
 
-def _effect_allowed(values: str) -> str:
-    """The SQL condition an effect record UPDATE must meet (``values`` wraps a row list)."""
+def _effect_allowed() -> str:
+    """The SQL condition an effect record UPDATE must meet."""
     kept = [edge for edge in TRANSITIONS if edge not in RENEWALS and edge[0].value != "new"]
     return (
         "NEW.effect_key = OLD.effect_key AND NEW.created_at = OLD.created_at AND ("
-        f"((OLD.state, NEW.state) IN ({values(_pairs(kept))}) AND NEW.attempt = OLD.attempt "
-        "AND NEW.action_id = OLD.action_id)"
-        f" OR ((OLD.state, NEW.state) IN ({values(_pairs(RENEWALS))}) AND NEW.attempt = OLD.attempt + 1))"
+        f"({_edges(kept).format(column='state')} AND NEW.attempt = OLD.attempt AND NEW.action_id = OLD.action_id)"
+        f" OR ({_edges(RENEWALS).format(column='state')} AND NEW.attempt = OLD.attempt + 1))"
     )
 
 
@@ -60,17 +66,15 @@ def _same(column: str, distinct: str) -> str:
     return f'NEW."{column}" {distinct} OLD."{column}"'
 
 
-def _approval_allowed(values: str, same: str) -> str:
+def _approval_allowed(same: str) -> str:
     fixed = " AND ".join(_same(c, same) for c in _APPROVAL_FIXED)
-    return f"{fixed} AND (OLD.status, NEW.status) IN ({values(_pairs(_APPROVAL_EDGES))})"
+    return f"{fixed} AND {_edges(_APPROVAL_EDGES).format(column='status')}"
 
 
 _HEAD_FORWARD = "NEW.id = OLD.id AND NEW.seq >= OLD.seq AND NEW.event_seq >= OLD.event_seq"
 _INSERT_OK = f"NEW.state = '{INITIAL_STATE.value}' AND NEW.attempt = 1"
 
 # --------------------------------------------------------------------------- SQLite
-
-_sqlite_values = "VALUES {}".format
 
 
 def _sqlite_statements() -> list[tuple[str, str]]:
@@ -99,7 +103,7 @@ def _sqlite_statements() -> list[tuple[str, str]]:
     add(f"{effect}_no_delete", "BEFORE DELETE", effect, "ctrlrun effect records are never deleted")
     add(f"{effect}_state_table", "BEFORE UPDATE", effect,
         "ctrlrun effect records move only along the state table (committed is final)",
-        condition=f"NOT ({_effect_allowed(_sqlite_values)})")
+        condition=f"NOT ({_effect_allowed()})")
 
     approval = "ctrlrun_approval"
     add(f"{approval}_no_replace", "BEFORE INSERT", approval, "an approval request is created once, pending",
@@ -108,7 +112,7 @@ def _sqlite_statements() -> list[tuple[str, str]]:
     add(f"{approval}_no_delete", "BEFORE DELETE", approval, "ctrlrun approvals are never deleted")
     add(f"{approval}_state_table", "BEFORE UPDATE", approval,
         "ctrlrun approvals move pending -> granted/denied/expired, granted -> consumed/expired, and keep what "
-        "the human read", condition=f"NOT ({_approval_allowed(_sqlite_values, 'IS')})")
+        "the human read", condition=f"NOT ({_approval_allowed('IS')})")
 
     head = "ctrlrun_chainhead"
     add(f"{head}_no_replace", "BEFORE INSERT", head, "", ignore=True,
@@ -134,14 +138,13 @@ def _pg_raise(message: str) -> str:
 
 
 def _postgresql_statements() -> list[str]:
-    pg_values = "{}".format
     statements = [
         _pg_function("ctrlrun_refuse_evidence_change", _pg_raise(APPEND_ONLY_MESSAGE)),
         _pg_function("ctrlrun_guard_effectrecord", "\n".join([
             "IF TG_OP IN ('DELETE', 'TRUNCATE') THEN " + _pg_raise("ctrlrun effect records are never deleted") + " END IF;",
             f"IF TG_OP = 'INSERT' THEN IF NOT ({_INSERT_OK}) THEN "
             + _pg_raise("a ctrlrun effect record starts executing at attempt 1") + " END IF; RETURN NEW; END IF;",
-            f"IF NOT ({_effect_allowed(pg_values)}) THEN "
+            f"IF NOT ({_effect_allowed()}) THEN "
             "RAISE EXCEPTION 'ctrlrun effect records move only along the state table (committed is final): "
             "% -> % refused for %', OLD.state, NEW.state, OLD.effect_key USING ERRCODE = 'insufficient_privilege'; "
             "END IF;",
@@ -151,7 +154,7 @@ def _postgresql_statements() -> list[str]:
             "IF TG_OP IN ('DELETE', 'TRUNCATE') THEN " + _pg_raise("ctrlrun approvals are never deleted") + " END IF;",
             "IF TG_OP = 'INSERT' THEN IF NEW.status <> 'pending' THEN "
             + _pg_raise("an approval request is created pending") + " END IF; RETURN NEW; END IF;",
-            f"IF NOT ({_approval_allowed(pg_values, 'IS NOT DISTINCT FROM')}) THEN "
+            f"IF NOT ({_approval_allowed('IS NOT DISTINCT FROM')}) THEN "
             + _pg_raise("ctrlrun approvals move pending -> granted/denied/expired, granted -> consumed/expired, "
                         "and keep what the human read") + " END IF;",
             "RETURN NEW;",

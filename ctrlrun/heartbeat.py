@@ -113,6 +113,10 @@ class _Heartbeat:
                                    held.call.effect_key, held.attempt, exc)
                     self._schedule(held, min(RETRY_SECONDS, held.interval))
                 continue
+            finally:
+                # Renewals are a third of a lease apart: keeping a connection open between them would
+                # cost every worker process an idle database session for nothing.
+                connections.close_all()
             if renewed:
                 held.renewals += 1
                 if not held.stopped:

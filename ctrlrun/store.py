@@ -33,7 +33,7 @@ Serialisation. On SQLite every transaction is ``BEGIN IMMEDIATE`` (see ``standal
 sqlite_options``), so a read-then-write decision cannot interleave with another writer. On
 PostgreSQL a first reservation is ``INSERT ... ON CONFLICT DO NOTHING`` on the key (a concurrent
 insert of the same key waits for the winner, then does nothing), and every other decision reads
-the row with ``SELECT ... FOR UPDATE``. Lock order is always approval row, then effect row, then
+the row with ``SELECT ... FOR UPDATE``. Lock order is always effect row, then approval row, then
 chain head: no deadlocks.
 
 The hot path (reserve, outcome, events, receipts) is plain SQL over the models' tables: the
@@ -351,38 +351,14 @@ def _unavailable(exc: DjangoDatabaseError, what: str) -> StoreUnavailable:
                             f"recorded by that step")
 
 
-_HEAD_READ = ('SELECT {clock} h."seq", h."hash", h."event_seq", h."event_hash", h."mac", h."key_id" FROM (SELECT 1) '
-              'AS one LEFT JOIN "ctrlrun_chainhead" AS h ON h."id" = 1')
-
-
-def _clock_checking_head() -> dt.datetime:
-    """The store's time, after making sure the chain head is ctrlrun's own (one statement on
-    PostgreSQL: the clock comes with it). A call must not act when its evidence could not be kept."""
-    database_clock = connections[_db()].vendor == "postgresql" and not conf.clock_overridden()
-    with _cursor() as cursor:
-        row = cursor.execute(_HEAD_READ.format(clock='now(),' if database_clock else '')).fetchone()
-    when = row[0] if database_clock else conf.now()
-    head = row[1:] if database_clock else row
-    if head[0] is not None:
-        problem = _head_problem(*head)
-        if problem is not None:
-            raise EvidenceTampered(f"ctrlrun refuses to act: {problem}. Nothing ran; run 'ctrlrun receipts "
-                                   f"--verify-chain'")
-    return when
-
-
 @contextlib.contextmanager
-def _phase(*, check_head: bool = False, clock: bool = True) -> Iterator[Any]:
+def _phase(*, clock: bool = True) -> Iterator[Any]:
     """One short, durable transaction, yielding the store's time for everything it writes;
-    database trouble becomes ``StoreUnavailable``. ``check_head`` refuses to go on when the chain
-    head is not ctrlrun's own (for phases after which a function runs, before they write).
-    ``clock=False`` yields None instead of reading PostgreSQL's clock up front: the phase's first
-    statement brings it (a round trip saved)."""
+    database trouble becomes ``StoreUnavailable``. ``clock=False`` yields None instead of reading
+    PostgreSQL's clock up front: the phase's first statement brings it (a round trip saved)."""
     try:
         with transaction.atomic(using=_db(), durable=True):
-            if check_head:
-                yield _clock_checking_head()
-            elif clock or conf.clock_overridden() or connections[_db()].vendor != "postgresql":
+            if clock or conf.clock_overridden() or connections[_db()].vendor != "postgresql":
                 yield _clock()
             else:
                 yield None
@@ -581,17 +557,18 @@ def _take_head(cursor: Any, receipts: int, events: int, *, clock: bool = False) 
     sql = _HEAD_TAKE + (", now()" if clock else "")
     head = cursor.execute(sql, [receipts, events]).fetchone()
     if head is None:
-        # Only a store whose tables were emptied (e.g. a test flush) has no head; with evidence
-        # present that would hide a deletion, so it is refused rather than silently restarted.
-        if _q(Receipt).exists() or _q(Event).exists():
+        # Only a store whose tables were emptied (e.g. a test flush) has no head. Two first writers
+        # may race here: the loser's insert does nothing (on PostgreSQL it waits for the winner), and
+        # its UPDATE then takes the next seq after the winner's.
+        created = cursor.execute(
+            'INSERT INTO "ctrlrun_chainhead" ("id","seq","hash","event_seq","event_hash") VALUES (1, 0, %s, 0, %s) '
+            'ON CONFLICT ("id") DO NOTHING RETURNING "id"', [GENESIS_HASH, GENESIS_HASH]).fetchone()
+        # A head this writer had to make, over evidence already there, would hide a deletion.
+        if created is not None and (_q(Receipt).exists() or _q(Event).exists()):
             raise EvidenceTampered(
                 "the chain head row is missing while receipts or events exist; run 'ctrlrun receipts "
                 "--verify-chain' and restore the store from a backup"
             )
-        # Two first writers may race here: the loser's insert does nothing, and its UPDATE then
-        # waits for the winner's transaction and takes the next seq after it.
-        cursor.execute('INSERT INTO "ctrlrun_chainhead" ("id","seq","hash","event_seq","event_hash") '
-                       'VALUES (1, 0, %s, 0, %s) ON CONFLICT ("id") DO NOTHING', [GENESIS_HASH, GENESIS_HASH])
         head = cursor.execute(sql, [receipts, events]).fetchone()
     return head
 
@@ -818,6 +795,44 @@ def _peek(effect_key: str, *, lock: bool = True) -> _Peek | None:
                  pending, mac)
 
 
+_OPEN_POSTGRESQL = (
+    'SELECT now(), h."seq", h."hash", h."event_seq", h."event_hash", h."mac", h."key_id", r.* FROM (SELECT 1) AS one '
+    'LEFT JOIN "ctrlrun_chainhead" AS h ON h."id" = 1 LEFT JOIN LATERAL (SELECT ' + _PEEK_COLUMNS + ' FROM '
+    '"ctrlrun_effectrecord" WHERE "effect_key" = %s FOR UPDATE) AS r ON true')
+_OPEN_SQLITE = (
+    'SELECT h."seq", h."hash", h."event_seq", h."event_hash", h."mac", h."key_id", '
+    + ", ".join(f"r.{column}" for column in _PEEK_COLUMNS.split(",")) + ' FROM (SELECT 1) AS one '
+    'LEFT JOIN "ctrlrun_chainhead" AS h ON h."id" = 1 LEFT JOIN "ctrlrun_effectrecord" AS r ON r."effect_key" = %s')
+
+
+def _open_reservation(effect_key: str, when: dt.datetime | None) -> tuple[dt.datetime, _Peek | None]:
+    """The store's time and the key's record (locked), after making sure the chain head is ctrlrun's
+    own: one statement. A call must not act when its evidence could not be kept."""
+    connection = connections[_db()]
+    postgres = connection.vendor == "postgresql"
+    with _cursor() as cursor:
+        row = cursor.execute(_OPEN_POSTGRESQL if postgres else _OPEN_SQLITE, [effect_key]).fetchone()
+    if postgres:
+        now_, row = row[0], row[1:]
+        when = when or now_
+    assert when is not None
+    head, found = row[:6], row[6:]
+    if head[0] is not None:
+        problem = _head_problem(*head)
+    elif _q(Receipt).exists() or _q(Event).exists():  # a store emptied on purpose (a flush) has no head
+        problem = "the chain head row is missing while receipts or events exist"
+    else:
+        problem = None
+    if problem is not None:
+        raise EvidenceTampered(f"ctrlrun refuses to act: {problem}. Nothing ran; run 'ctrlrun receipts "
+                               f"--verify-chain' and restore the store from a backup")
+    if found[0] is None:
+        return when, None
+    state, action_id, attempt, lease, error, resolved_by, pending, mac = found
+    return when, _Peek(effect_key, state, action_id, attempt, _as_datetime(lease, connection), error, resolved_by,
+                       pending, mac)
+
+
 def _stash(call: Call, attempt: int, events: Sequence[EventRow]) -> Pending:
     """The running attempt's opening events as kept on its record, with what a sweeper needs to
     write the receipt of an attempt whose worker never came back. Each event's data is encoded
@@ -960,7 +975,10 @@ def reserve(call: Call, lease: dt.timedelta, *, opening: bool, hold_ambiguous: b
     transaction: a refused reservation leaves it granted. For an ``allow`` decision it is
     consumed only if it matches, and never blocks the call.
     """
-    with _phase(check_head=True) as when:
+    with _phase(clock=False) as when:
+        # One statement: the key's record (locked), the chain head (checked: nothing acts on a forged
+        # one) and, on PostgreSQL, the database's time, which the lease is computed from.
+        when, record = _open_reservation(call.effect_key, when)
         call = _started(call, when)
         events = _opening_events(call, when) if opening else []
         call, approval, refusal = _take_presented(call, presented, when, events)
@@ -968,15 +986,16 @@ def reserve(call: Call, lease: dt.timedelta, *, opening: bool, hold_ambiguous: b
             return refusal
         taker = call
         if approval is None and presented is not None and call.decision is Decision.ALLOW:
-            # Lock order is always approval row, then effect row (as on the approve path): no deadlock.
             approval, taker = _matching_approval(call, presented, when)
         lease_until = when + lease
-        pending = _stash(taker, 1, [*events, *_taking_events(taker, 1, when, lease_until, approval)])
-        if _insert_fresh(taker, when, lease_until, pending):
-            if approval is not None:
-                _mark_consumed(approval, taker, when)
-            return Reserved(1, lease_until, replace(taker, pending=pending))
-        record = _peek(call.effect_key)
+        if record is None:
+            pending = _stash(taker, 1, [*events, *_taking_events(taker, 1, when, lease_until, approval)])
+            if _insert_fresh(taker, when, lease_until, pending):
+                if approval is not None:
+                    _mark_consumed(approval, taker, when)
+                return Reserved(1, lease_until, replace(taker, pending=pending))
+            # A concurrent first reservation won (on PostgreSQL the insert waited for it to commit).
+            record = _peek(call.effect_key)
         assert record is not None  # the insert found it, and a record is never deleted
         tampered = False
         if record.state == S.FAILED or (record.state == S.EXECUTING and record.lease_expires_at <= when):

@@ -132,6 +132,7 @@ def test_a_request_changed_outside_ctrlrun_says_so_and_offers_no_answer(narrow, 
     assert box.is_displayed() and "changed outside ctrlrun" in box.text
     assert box.rect["x"] + box.rect["width"] <= viewport_width(console)
     assert not console.has("ctrlrun-approve") and not console.has("ctrlrun-deny")
+    assert "It cannot be answered: its row was changed outside ctrlrun" in console.by_id("ctrlrun-decision").text
     console.shot("tampered-request")
     with ctrlrun.context(agent="support-agent"), ctrlrun.with_approval(request_id):
         with pytest.raises(ctrlrun.ApprovalMismatch) as refused:

@@ -407,6 +407,18 @@ def test_a_rewound_head_is_refused_by_the_database(refund, remote):
     assert store.verify().ok
 
 
+def test_a_deleted_head_is_not_silently_restarted(refund, remote):
+    """The owner deletes the head row to hide the chain's end: the next writer refuses to start a new one
+    over the evidence, and the call does not run."""
+    _mixed_calls(refund, remote)
+    _unguarded('DELETE FROM "ctrlrun_chainhead"')
+    with ctrlrun.context(agent="support-agent"), pytest.raises(ctrlrun.StoreUnavailable, match="head row is missing"):
+        refund(payment_id="a2", amount=10**9)  # a denial: evidence only
+    with ctrlrun.context(agent="support-agent"), pytest.raises(ctrlrun.StoreUnavailable, match="head row is missing"):
+        refund(payment_id="a9", amount=100)    # an allowed call: it does not act
+    assert ("a9", 100) not in remote.calls and not ChainHead.objects.exists()
+
+
 # --------------------------------------------------------------------------- signed rows and the state table
 
 
