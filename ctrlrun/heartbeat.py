@@ -33,6 +33,9 @@ RENEW_FRACTION = 3
 MIN_INTERVAL_SECONDS = 0.05
 #: After a renewal failed for a database reason, try again this soon (bounded by the interval).
 RETRY_SECONDS = 1.0
+#: The heap of due renewals is rebuilt without finished calls when it holds more than this many
+#: times the calls in flight (plus a little): amortised O(1) per call, memory bounded by those in flight.
+COMPACT_FACTOR, COMPACT_SLACK = 4, 256
 
 
 @dataclass(eq=False)
@@ -52,14 +55,21 @@ class _Heartbeat:
     def __init__(self) -> None:
         self._wake = threading.Condition()
         self._due: list[tuple[float, int, Held]] = []
+        self._live = 0  # entries of _due not stopped
         self._thread: threading.Thread | None = None
 
     def hold(self, call: Any, attempt: int, lease: dt.timedelta) -> Held:
         interval = max(lease.total_seconds() / RENEW_FRACTION, MIN_INTERVAL_SECONDS)
         held = Held(call, attempt, lease, interval)
         with self._wake:
+            if len(self._due) > COMPACT_FACTOR * self._live + COMPACT_SLACK:
+                # Most calls end long before their first renewal: drop their entries now rather
+                # than when each comes due, so memory follows the calls in flight, not the call rate.
+                self._due = [entry for entry in self._due if not entry[2].stopped]
+                heapq.heapify(self._due)
             first = not self._due or time.monotonic() + interval < self._due[0][0]
             heapq.heappush(self._due, (time.monotonic() + interval, held.order, held))
+            self._live += 1
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="ctrlrun-heartbeat", daemon=True)
                 self._thread.start()
@@ -68,7 +78,11 @@ class _Heartbeat:
         return held
 
     def release(self, held: Held) -> None:
-        held.stopped = True  # the heap entry is dropped when it comes due; nothing else to do
+        with self._wake:
+            if not held.stopped:
+                held.stopped = True
+                self._live -= 1
+        held.call = None  # its pending events and arguments are not kept alive by a stopped entry
 
     def _next(self) -> Held | None:
         """Wait for the next attempt whose renewal is due (None: nothing held for a while)."""
@@ -105,12 +119,15 @@ class _Heartbeat:
                         self._thread = None
                         return
                 continue
+            call = held.call  # taken once: a release meanwhile clears it
+            if call is None or held.stopped:
+                continue
             try:
-                renewed = store.renew_lease(held.call, held.attempt, held.lease)
+                renewed = store.renew_lease(call, held.attempt, held.lease)
             except Exception as exc:  # the database, or anything else: keep trying while the lease lasts
                 if not held.stopped:
                     logger.warning("could not renew the lease of effect %s (attempt %s): %s; trying again",
-                                   held.call.effect_key, held.attempt, exc)
+                                   call.effect_key, held.attempt, exc)
                     self._schedule(held, min(RETRY_SECONDS, held.interval))
                 continue
             finally:
@@ -122,12 +139,14 @@ class _Heartbeat:
                 if not held.stopped:
                     self._schedule(held, held.interval)
             elif not held.stopped:
-                held.stopped = True
+                with self._wake:
+                    if not held.stopped:
+                        held.stopped = True
+                        self._live -= 1
                 logger.warning(
                     "effect %s (attempt %s of %s): renewing its lease found the record moved on (its lease lapsed "
                     "while this worker was not running, and it was swept); renewal stops. Whatever the function "
-                    "does now is recorded as ambiguous", held.call.effect_key, held.attempt,
-                    held.call.action.action_id)
+                    "does now is recorded as ambiguous", call.effect_key, held.attempt, call.action.action_id)
 
 
 _heartbeat = _Heartbeat()
