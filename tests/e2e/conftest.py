@@ -98,16 +98,19 @@ class Console:
 
     # -- evidence for the reviewer
 
+    #: The window's width and height for screenshots (a subclass may photograph narrower).
+    width, height = WIDTH, HEIGHT
+
     def shot(self, page: str) -> Path:
         """Save the whole page (the window grows to its height) as <test>-<page>.png."""
         height = self.driver.execute_script(
             "return Math.max(document.body.scrollHeight, document.documentElement.scrollHeight)")
-        self.driver.set_window_size(WIDTH, min(max(HEIGHT, height + 140), 6000))
+        self.driver.set_window_size(self.width, min(max(self.height, height + 140), 6000))
         path = self.folder / f"{self.test_name}-{page}.png"
         try:
             assert self.driver.save_screenshot(str(path)), f"no screenshot saved for {page}"
         finally:
-            self.driver.set_window_size(WIDTH, HEIGHT)
+            self.driver.set_window_size(self.width, self.height)
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 2_000, path
         self.shots.append(path)
         return path

@@ -5,7 +5,6 @@ decoded, is exactly what then runs. Every page is photographed for the reviewer.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 from django.contrib.admin.utils import quote
@@ -27,18 +26,7 @@ HIGHLIGHT = "rgba(186, 33, 33, 1)"  # .ctrlrun-hidden's background (#ba2121)
 class NarrowConsole(Console):
     """The shared Console, photographing at 1280 px wide instead of 1400."""
 
-    def shot(self, page: str) -> Path:
-        height = self.driver.execute_script(
-            "return Math.max(document.body.scrollHeight, document.documentElement.scrollHeight)")
-        self.driver.set_window_size(WIDTH, min(max(HEIGHT, height + 140), 6000))
-        path = self.folder / f"{self.test_name}-{page}.png"
-        try:
-            assert self.driver.save_screenshot(str(path)), f"no screenshot saved for {page}"
-        finally:
-            self.driver.set_window_size(WIDTH, HEIGHT)
-        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 2_000, path
-        self.shots.append(path)
-        return path
+    width, height = WIDTH, HEIGHT
 
 
 @pytest.fixture
