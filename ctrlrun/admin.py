@@ -708,8 +708,9 @@ def overview_context() -> dict[str, Any]:
     """The console front page's counts, with the chain checked when it is small enough to do live."""
     counts = store.overview()
     chain: str | None = None
-    #: Re-hashing costs ~10 µs a receipt; beyond this, the front page links to the check instead.
-    live_limit = 20000
+    #: A full check re-hashes each receipt and its events and checks every signed row: about 120 µs a
+    #: call (measured: 0.6 s for 5,000 calls). Beyond this the front page links to the check instead.
+    live_limit = 2000
     if counts.receipts <= live_limit:
         chain = "intact" if store.verify().ok else "broken"
     return {"overview": counts, "chain_status": chain, "now": timezone.now()}
