@@ -6,8 +6,9 @@
   an existing row is refused before it happens (and an upsert's ``DO UPDATE`` is an update).
 - **Effect records move only along the state table** (``states.TRANSITIONS``), in the style of
   django-pgtrigger's FSM trigger: a record is created ``executing`` at attempt 1; only the edges
-  of the table are allowed; only ``failed -> executing`` hands the key to a new attempt; the key
-  never changes; ``committed`` is final; records are never deleted. An insert colliding with an
+  of the table are allowed; only ``failed -> executing`` hands the key to a new attempt (holder,
+  action and attempt are fixed otherwise); a live holder's lease only moves later; the key never
+  changes; ``committed`` is final; records are never deleted. An insert colliding with an
   existing key does nothing (ctrlrun's own reservation relies on that, and it makes SQLite's
   ``REPLACE`` harmless).
 - **Approvals move pending -> granted | denied | expired, granted -> consumed | expired**; what
@@ -25,14 +26,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from .states import INITIAL_STATE, RENEWALS, TRANSITIONS
+from .states import INITIAL_STATE, RENEWALS, TRANSITIONS, EffectState as S
 
 __all__ = ["install", "remove", "APPEND_ONLY_MESSAGE"]
 
 APPEND_ONLY_MESSAGE = "ctrlrun evidence is append-only: receipts and events are never updated or deleted"
 EVIDENCE_TABLES = ("ctrlrun_receipt", "ctrlrun_event", "ctrlrun_policydocument")
 #: Columns an insert may collide on (primary key and unique columns), per evidence table.
-_UNIQUE = {"ctrlrun_receipt": ("receipt_id", "seq"), "ctrlrun_event": ("id",),
+_UNIQUE = {"ctrlrun_receipt": ("receipt_id", "seq"), "ctrlrun_event": ("id", "seq"),
            "ctrlrun_policydocument": ("hash",)}
 #: What the person deciding read; an approval keeps it for life.
 _APPROVAL_FIXED = ("approval_id", "action", "action_id", "action_hash", "action_json", "agent", "user",
@@ -53,11 +54,17 @@ def _edges(edges: Any) -> str:
 
 
 def _effect_allowed() -> str:
-    """The SQL condition an effect record UPDATE must meet."""
-    kept = [edge for edge in TRANSITIONS if edge not in RENEWALS and edge[0].value != "new"]
+    """The SQL condition an effect record UPDATE must meet. The holder, its action and the attempt
+    change only when a retry renews a failed record; a live holder's lease only moves later (an
+    older signed lease written back would let a live worker be swept)."""
+    holding = (S.EXECUTING, S.EXECUTING)
+    kept = [edge for edge in TRANSITIONS if edge not in RENEWALS and edge != holding and edge[0] is not S.NEW]
+    same_holder = "NEW.attempt = OLD.attempt AND NEW.action_id = OLD.action_id AND NEW.action = OLD.action"
     return (
         "NEW.effect_key = OLD.effect_key AND NEW.created_at = OLD.created_at AND ("
-        f"({_edges(kept).format(column='state')} AND NEW.attempt = OLD.attempt AND NEW.action_id = OLD.action_id)"
+        f"({_edges(kept).format(column='state')} AND {same_holder})"
+        f" OR ({_edges([holding]).format(column='state')} AND {same_holder} "
+        "AND NEW.lease_expires_at >= OLD.lease_expires_at)"
         f" OR ({_edges(RENEWALS).format(column='state')} AND NEW.attempt = OLD.attempt + 1))"
     )
 

@@ -53,7 +53,12 @@ class JSONTextField(models.TextField):
     """
 
     def from_db_value(self, value: str | None, expression: object, connection: object) -> object:
-        return None if value is None else json.loads(value)
+        if value is None:
+            return None
+        try:
+            return json.loads(value)
+        except ValueError:  # a row altered around ctrlrun: shown for what it is (verification names it)
+            return {"unreadable": value}
 
     def to_python(self, value: object) -> object:
         return json.loads(value) if isinstance(value, str) else value
@@ -134,10 +139,9 @@ class Event(models.Model):
     effect_key = models.CharField(max_length=MAX_KEY_LENGTH, null=True, blank=True, db_index=True)
     approval_id = models.CharField(max_length=ID_LENGTH, null=True, blank=True)
     data = JSONTextField(default=dict)
-    # No index: rows are appended in seq order under the head lock and only verification reads
-    # by seq (in one pass), so an index would cost every insert and serve no query. A duplicate or
-    # missing seq is what verification names.
-    seq = models.BigIntegerField(null=True, help_text="Position in the event chain.")
+    # Unique, as for receipts: a forged row can never share a place in the chain with a real one,
+    # and a reservation can cheaply see whether anything lies past the head.
+    seq = models.BigIntegerField(unique=True, null=True, help_text="Position in the event chain.")
     prev_hash = models.CharField(max_length=HASH_LENGTH, null=True)
     hash = models.CharField(max_length=HASH_LENGTH, null=True)
 

@@ -419,11 +419,13 @@ class _Guard:
                 assert self.reconcile is not None
                 try:
                     answer = call_hook(self.reconcile, key)
+                    store.record_reconciliation(key, call.action.action_id, f"reconcile:{self.name}", "blocking",
+                                                answer, attempt=taken.attempt)
                 except BaseException:
-                    store.record_refusal(taken)
+                    # The hook never answered, or its answer could not be recorded: the refusal the
+                    # caller gets still leaves its receipt (if the store takes it).
+                    _best_effort(store.record_refusal, taken)
                     raise
-                store.record_reconciliation(key, call.action.action_id, f"reconcile:{self.name}", "blocking", answer,
-                                            attempt=taken.attempt)
                 taken = store.reserve(call, lease, opening=False, hold_ambiguous=False, presented=presented)
         if isinstance(taken, store.Refused):
             raise taken.error
@@ -472,8 +474,9 @@ class _Guard:
             written = store.record_outcome(call, attempt, result, error=error, value=value, write_receipt=not eager)
         except Exception as failure:  # the database, or anything else: the outcome is not recorded
             if result is Result.AMBIGUOUS:
-                logger.error("%s: the ambiguous outcome of %s could not be recorded; the lease will lapse and the "
-                             "sweeper will mark it", self.name, key, exc_info=True)
+                logger.error("%s: the ambiguous outcome of %s could not be recorded; %s", self.name, key or "the call",
+                             "the lease will lapse and the sweeper will mark it (and write its receipt)" if key else
+                             "its opening events are recorded, its receipt is not", exc_info=True)
                 return  # the caller gets the function's own exception
             # Never report success (or a clean failure) that was not recorded.
             raise store.StoreUnavailable(
@@ -489,9 +492,24 @@ class _Guard:
             assert key is not None and self.reconcile is not None
             try:
                 answer = call_hook(self.reconcile, key)
+                store.record_reconciliation(key, call.action.action_id, f"reconcile:{self.name}", "eager", answer,
+                                            attempt=attempt,
+                                            receipt_for=call, receipt_attempt=attempt, receipt_error=error)
+            except Exception:
+                # The ambiguous outcome is recorded; only the hook's answer is not. The call still gets its
+                # receipt, and the caller the function's own exception (raised by _run after this).
+                logger.error("%s: the eager reconcile of %s could not be recorded; it stays ambiguous", self.name,
+                             key, exc_info=True)
+                _best_effort(store.write_ambiguous_receipt, call, attempt, error or "")
             except BaseException:
-                store.write_ambiguous_receipt(call, attempt, error or "")
+                _best_effort(store.write_ambiguous_receipt, call, attempt, error or "")
                 raise
-            store.record_reconciliation(key, call.action.action_id, f"reconcile:{self.name}", "eager", answer,
-                                        attempt=attempt,
-                                        receipt_for=call, receipt_attempt=attempt, receipt_error=error)
+
+
+def _best_effort(write: Callable[..., Any], *args: Any) -> None:
+    """Write evidence on a path that is already failing: a second failure is logged, never raised over
+    the first."""
+    try:
+        write(*args)
+    except Exception:
+        logger.error("ctrlrun could not write the evidence of a failing call", exc_info=True)

@@ -102,7 +102,8 @@ class ChainBreak:
     ``kind`` says which evidence: ``receipt`` (``seq`` is the receipt's), ``event`` (``seq`` is the
     event chain's), ``head`` (the chain head row), ``approval`` or ``effect`` (a signed row, named
     by ``subject``). ``name`` is one of missing, content_altered, hash_missing, link_broken,
-    head_mismatch, unchained, reordered, duplicate, signature_invalid.
+    head_mismatch, unchained, reordered, duplicate, signature_invalid, rewound (a signed row put back
+    from before what the event chain records).
     """
 
     name: str

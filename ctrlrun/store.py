@@ -131,8 +131,9 @@ S = EffectState
 LEASE_LAPSED_ERROR = "lease expired: the worker holding this effect never finished"
 #: Signature domains: a MAC made for one kind of row can never pass for another.
 HEAD_DOMAIN, EFFECT_DOMAIN, APPROVAL_DOMAIN = "ctrlrun.head/v1", "ctrlrun.effect/v1", "ctrlrun.approval/v1"
-TAMPERED_HINT = ("it was written or changed outside ctrlrun (its signature does not verify). Nothing ran; "
-                 "run 'ctrlrun receipts --verify-chain' and find out who changed it")
+TAMPERED_HINT = ("it was written or changed outside ctrlrun (its signature does not verify, or the event chain "
+                 "shows it is out of date). Nothing ran; run 'ctrlrun receipts --verify-chain' and find out who "
+                 "changed it")
 
 
 # --------------------------------------------------------------------------- values
@@ -410,17 +411,19 @@ def _as_datetime(value: Any, connection: Any) -> dt.datetime | None:
 # --------------------------------------------------------------------------- signatures
 
 
-def _effect_mac(key: str, state: str, action_id: str, attempt: int, lease: dt.datetime | None,
+def _effect_mac(key: str, action: str, state: str, action_id: str, attempt: int, lease: dt.datetime | None,
                 resolved_by: str | None, pending: str | None) -> str:
-    return signing.sign(EFFECT_DOMAIN, (key, str(state), action_id, attempt, _iso(lease), resolved_by,
+    """The signature of what decides a record's fate, the action included: its name chooses the
+    reconcile hook whose answer may license a retry."""
+    return signing.sign(EFFECT_DOMAIN, (key, action, str(state), action_id, attempt, _iso(lease), resolved_by,
                                         _digest(pending)))
 
 
 def _effect_ok(row: Any) -> bool:
     """Whether an effect record (model or peek) carries ctrlrun's signature of its deciding fields."""
     try:
-        fields = (row.effect_key, str(row.state), row.action_id, row.attempt, _iso(row.lease_expires_at),
-                  row.resolved_by, _digest(row.pending))
+        fields = (row.effect_key, row.action, str(row.state), row.action_id, row.attempt,
+                  _iso(row.lease_expires_at), row.resolved_by, _digest(row.pending))
     except (TypeError, ValueError, AttributeError):
         return False
     return signing.is_valid(EFFECT_DOMAIN, fields, row.mac)
@@ -444,8 +447,8 @@ def _approval_ok(row: Approval) -> bool:
     return signing.is_valid(APPROVAL_DOMAIN, document, row.mac)
 
 
-def _head_document(seq: int, hash_: str, event_seq: int, event_hash_: str) -> tuple:
-    return (seq, hash_, event_seq, event_hash_)
+def _head_document(seq: int, hash_: str, event_seq: int, event_hash_: str, key_id: str | None) -> tuple:
+    return (seq, hash_, event_seq, event_hash_, key_id)
 
 
 #: Head states this process signed or verified: re-reading one of them needs no new HMAC. A head
@@ -456,22 +459,22 @@ _trusted_heads: collections.deque[tuple] = collections.deque(maxlen=16)
 def _head_problem(seq: int, hash_: str, event_seq: int, event_hash_: str, mac: str | None,
                   key_id: str | None) -> str | None:
     """Why the head row cannot be trusted, or None. A fresh head (genesis, never signed) is fine."""
-    mine = signing.key_id()
-    if key_id is not None and key_id != mine:
-        return (f"this store is signed with key id {key_id}, and this process's key ({signing.key_source()}) has id "
-                f"{mine}: every process of one store needs the same key. Set CTRLRUN_SIGNING_KEY (or SECRET_KEY) "
-                f"to the store's key")
-    state = (seq, hash_, event_seq, event_hash_, mac)
+    state = (seq, hash_, event_seq, event_hash_, mac, key_id)
     if state in _trusted_heads:
         return None
     fresh = seq == 0 and event_seq == 0 and hash_ == GENESIS_HASH and event_hash_ == GENESIS_HASH
-    if mac is None and fresh:
+    if mac is None and key_id is None and fresh:
         return None
-    if not signing.is_valid(HEAD_DOMAIN, _head_document(seq, hash_, event_seq, event_hash_), mac):
-        return (f"the chain head (receipt seq {seq}, event seq {event_seq}) does not carry ctrlrun's signature: it "
-                f"was moved outside ctrlrun")
-    _trusted_heads.append(state)
-    return None
+    if signing.is_valid(HEAD_DOMAIN, _head_document(seq, hash_, event_seq, event_hash_, key_id), mac):
+        _trusted_heads.append(state)
+        return None
+    mine = signing.key_id()
+    if key_id != mine:
+        return (f"the chain head names signing key id {key_id}, and this process's key ({signing.key_source()}) "
+                f"has id {mine}: either this process was not given the store's key (every process of one store "
+                f"needs the same CTRLRUN_SIGNING_KEY or SECRET_KEY), or the head was changed outside ctrlrun")
+    return (f"the chain head (receipt seq {seq}, event seq {event_seq}) does not carry ctrlrun's signature: it "
+            f"was moved outside ctrlrun")
 
 
 def _time_param(connection: Any) -> Any:
@@ -629,7 +632,7 @@ def _seal(events: Sequence[EventRow], receipts: Sequence[_ReceiptSpec], when: dt
                                spec.call.decision.value, spec.result.value, spec.call.effect_key, adapt(when),
                                dump_receipt(doc), prev, digest]
             prev = digest
-        head_mac = signing.sign(HEAD_DOMAIN, _head_document(seq, prev, event_seq, event_prev))
+        head_mac = signing.sign(HEAD_DOMAIN, _head_document(seq, prev, event_seq, event_prev, signing.key_id()))
         head_params = [prev, event_prev, head_mac, signing.key_id()]
         event_sql = _EVENT_INSERT + ",".join(["(%s,%s,%s,%s,%s,%s,%s,%s,%s)"] * len(events))
         receipt_sql = _RECEIPT_INSERT + ",".join(["(%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)"] * len(docs))
@@ -644,7 +647,7 @@ def _seal(events: Sequence[EventRow], receipts: Sequence[_ReceiptSpec], when: dt
             if docs:
                 cursor.execute(receipt_sql, receipt_params)
             cursor.execute(_HEAD_MOVE, head_params)
-    _trusted_heads.append((seq, prev, event_seq, event_prev, head_mac))
+    _trusted_heads.append((seq, prev, event_seq, event_prev, head_mac, signing.key_id()))
     return docs
 
 
@@ -683,13 +686,11 @@ def ensure_policy(policy_hash: str, schema: str, source: str, text: str, environ
             defaults={"schema": schema, "source": source, "text": text, "environment": environment,
                       "first_seen": when},
         )
-        head = _q(ChainHead).filter(pk=1).values_list("key_id", flat=True).first()
-        if head is not None and head != signing.key_id():
-            raise EvidenceTampered(
-                f"this store is signed with key id {head}, and this process's key ({signing.key_source()}) has id "
-                f"{signing.key_id()}: every process of one store needs the same key. Set CTRLRUN_SIGNING_KEY (or "
-                f"SECRET_KEY) to the store's key. Nothing ran"
-            )
+        head = _q(ChainHead).filter(pk=1).values_list("seq", "hash", "event_seq", "event_hash", "mac",
+                                                      "key_id").first()
+        problem = _head_problem(*head) if head is not None else None
+        if problem is not None:
+            raise EvidenceTampered(f"ctrlrun refuses to act: {problem}. Nothing ran")
     _known_policies.add(policy_hash)
 
 
@@ -769,6 +770,7 @@ class _Peek:
     """The columns a decision needs, read (and locked, on PostgreSQL) without building a model."""
 
     effect_key: str
+    action: str
     state: str
     action_id: str
     attempt: int
@@ -779,7 +781,7 @@ class _Peek:
     mac: str | None
 
 
-_PEEK_COLUMNS = '"state","action_id","attempt","lease_expires_at","error","resolved_by","pending","mac"'
+_PEEK_COLUMNS = '"action","state","action_id","attempt","lease_expires_at","error","resolved_by","pending","mac"'
 
 
 def _peek(effect_key: str, *, lock: bool = True) -> _Peek | None:
@@ -790,17 +792,21 @@ def _peek(effect_key: str, *, lock: bool = True) -> _Peek | None:
                              [effect_key]).fetchone()
     if row is None:
         return None
-    state, action_id, attempt, lease, error, resolved_by, pending, mac = row
-    return _Peek(effect_key, state, action_id, attempt, _as_datetime(lease, connection), error, resolved_by,
+    action, state, action_id, attempt, lease, error, resolved_by, pending, mac = row
+    return _Peek(effect_key, action, state, action_id, attempt, _as_datetime(lease, connection), error, resolved_by,
                  pending, mac)
 
 
+#: Evidence past the head (a receipt or event added without moving it) would make every later write
+#: collide: a call must not act then. Both seqs are indexed, so this costs two index probes.
+_BEYOND_HEAD = ('(EXISTS (SELECT 1 FROM "ctrlrun_receipt" WHERE "seq" > h."seq") OR EXISTS (SELECT 1 FROM '
+                '"ctrlrun_event" WHERE "seq" > h."event_seq"))')
 _OPEN_POSTGRESQL = (
-    'SELECT now(), h."seq", h."hash", h."event_seq", h."event_hash", h."mac", h."key_id", r.* FROM (SELECT 1) AS one '
-    'LEFT JOIN "ctrlrun_chainhead" AS h ON h."id" = 1 LEFT JOIN LATERAL (SELECT ' + _PEEK_COLUMNS + ' FROM '
-    '"ctrlrun_effectrecord" WHERE "effect_key" = %s FOR UPDATE) AS r ON true')
+    'SELECT now(), h."seq", h."hash", h."event_seq", h."event_hash", h."mac", h."key_id", ' + _BEYOND_HEAD + ', r.* '
+    'FROM (SELECT 1) AS one LEFT JOIN "ctrlrun_chainhead" AS h ON h."id" = 1 LEFT JOIN LATERAL (SELECT '
+    + _PEEK_COLUMNS + ' FROM "ctrlrun_effectrecord" WHERE "effect_key" = %s FOR UPDATE) AS r ON true')
 _OPEN_SQLITE = (
-    'SELECT h."seq", h."hash", h."event_seq", h."event_hash", h."mac", h."key_id", '
+    'SELECT h."seq", h."hash", h."event_seq", h."event_hash", h."mac", h."key_id", ' + _BEYOND_HEAD + ', '
     + ", ".join(f"r.{column}" for column in _PEEK_COLUMNS.split(",")) + ' FROM (SELECT 1) AS one '
     'LEFT JOIN "ctrlrun_chainhead" AS h ON h."id" = 1 LEFT JOIN "ctrlrun_effectrecord" AS r ON r."effect_key" = %s')
 
@@ -816,9 +822,10 @@ def _open_reservation(effect_key: str, when: dt.datetime | None) -> tuple[dt.dat
         now_, row = row[0], row[1:]
         when = when or now_
     assert when is not None
-    head, found = row[:6], row[6:]
+    head, beyond, found = row[:6], row[6], row[7:]
     if head[0] is not None:
-        problem = _head_problem(*head)
+        problem = _head_problem(*head) or (
+            "a receipt or event lies past the chain head: it was added outside ctrlrun" if beyond else None)
     elif _q(Receipt).exists() or _q(Event).exists():  # a store emptied on purpose (a flush) has no head
         problem = "the chain head row is missing while receipts or events exist"
     else:
@@ -828,9 +835,9 @@ def _open_reservation(effect_key: str, when: dt.datetime | None) -> tuple[dt.dat
                                f"--verify-chain' and restore the store from a backup")
     if found[0] is None:
         return when, None
-    state, action_id, attempt, lease, error, resolved_by, pending, mac = found
-    return when, _Peek(effect_key, state, action_id, attempt, _as_datetime(lease, connection), error, resolved_by,
-                       pending, mac)
+    action, state, action_id, attempt, lease, error, resolved_by, pending, mac = found
+    return when, _Peek(effect_key, action, state, action_id, attempt, _as_datetime(lease, connection), error,
+                       resolved_by, pending, mac)
 
 
 def _stash(call: Call, attempt: int, events: Sequence[EventRow]) -> Pending:
@@ -885,6 +892,26 @@ def _call_from_events(action_id: str, effect_key: str) -> Call | None:
         return None
 
 
+def _rewound(record: _Peek) -> bool:
+    """Whether the event chain shows this failed record is out of date: a later attempt was reserved, or
+    the key was committed. A row put back from before (its signature is genuine) must not license a
+    retry; this is read only before a retry renews a failed record, which is rare."""
+    with _cursor() as cursor:
+        rows = cursor.execute(
+            'SELECT "type", "data" FROM "ctrlrun_event" WHERE "effect_key" = %s AND "type" IN '
+            "('EFFECT_RESERVED', 'EXECUTION_COMMITTED', 'EFFECT_RESOLVED')", [record.effect_key]).fetchall()
+    for type_, text in rows:
+        try:
+            data = json.loads(text)
+        except ValueError:
+            return True
+        if type_ == "EFFECT_RESERVED" and isinstance(data.get("attempt"), int) and data["attempt"] > record.attempt:
+            return True
+        if type_ == "EXECUTION_COMMITTED" or data.get("state") == "committed":
+            return True
+    return False
+
+
 def _lapse(record: _Peek, when: dt.datetime, events: list[EventRow], receipts: list[_ReceiptSpec]) -> None:
     """A held record whose lease ran out: nobody knows what its worker did. Mark it ambiguous, and
     write what the worker could not: its opening events, its ambiguous event and its receipt."""
@@ -893,7 +920,8 @@ def _lapse(record: _Peek, when: dt.datetime, events: list[EventRow], receipts: l
             'UPDATE "ctrlrun_effectrecord" SET "state" = %s, "error" = %s, "lease_expires_at" = NULL, '
             '"pending" = NULL, "updated_at" = %s, "mac" = %s WHERE "effect_key" = %s AND "state" = %s',
             [S.AMBIGUOUS.value, LEASE_LAPSED_ERROR, _time_param(connections[_db()])(when),
-             _effect_mac(record.effect_key, S.AMBIGUOUS, record.action_id, record.attempt, None, None, None),
+             _effect_mac(record.effect_key, record.action, S.AMBIGUOUS, record.action_id, record.attempt, None, None,
+                         None),
              record.effect_key, S.EXECUTING.value])
     dead: Call | None = None
     if record.pending:
@@ -927,7 +955,7 @@ def _insert_fresh(call: Call, when: dt.datetime, lease_until: dt.datetime, pendi
             '"lease_expires_at","reconcile_failures","created_at","updated_at","pending","mac") '
             'VALUES (%s,%s,%s,%s,1,%s,0,%s,%s,%s,%s) ON CONFLICT ("effect_key") DO NOTHING RETURNING "attempt"',
             [key, call.action.name, S.EXECUTING.value, action_id, adapt(lease_until), stamp, stamp, pending.text,
-             _effect_mac(key, S.EXECUTING, action_id, 1, lease_until, None, pending.text)],
+             _effect_mac(key, call.action.name, S.EXECUTING, action_id, 1, lease_until, None, pending.text)],
         )
         return cursor.fetchone() is not None
 
@@ -944,7 +972,7 @@ def _renew(record: _Peek, call: Call, attempt: int, when: dt.datetime, lease_unt
             '"reconcile_failures" = 0, "reconcile_after" = NULL, "updated_at" = %s, "pending" = %s, "mac" = %s '
             'WHERE "effect_key" = %s AND "state" = %s AND "attempt" = %s',
             [S.EXECUTING.value, call.action.name, action_id, attempt, adapt(lease_until), adapt(when), pending.text,
-             _effect_mac(key, S.EXECUTING, action_id, attempt, lease_until, None, pending.text),
+             _effect_mac(key, call.action.name, S.EXECUTING, action_id, attempt, lease_until, None, pending.text),
              key, S.FAILED.value, record.attempt])
 
 
@@ -999,7 +1027,7 @@ def reserve(call: Call, lease: dt.timedelta, *, opening: bool, hold_ambiguous: b
         assert record is not None  # the insert found it, and a record is never deleted
         tampered = False
         if record.state == S.FAILED or (record.state == S.EXECUTING and record.lease_expires_at <= when):
-            tampered = not _effect_ok(record)
+            tampered = not _effect_ok(record) or (record.state == S.FAILED and _rewound(record))
         if record.state == S.FAILED and not tampered:
             attempt = record.attempt + 1
             pending = _stash(taker, attempt, [*events, *_taking_events(taker, attempt, when, lease_until, approval)])
@@ -1041,7 +1069,8 @@ def record_refusal(refused: Refused) -> None:
 
 def renew_lease(call: Call, attempt: int, lease: dt.timedelta) -> bool:
     """The heartbeat: extend a live attempt's lease from the store's clock. False when the record
-    has moved on (swept after this worker stopped renewing, or finished)."""
+    has moved on (swept after this worker stopped renewing, or finished). A lease only moves later
+    (the database refuses otherwise), so a clock that stepped back leaves the later lease in place."""
     key = call.effect_key
     assert key is not None
     text = call.pending.text if call.pending else None
@@ -1050,11 +1079,15 @@ def renew_lease(call: Call, attempt: int, lease: dt.timedelta) -> bool:
         with _cursor() as cursor:
             cursor.execute(
                 'UPDATE "ctrlrun_effectrecord" SET "lease_expires_at" = %s, "mac" = %s WHERE "effect_key" = %s AND '
-                '"action_id" = %s AND "attempt" = %s AND "state" = %s',
+                '"action_id" = %s AND "attempt" = %s AND "state" = %s AND "lease_expires_at" <= %s',
                 [_time_param(connections[_db()])(until),
-                 _effect_mac(key, S.EXECUTING, call.action.action_id, attempt, until, None, text),
-                 key, call.action.action_id, attempt, S.EXECUTING.value])
-            return cursor.rowcount == 1
+                 _effect_mac(key, call.action.name, S.EXECUTING, call.action.action_id, attempt, until, None, text),
+                 key, call.action.action_id, attempt, S.EXECUTING.value, _time_param(connections[_db()])(until)])
+            if cursor.rowcount == 1:
+                return True
+        record = _peek(key)
+        return (record is not None and record.state == S.EXECUTING and record.action_id == call.action.action_id
+                and record.attempt == attempt)
 
 
 # --------------------------------------------------------------------------- approvals
@@ -1350,7 +1383,7 @@ def record_outcome(call: Call, attempt: int | None, result: Result, *, error: st
             return OutcomeWrite(True)
         state = _STATE_FOR[result]
         fields = [state.value, error, _jsonable_result(value) if result is Result.COMMITTED else None]
-        holder = [_effect_mac(key, state, call.action.action_id, attempt, None, None, None), key,
+        holder = [_effect_mac(key, call.action.name, state, call.action.action_id, attempt, None, None, None), key,
                   call.action.action_id, attempt]
         with _cursor() as cursor:
             # One conditional UPDATE both checks that this attempt still holds the row and moves it.
@@ -1407,7 +1440,8 @@ def _move_ambiguous(record: EffectRecord, state: EffectState, resolver: str, whe
     record.resolved_by = resolver
     record.reconcile_after = None
     record.updated_at = when
-    record.mac = _effect_mac(record.effect_key, state, record.action_id, record.attempt, None, resolver, None)
+    record.mac = _effect_mac(record.effect_key, record.action, state, record.action_id, record.attempt, None,
+                             resolver, None)
     record.save(update_fields=["state", "error", "resolved_by", "reconcile_after", "updated_at", "mac"])
 
 
@@ -1625,13 +1659,13 @@ def receipts_for_action(action_id: str) -> list[ReceiptView]:
 def events_for_action(action_id: str) -> list[EventView]:
     """Every event of one action, in the order written; a running call's waiting events last."""
     chained = [_event_view(e) for e in _q(Event).filter(action_id=action_id).order_by("id")]
-    waiting = _q(EffectRecord).filter(action_id=action_id, pending__isnull=False).values_list("pending", flat=True)
+    waiting = [r.pending for r in _q(EffectRecord).filter(action_id=action_id, pending__isnull=False) if _effect_ok(r)]
     return chained + [e for e in _waiting_views(waiting) if e.action_id == action_id]
 
 
 def events_for_effect(effect_key: str) -> list[EventView]:
     chained = [_event_view(e) for e in _q(Event).filter(effect_key=effect_key).order_by("id")]
-    waiting = _q(EffectRecord).filter(pk=effect_key, pending__isnull=False).values_list("pending", flat=True)
+    waiting = [r.pending for r in _q(EffectRecord).filter(pk=effect_key, pending__isnull=False) if _effect_ok(r)]
     return chained + _waiting_views(waiting)
 
 
@@ -1645,38 +1679,94 @@ _RECEIPT_COLUMNS = ("receipt_id", "action_id", "action", "agent", "decision", "r
 _EVENT_FIELDS = ("id", "seq", "prev_hash", "hash", "ts", "type", "action_id", "effect_key", "approval_id")
 
 
-def _stored_receipts(query: Any) -> list[StoredReceipt]:
-    fields = ("seq", "prev_hash", "hash", "document", *_RECEIPT_COLUMNS)
-    return [StoredReceipt(r["receipt_id"], r["seq"], r["prev_hash"], r["hash"], r["document"],
-                          tuple((c, evidence_time(r[c]) if c == "ts" else r[c]) for c in _RECEIPT_COLUMNS))
-            for r in query.values(*fields).iterator()]
+def _time_column(connection: Any) -> str:
+    """The ts column as read for verification: on SQLite its text (a row altered into an impossible
+    time must be a named break, not a crash in the driver's converter)."""
+    return 'CAST("ts" AS TEXT)' if connection.vendor == "sqlite" else '"ts"'
 
 
-def _stored_events(after: int | None = None, upto: int | None = None) -> list[StoredEvent]:
-    """Event rows as stored, ``data`` as the column's exact text (a row altered into invalid JSON is
-    a named break, not a crash); optionally only those with ``after < seq <= upto``."""
+def _read_time(value: Any, connection: Any) -> dt.datetime | None:
+    try:
+        return _as_datetime(value, connection)
+    except (TypeError, ValueError):
+        return None
+
+
+def _stored_receipts(after: int | None = None, upto: int | None = None) -> list[StoredReceipt]:
     connection = connections[_db()]
-    sql = f'SELECT {",".join(chr(34) + f + chr(34) for f in _EVENT_FIELDS)},"data" FROM "ctrlrun_event"'
+    columns = ",".join(f'"{c}"' for c in _RECEIPT_COLUMNS[:-1])
+    sql = (f'SELECT "receipt_id","seq","prev_hash","hash","document",{columns},{_time_column(connection)} '
+           f'FROM "ctrlrun_receipt"')
     params: list[Any] = []
     if after is not None:
         sql += ' WHERE "seq" > %s AND "seq" <= %s'
         params = [after, upto]
     with _cursor() as cursor:
         rows = cursor.execute(sql, params).fetchall()
-    return [StoredEvent(id_, seq, prev, digest, _as_datetime(ts, connection), type_, action_id, key, approval_id,
+    out = []
+    for receipt_id, seq, prev, digest, document, *values in rows:
+        moment = _read_time(values[-1], connection)
+        values[-1] = evidence_time(moment) if moment is not None else values[-1]  # unreadable: never equal
+        out.append(StoredReceipt(receipt_id, seq, prev, digest, document, tuple(zip(_RECEIPT_COLUMNS, values))))
+    return out
+
+
+def _stored_events(after: int | None = None, upto: int | None = None) -> list[StoredEvent]:
+    """Event rows as stored, ``data`` as the column's exact text (a row altered into invalid JSON is
+    a named break, not a crash); optionally only those with ``after < seq <= upto``."""
+    connection = connections[_db()]
+    fields = ",".join(_time_column(connection) if f == "ts" else f'"{f}"' for f in _EVENT_FIELDS)
+    sql = f'SELECT {fields},"data" FROM "ctrlrun_event"'
+    params: list[Any] = []
+    if after is not None:
+        sql += ' WHERE "seq" > %s AND "seq" <= %s'
+        params = [after, upto]
+    with _cursor() as cursor:
+        rows = cursor.execute(sql, params).fetchall()
+    return [StoredEvent(id_, seq, prev, digest, _read_time(ts, connection), type_, action_id, key, approval_id,
                         data) for id_, seq, prev, digest, ts, type_, action_id, key, approval_id, data in rows]
 
 
+def _chain_facts(events: list[StoredEvent]) -> tuple[dict[str, int], set[str], dict[str, set[str]]]:
+    """What the event chain says happened, by effect key and approval: the highest attempt reserved,
+    the keys committed (which stay committed for ever), and each approval's answers and use."""
+    reserved: dict[str, int] = {}
+    committed: set[str] = set()
+    answered: dict[str, set[str]] = {}
+    for event in events:
+        if event.approval_id and event.type in ("APPROVAL_GRANTED", "APPROVAL_DENIED", "APPROVAL_CONSUMED"):
+            answered.setdefault(event.approval_id, set()).add(event.type)
+        if not event.effect_key or event.type not in ("EFFECT_RESERVED", "EXECUTION_COMMITTED", "EFFECT_RESOLVED"):
+            continue
+        try:
+            data = json.loads(event.data)
+        except ValueError:
+            continue  # an unreadable row is already a named break
+        if event.type == "EFFECT_RESERVED" and isinstance(data.get("attempt"), int):
+            reserved[event.effect_key] = max(reserved.get(event.effect_key, 0), data["attempt"])
+        elif event.type == "EXECUTION_COMMITTED" or data.get("state") == "committed":
+            committed.add(event.effect_key)
+    return reserved, committed, answered
+
+
+#: What each approval event implies about the row's status, whatever came after.
+_APPROVAL_IMPLIES = {"APPROVAL_CONSUMED": {"consumed"}, "APPROVAL_GRANTED": {"granted", "consumed", "expired"},
+                     "APPROVAL_DENIED": {"denied"}}
+
+
 def verify() -> ChainReport:
-    """Re-hash every receipt and event, walk both chains (§9.4), and check every signature, without
-    stopping writers.
+    """Re-hash every receipt and event, walk both chains (§9.4), check every signature, and check
+    that each signed row agrees with what the event chain says happened to it, without stopping
+    writers.
 
     Evidence and the head move in one transaction, so after reading the rows and then the head,
     every row up to the head is committed: any the first read missed (written meanwhile) is read
-    once more. A row beyond the head can then only be one written around ctrlrun.
+    once more. A row beyond the head can then only be one written around ctrlrun. A signed row put
+    back from an earlier moment (a committed key's record rewound to failed, a consumed approval
+    back to granted) carries a genuine signature: the chain is what shows it is out of date.
     """
     with _reading():
-        receipts = _stored_receipts(_q(Receipt).all())
+        receipts = _stored_receipts()
         events = _stored_events()
         head = _q(ChainHead).filter(pk=1).first()
         if head is None:
@@ -1686,33 +1776,48 @@ def verify() -> ChainReport:
                                                                head.mac, head.key_id)
         seen = max((r.seq for r in receipts if r.seq is not None), default=0)
         if seq > seen:
-            receipts += _stored_receipts(_q(Receipt).filter(seq__gt=seen, seq__lte=seq))
+            receipts += _stored_receipts(seen, seq)
         seen = max((e.seq for e in events if e.seq is not None), default=0)
         if event_seq > seen:
             events += _stored_events(seen, event_seq)
         report = verify_chain(receipts, seq, hash_)
         verify_events(events, event_seq, event_hash_, report)
-        checked = 0
         problem = _head_problem(seq, hash_, event_seq, event_hash_, mac, key_id)
         if problem is not None:
             report.breaks.append(ChainBreak("signature_invalid", seq, problem, kind="head"))
-        checked += 1
-        if problem is None or key_id == signing.key_id():
-            for row in _q(Approval).order_by("created_at").iterator():
-                checked += 1
-                if not _approval_ok(row):
+        checked = 1
+        reserved, committed, answered = _chain_facts(
+            sorted((e for e in events if e.seq is not None and e.seq <= event_seq), key=lambda e: e.seq))
+        for row in _q(Approval).order_by("created_at").iterator():
+            checked += 1
+            if not _approval_ok(row):
+                report.breaks.append(ChainBreak(
+                    "signature_invalid", None, f"approval {row.approval_id} ({row.status}, approver "
+                    f"{row.approver or '-'}) does not carry ctrlrun's signature: it was written or changed "
+                    f"outside ctrlrun, and will not be used", kind="approval", subject=row.approval_id))
+                continue
+            for kind in sorted(answered.get(row.approval_id, ())):
+                if str(row.status) not in _APPROVAL_IMPLIES[kind]:
                     report.breaks.append(ChainBreak(
-                        "signature_invalid", None, f"approval {row.approval_id} ({row.status}, approver "
-                        f"{row.approver or '-'}) does not carry ctrlrun's signature: it was written or changed "
-                        f"outside ctrlrun, and will not be used", kind="approval", subject=row.approval_id))
-            for record in _q(EffectRecord).order_by("effect_key").iterator():
-                checked += 1
-                if not _effect_ok(record):
-                    report.breaks.append(ChainBreak(
-                        "signature_invalid", None, f"effect record {record.effect_key} ({record.state}, attempt "
-                        f"{record.attempt}) does not carry ctrlrun's signature: it was written or changed outside "
-                        f"ctrlrun, and will not be retried, swept or resolved", kind="effect",
-                        subject=record.effect_key))
+                        "rewound", None, f"approval {row.approval_id} says {row.status}, but the event chain "
+                        f"records {kind}: the row and the chain disagree (an older row was put back, or the event "
+                        f"was forged)", kind="approval", subject=row.approval_id))
+        for record in _q(EffectRecord).order_by("effect_key").iterator():
+            checked += 1
+            if not _effect_ok(record):
+                report.breaks.append(ChainBreak(
+                    "signature_invalid", None, f"effect record {record.effect_key} ({record.state}, attempt "
+                    f"{record.attempt}) does not carry ctrlrun's signature: it was written or changed outside "
+                    f"ctrlrun, and will not be retried, swept or resolved", kind="effect", subject=record.effect_key))
+                continue
+            later = reserved.get(record.effect_key, 0)
+            if record.attempt < later or (record.effect_key in committed and record.state != S.COMMITTED):
+                report.breaks.append(ChainBreak(
+                    "rewound", None, f"effect record {record.effect_key} says {record.state} at attempt "
+                    f"{record.attempt}, but the event chain records attempt {later}"
+                    + (" and a commit" if record.effect_key in committed else "") + ": the row and the chain "
+                    "disagree (an older row was put back, or the events were forged)",
+                    kind="effect", subject=record.effect_key))
         report.signatures_checked = checked
     return report
 

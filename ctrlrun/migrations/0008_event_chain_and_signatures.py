@@ -44,13 +44,13 @@ def chain_and_sign(apps, schema_editor):
         approval.mac = signing.sign(store.APPROVAL_DOMAIN, store._approval_document(approval))
         approval.save(update_fields=["mac"])
     for record in apps.get_model("ctrlrun", "EffectRecord").objects.using(alias).iterator():
-        record.mac = store._effect_mac(record.effect_key, record.state, record.action_id, record.attempt,
+        record.mac = store._effect_mac(record.effect_key, record.action, record.state, record.action_id, record.attempt,
                                        record.lease_expires_at, record.resolved_by, record.pending)
         record.save(update_fields=["mac"])
     ChainHead = apps.get_model("ctrlrun", "ChainHead")
     head, _ = ChainHead.objects.using(alias).get_or_create(id=1, defaults={"seq": 0, "hash": GENESIS_HASH})
     head.event_seq, head.event_hash, head.key_id = seq, previous, signing.key_id()
-    head.mac = signing.sign(store.HEAD_DOMAIN, store._head_document(head.seq, head.hash, seq, previous))
+    head.mac = signing.sign(store.HEAD_DOMAIN, store._head_document(head.seq, head.hash, seq, previous, head.key_id))
     head.save()
     guard.install(connection)
 
@@ -119,7 +119,7 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='event',
             name='seq',
-            field=models.BigIntegerField(help_text='Position in the event chain.', null=True),
+            field=models.BigIntegerField(help_text='Position in the event chain.', null=True, unique=True),
         ),
         migrations.RunPython(chain_and_sign, unguard),
     ]

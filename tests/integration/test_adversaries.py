@@ -302,7 +302,8 @@ def test_a_forged_approval_granted_event_is_named(refund, remote):
               head.event_hash, digest))
     assert ("head_mismatch", "event", head.event_seq) in _breaks()     # beyond the head it leaves behind
     _execute('UPDATE "ctrlrun_chainhead" SET "event_seq" = %s, "event_hash" = %s', (head.event_seq + 1, digest))
-    assert _breaks() == [("signature_invalid", "head", head.seq)]    # ...and moving the head is unsigned
+    assert _breaks() == [("signature_invalid", "head", head.seq),    # ...and moving the head is unsigned,
+                         ("rewound", "approval", request.approval_id)]  # and the request never was granted
     with ctrlrun.context(agent="support-agent"), pytest.raises(ctrlrun.StoreUnavailable, match="refuses to act"):
         refund(payment_id="a9", amount=100)                            # nothing acts on a forged head
     with ctrlrun.context(agent="support-agent"), pytest.raises(ctrlrun.StoreUnavailable, match="refuses to add"):
@@ -348,14 +349,23 @@ def test_a_removed_event_is_named(refund, remote):
     assert ("head_mismatch", "event", events[-1].seq) in _breaks()
 
 
-def test_a_copied_event_is_named(refund, remote):
-    """A valid event copied under a new id (same seq, same hash) is named as a duplicate."""
+def test_a_copied_event_is_refused_or_named(refund, remote):
+    """A valid event copied under a new id (same seq, same hash): the database refuses it; with its guard
+    lifted and the seq moved past the head, it is named and no call acts on top of it."""
     _mixed_calls(refund, remote)
     original = Event.objects.order_by("seq")[2]
-    _execute('INSERT INTO "ctrlrun_event" ("ts","type","action_id","effect_key","approval_id","data","seq",'
-             '"prev_hash","hash") SELECT "ts","type","action_id","effect_key","approval_id","data","seq","prev_hash",'
-             '"hash" FROM "ctrlrun_event" WHERE "id" = %s', (original.id,))
-    assert _breaks() == [("duplicate", "event", original.seq)]
+    copy = ('INSERT INTO "ctrlrun_event" ("ts","type","action_id","effect_key","approval_id","data","seq","prev_hash",'
+            '"hash") SELECT "ts","type","action_id","effect_key","approval_id","data",{seq},"prev_hash","hash" FROM '
+            '"ctrlrun_event" WHERE "id" = %s')
+    with pytest.raises(DatabaseError):
+        _execute(copy.format(seq='"seq"'), (original.id,))
+    assert store.verify().ok
+    beyond = ChainHead.objects.get().event_seq + 1
+    _execute(copy.format(seq=str(beyond)), (original.id,))  # a plain INSERT: the application role may
+    assert ("head_mismatch", "event", beyond - 1) in _breaks()
+    with ctrlrun.context(agent="support-agent"), pytest.raises(ctrlrun.StoreUnavailable, match="past the chain head"):
+        refund(payment_id="a9", amount=100)
+    assert ("a9", 100) not in remote.calls
 
 
 def test_reordered_events_are_named(refund, remote):
@@ -473,18 +483,72 @@ def test_a_forged_resolution_does_not_reopen_the_key(refund, remote):
     assert ("signature_invalid", "effect", "refund:amb") in _breaks()
 
 
-def test_a_live_lease_moved_into_the_past_is_not_swept(refund, remote, hook_registry):
-    """A holder's lease set in the past with SQL: contenders and the sweeper refuse the row, never lapse it."""
+def test_a_live_lease_moved_into_the_past_is_refused_or_not_swept(refund, remote, hook_registry):
+    """A holder's lease moved into the past: the database refuses it; with its guard lifted, contenders and
+    the sweeper refuse the row (its signature fails) and never lapse it."""
     from tests.support import hold_key
 
     hold_key("refund:live")
-    _execute('UPDATE "ctrlrun_effectrecord" SET "lease_expires_at" = %s WHERE "effect_key" = %s',
-             (connection.ops.adapt_datetimefield_value(dt.datetime(2020, 1, 1, tzinfo=dt.timezone.utc)),
-              "refund:live"))
+    past = connection.ops.adapt_datetimefield_value(dt.datetime(2020, 1, 1, tzinfo=dt.timezone.utc))
+    move = ('UPDATE "ctrlrun_effectrecord" SET "lease_expires_at" = %s WHERE "effect_key" = %s', (past, "refund:live"))
+    with pytest.raises(DatabaseError, match="state table"):
+        _execute(*move)
+    _unguarded(*move)
     assert reconcile.run_once().swept == []
     with ctrlrun.context(agent="support-agent"), pytest.raises(ctrlrun.AmbiguousEffect, match="signature"):
         refund(payment_id="live", amount=100)
     assert EffectRecord.objects.get(pk="refund:live").state == "executing" and remote.calls == []
+
+
+def test_an_older_signed_lease_put_back_is_refused(agent, clock):
+    """The lease and signature a live holder had before its renewal, written back: the database refuses it
+    (a lease only moves later), so nobody can make a renewed worker look lapsed."""
+    from tests.support import hold_key
+
+    held = hold_key("refund:renewed", minutes=0.5)
+    before = EffectRecord.objects.get(pk="refund:renewed")
+    clock.advance(seconds=10)
+    assert store.renew_lease(held.call, held.attempt, dt.timedelta(seconds=30))
+    with pytest.raises(DatabaseError, match="state table"):
+        _execute('UPDATE "ctrlrun_effectrecord" SET "lease_expires_at" = %s, "mac" = %s WHERE "effect_key" = %s',
+                 (connection.ops.adapt_datetimefield_value(before.lease_expires_at), before.mac, "refund:renewed"))
+    clock.advance(seconds=25)  # past the old lease, inside the renewed one
+    assert reconcile.run_once().swept == []
+
+
+def test_a_reconcile_hook_is_chosen_by_the_signed_action(refund, remote, hook_registry):
+    """A record's action renamed by hand (to ask another action's hook, which would truthfully say
+    not_executed): the database refuses it; with the guard lifted the signature fails and no answer applies."""
+    _mixed_calls(refund, remote)  # refund:a3 is ambiguous
+    rename = ('UPDATE "ctrlrun_effectrecord" SET "action" = %s WHERE "effect_key" = %s', ("email.send", "refund:a3"))
+    with pytest.raises(DatabaseError, match="state table"):
+        _execute(*rename)
+    _unguarded(*rename)
+    hook_registry["email.send"] = lambda key: "not_executed"
+    assert [(line.effect_key, line.outcome) for line in reconcile.run_once().lines] == [("refund:a3", "dropped")]
+    assert EffectRecord.objects.get(pk="refund:a3").state == "ambiguous"
+    assert ("signature_invalid", "effect", "refund:a3") in _breaks()
+
+
+def test_an_older_signed_record_put_back_is_named_and_not_retried(refund, remote):
+    """With the guard lifted, a key's failed attempt-1 row put back after attempt 2 committed: its signature is
+    genuine, but verify names it out of step with the chain, and the retry it would license is refused."""
+    with ctrlrun.context(agent="support-agent"):
+        remote.fail_with = ctrlrun.NotExecuted("connection refused")
+        with pytest.raises(ctrlrun.NotExecuted):
+            refund(payment_id="again", amount=100)
+        remote.fail_with = None
+        failed = {f: getattr(EffectRecord.objects.get(pk="refund:again"), f) for f in (
+            "state", "action_id", "attempt", "error", "resolved_by", "mac", "updated_at")}
+        refund(payment_id="again", amount=100)  # attempt 2 commits
+    columns = ", ".join(f'"{f}" = %s' for f in failed)
+    _unguarded(f'UPDATE "ctrlrun_effectrecord" SET {columns} WHERE "effect_key" = %s',
+               (*[connection.ops.adapt_datetimefield_value(v) if isinstance(v, dt.datetime) else v
+                  for v in failed.values()], "refund:again"))
+    assert ("rewound", "effect", "refund:again") in _breaks()
+    with ctrlrun.context(agent="support-agent"), pytest.raises(ctrlrun.AmbiguousEffect, match="out of date"):
+        refund(payment_id="again", amount=100)
+    assert remote.calls == [("again", 100), ("again", 100)]  # the failed attempt, then the one that committed
 
 
 def test_a_record_inserted_by_hand_must_start_executing(agent):
@@ -494,6 +558,49 @@ def test_a_record_inserted_by_hand_must_start_executing(agent):
         _execute('INSERT INTO "ctrlrun_effectrecord" ("effect_key","action","state","action_id","attempt",'
                  '"reconcile_failures","created_at","updated_at") VALUES (%s,%s,%s,%s,%s,0,%s,%s)',
                  ("refund:pre", "stripe.refund", "failed", "act_" + "2" * 32, 3, now, now))
+
+
+def test_a_consumed_approval_put_back_to_granted_is_named(refund, remote):
+    """With the guard lifted, a consumed approval's signed granted row put back: verify names it rewound."""
+    from django.core.management import call_command
+
+    with ctrlrun.context(agent="support-agent"), pytest.raises(ctrlrun.ApprovalRequired) as asked:
+        refund(payment_id="once", amount=500000)
+    request_id = asked.value.request_id
+    call_command("approve", request_id, "--by", "dana", stdout=open(os.devnull, "w"))
+    granted = {f: getattr(Approval.objects.get(pk=request_id), f) for f in (
+        "status", "consumed_at", "consumed_by", "mac")}
+    with ctrlrun.context(agent="support-agent"), ctrlrun.with_approval(request_id):
+        refund(payment_id="once", amount=500000)
+    columns = ", ".join(f'"{f}" = %s' for f in granted)
+    _unguarded(f'UPDATE "ctrlrun_approval" SET {columns} WHERE "approval_id" = %s', (*granted.values(), request_id))
+    assert _breaks() == [("rewound", "approval", request_id)]
+
+
+@pytest.mark.parametrize("table", ["ctrlrun_event", "ctrlrun_receipt"])
+def test_an_impossible_time_is_a_named_break_not_a_crash(refund, remote, table):
+    """A row whose time cannot be read (2026-99-99) is named by verify, never a traceback."""
+    if connection.vendor != "sqlite":  # PostgreSQL cannot store an impossible timestamp at all
+        with pytest.raises(DatabaseError):
+            _unguarded(f'UPDATE "{table}" SET "ts" = %s', ("2026-99-99 00:00:00",))
+        return
+    _mixed_calls(refund, remote)
+    _unguarded(f'UPDATE "{table}" SET "ts" = %s WHERE "seq" = 1', ("2026-99-99 00:00:00",))
+    kind = "event" if table == "ctrlrun_event" else "receipt"
+    assert ("content_altered", kind, 1) in _breaks()
+
+
+def test_unreadable_event_data_is_shown_for_what_it_is(refund, remote):
+    """An event whose data is not JSON: inspect and the effect's events show it as unreadable, verify names it."""
+    from django.core.management import call_command
+
+    _mixed_calls(refund, remote)
+    target = Event.objects.filter(effect_key="refund:a1").order_by("seq").first()
+    _unguarded('UPDATE "ctrlrun_event" SET "data" = %s WHERE "id" = %s', ("{not json", target.id))
+    shown = [e.data for e in store.events_for_effect("refund:a1") if e.id == target.id]
+    assert shown == [{"unreadable": "{not json"}]
+    call_command("inspect", target.action_id, stdout=open(os.devnull, "w"))
+    assert ("content_altered", "event", target.seq) in _breaks()
 
 
 # --------------------------------------------------------------------------- REPLACE, UPSERT and friends

@@ -307,3 +307,48 @@ print("ran:", ran)
     assert "refused: the ctrlrun store (postgresql ctrlrun on 127.0.0.1) could not be opened" in result.stdout
     assert "nothing ran" in result.stdout
     assert result.stdout.strip().endswith("ran: []")
+
+
+EAGER_FAULT = """
+import json, sys, datetime as dt
+import psycopg
+import ctrlrun
+from django.db import connection
+
+url = sys.argv[1]
+
+def cut_the_connection():
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        pid = cursor.fetchone()[0]
+    with psycopg.connect(url, autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", [pid])
+
+def hook(effect_key):
+    cut_the_connection()   # the store goes away while the hook answers
+    return "committed"
+
+@ctrlrun.protect("ledger.post", effect="post:{entry_id}", reconcile=hook, reconcile_eagerly=True)
+def post(entry_id: str) -> str:
+    raise TimeoutError("read timed out")
+
+report = {}
+with ctrlrun.context(agent="eager"):
+    try:
+        post(entry_id="g1")
+    except Exception as exc:
+        report["raised"] = type(exc).__name__
+from ctrlrun.models import EffectRecord, Receipt
+report["state"] = EffectRecord.objects.get(pk="post:g1").state
+report["receipts"] = [json.loads(r.document)["result"] for r in Receipt.objects.filter(effect_key="post:g1")]
+print(json.dumps(report))
+"""
+
+
+def test_eager_reconcile_that_cannot_be_recorded_still_leaves_the_receipt(tmp_path, scratch_postgres):
+    """The store drops while the eager hook answers: the call still gets its ambiguous receipt, and the caller
+    its function's own exception, not the store's."""
+    result = _standalone(tmp_path, EAGER_FAULT, scratch_postgres, CTRLRUN_STORE_URL=scratch_postgres)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report == {"raised": "TimeoutError", "state": "ambiguous", "receipts": ["ambiguous"]}
