@@ -798,9 +798,10 @@ def _peek(effect_key: str, *, lock: bool = True) -> _Peek | None:
 
 
 #: Evidence past the head (a receipt or event added without moving it) would make every later write
-#: collide: a call must not act then. Both seqs are indexed, so this costs two index probes.
-_BEYOND_HEAD = ('(EXISTS (SELECT 1 FROM "ctrlrun_receipt" WHERE "seq" > h."seq") OR EXISTS (SELECT 1 FROM '
-                '"ctrlrun_event" WHERE "seq" > h."event_seq"))')
+#: collide: a call must not act then. ``max()`` over a unique column reads one end of its index on
+#: both databases, whatever the planner's statistics say (a range ``EXISTS`` was planned as a scan).
+_BEYOND_HEAD = ('(COALESCE((SELECT max("seq") FROM "ctrlrun_receipt"), 0) > h."seq" OR '
+                'COALESCE((SELECT max("seq") FROM "ctrlrun_event"), 0) > h."event_seq")')
 _OPEN_POSTGRESQL = (
     'SELECT now(), h."seq", h."hash", h."event_seq", h."event_hash", h."mac", h."key_id", ' + _BEYOND_HEAD + ', r.* '
     'FROM (SELECT 1) AS one LEFT JOIN "ctrlrun_chainhead" AS h ON h."id" = 1 LEFT JOIN LATERAL (SELECT '
