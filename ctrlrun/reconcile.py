@@ -73,8 +73,11 @@ def run_once(*, action: str | None = None, limit: int | None = None) -> Report:
     return report
 
 
-def ask(effect: store.EffectView, *, requested_by: str | None = None) -> Line:
-    """Ask one ambiguous record's hook and apply the answer; one hook's failure stays its own."""
+def ask(effect: store.EffectView, *, requested_by: str | None = None, trigger: str = "deferred") -> Line:
+    """Ask one ambiguous record's hook and apply the answer; one hook's failure stays its own.
+
+    ``trigger`` is recorded in RECONCILIATION_STARTED: ``deferred`` for a reconcile pass,
+    ``operator`` for a person's "ask the remote now" (with ``requested_by``)."""
     hook = hook_for(effect.action)
     if hook is None:
         return Line(effect.effect_key, effect.action, "needs_human",
@@ -83,7 +86,7 @@ def ask(effect: store.EffectView, *, requested_by: str | None = None) -> Line:
     answer = call_hook(hook, effect.effect_key)
     try:
         moved = store.record_reconciliation(effect.effect_key, effect.action_id, f"reconcile:{effect.action}",
-                                            "deferred", answer, attempt=effect.attempt, requested_by=requested_by)
+                                            trigger, answer, attempt=effect.attempt, requested_by=requested_by)
     except Exception as exc:  # one record's trouble stays its own; the pass goes on
         return Line(effect.effect_key, effect.action, "error", f"{type(exc).__name__}: {exc}")
     if moved == "dropped":
@@ -98,14 +101,15 @@ def ask(effect: store.EffectView, *, requested_by: str | None = None) -> Line:
 
 
 def ask_now(effect_key: str, *, requested_by: str | None = None) -> Line:
-    """The console's "ask the remote now": sweep this record if its lease lapsed, then ask its hook."""
+    """A person's "ask the remote now" (the console): sweep this record if its lease lapsed, then ask
+    its hook, recorded as trigger ``operator``."""
     store.sweep_lapsed(effect_key=effect_key)
     effect = store.get_effect(effect_key)
     if effect is None:
         raise InvalidArgument(f"no effect '{effect_key}'")
     if effect.state != "ambiguous":
         raise InvalidArgument(f"effect '{effect_key}' is {effect.state}; only an ambiguous effect is reconciled")
-    return ask(effect, requested_by=requested_by)
+    return ask(effect, requested_by=requested_by, trigger="operator")
 
 
 _discovered = False
