@@ -4,8 +4,13 @@ Everything a person decides here goes through the same store functions as the co
 (``store.answer_approval``, ``store.resolve``, ``reconcile.ask_now``); the console never
 writes ctrlrun's rows itself. Evidence (receipts, events, policy documents) is read-only for
 everyone. Deciding approvals and resolving effects need the custom permissions
-``ctrlrun.decide_approval`` and ``ctrlrun.resolve_effect``; without them a user sees no buttons
-and the action URLs answer 403.
+``ctrlrun.decide_approval`` and ``ctrlrun.resolve_effect`` (``has_decide_permission``,
+``has_resolve_permission``); without them a user sees no buttons and the action URLs answer 403.
+
+The pages follow one story: an approval links to the call that asked and the call that used
+it; a call's page shows its action, decision (with the policy rule as written), effect record,
+approvals, receipts and events; every id on every page is a link. URLs are built for the admin
+site serving the page (``self.admin_site.name``), so the console works on a custom AdminSite.
 """
 from __future__ import annotations
 
@@ -19,9 +24,10 @@ from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.models import CHANGE, LogEntry
 from django.contrib.admin.options import IncorrectLookupParameters, get_content_type_for_model
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.admin.utils import quote, unquote
 from django.core.exceptions import PermissionDenied
-from django.db.models import Case, IntegerField, Model, Q, Value, When
+from django.db.models import Case, F, IntegerField, Model, OuterRef, Q, Subquery, Value, When
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
@@ -29,16 +35,20 @@ from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import SafeString, mark_safe
 from django.utils.timesince import timesince, timeuntil
+from django.utils.translation import gettext as _g
 from django.utils.translation import gettext_lazy as _
+from django.utils.translation import ngettext
 
 from . import conf, reconcile, store
 from .canonical import evidence_time, idempotency_token_for
-from .display import dumps, dumps_html, hidden_fields, reveal, reveal_html, warning
+from .console import (approval_link, badge, call_link, change_url, data_rows, effect_link, link, policy_link,
+                      reason_html, receipt_link, shown, when, when_text)
+from .display import dumps, dumps_html, has_hidden, hidden_fields, reveal, reveal_html, warning
 from .errors import CTRLRunError
 from .identity import same_person
 from .models import Approval, EffectRecord, Event, PolicyDocument, Receipt
 from .report import chain_lines
-from .states import ApprovalStatus, EffectState
+from .states import EMITTED_EVENT_TYPES, ApprovalStatus, EffectState, EventType
 
 _clock = threading.local()
 
@@ -59,30 +69,25 @@ def _now() -> Any:
 
 DECIDE = "ctrlrun.decide_approval"
 RESOLVE = "ctrlrun.resolve_effect"
+HELD = (EffectState.RESERVED, EffectState.EXECUTING)
 
 
 # --------------------------------------------------------------------------- showing what people read
 #
-# Every string an agent, a policy or a remote put in a row is shown through ``ctrlrun.display``:
-# invisible and direction-changing characters become highlighted escapes, never raw text, and
-# the pages that show an action to decide on warn when it holds any.
+# Every string an agent, a policy or a remote put in a row is shown through ``ctrlrun.display``
+# (``console.shown``): invisible and direction-changing characters become highlighted escapes,
+# never raw text, and the pages that show an action to decide on warn when it holds any.
+
+_shown = shown
 
 
 def _pre(value: Any) -> SafeString:
     return format_html('<pre class="ctrlrun-json">{}</pre>', mark_safe(dumps_html(value, indent=2, sort_keys=True)))
 
 
-def _shown(text: str | None, *, multiline: bool = False, empty: str = "-") -> SafeString:
-    """``text`` as HTML, each hidden character a highlighted escape; ``empty`` when there is none."""
-    if text is None or text == "":
-        return format_html("{}", empty)
-    shown = reveal_html(text, multiline=multiline)
-    return mark_safe(shown.replace("\n", "<br>") if multiline else shown)
-
-
 def _principal_html(agent: str, user: str | None) -> SafeString:
     if user:
-        return format_html("{} (user {})", _shown(agent), _shown(user))
+        return format_html("{} ({} {})", _shown(agent), _g("user"), _shown(user))
     return _shown(agent)
 
 
@@ -91,8 +96,70 @@ def _object_key(object_id: str) -> str:
     sent, and no ctrlrun key holds) is a 404."""
     key = unquote(object_id)
     if "\x00" in key:
-        raise Http404("no such record: a ctrlrun id or key never contains a NUL character")
+        raise Http404(_g("no such record: a ctrlrun id or key never contains a NUL character"))
     return key
+
+
+def _at(field: str, label: Any) -> Any:
+    """A display method showing ``field`` in the console's one time format (UTC, seconds, zone)."""
+
+    @admin.display(description=label, ordering=field)
+    def show(self: Any, obj: Any) -> SafeString:
+        return when(getattr(obj, field))
+
+    show.__name__ = f"at_{field}"
+    return show
+
+
+def _ago(moment: dt.datetime | None) -> str:
+    if moment is None:
+        return "-"
+    now = _now()
+    if abs((now - moment).total_seconds()) < 60:
+        return _g("just now") if moment <= now else _g("in less than a minute")
+    return _g("%(time)s ago") % {"time": timesince(moment, now)} if moment <= now else \
+        _g("in %(time)s") % {"time": timeuntil(moment, now)}
+
+
+def _action_summary(action: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The action a call proposed, as the rows at the top of a page: arguments, principal, resource."""
+    if not isinstance(action, dict):
+        return None
+    principal = action.get("principal") or {}
+    return {
+        "name": _shown(action.get("name")),
+        "arguments": _pre(action.get("arguments", {})),
+        "principal": _principal_html(str(principal.get("agent", "-")), principal.get("user")),
+        "resource": _shown(action.get("resource")),
+        "environment": _shown(action.get("environment")),
+        "hash": action.get("action_hash"),
+    }
+
+
+def _proposed(events: list[Any]) -> dict[str, Any] | None:
+    """The canonical action from the last ACTION_PROPOSED among ``events``."""
+    for event in reversed(events):
+        if event.type == "ACTION_PROPOSED" and isinstance(event.data.get("action"), dict):
+            return event.data["action"]
+    return None
+
+
+def _policy_document(policy_hash: str | None) -> PolicyDocument | None:
+    if not policy_hash:
+        return None
+    return PolicyDocument.objects.using(conf.database_alias()).filter(pk=policy_hash).first()
+
+
+def _timeline(site: str, events: list[Any]) -> list[dict[str, Any]]:
+    return [{"id": e.id, "ts": when(e.ts), "type": e.type, "call": call_link(site, e.action_id),
+             "data": data_rows(e.data)}
+            for e in events]
+
+
+def _receipt_rows(site: str, receipts: list[Any]) -> list[dict[str, Any]]:
+    return [{"seq": r.seq, "receipt": receipt_link(site, r.receipt_id), "ts": when(r.ts),
+             "decision": badge(r.decision), "result": badge(r.result), "call": call_link(site, r.action_id),
+             "agent": _shown(r.agent)} for r in receipts]
 
 
 class RevealedValuesFilter(admin.AllValuesFieldListFilter):
@@ -103,8 +170,23 @@ class RevealedValuesFilter(admin.AllValuesFieldListFilter):
             yield {**choice, "display": reveal(str(choice["display"]))}
 
 
+class WrittenFilter(admin.DateFieldListFilter):
+    """The date filter on ``ts``, titled for people ("written"), not by the column's name."""
+
+    def __init__(self, field: Any, request: Any, params: Any, model: Any, model_admin: Any, field_path: str) -> None:
+        super().__init__(field, request, params, model, model_admin, field_path)
+        self.title = _("written")
+
+
 class EvidenceAdmin(admin.ModelAdmin):
     """Read-only for everyone, superusers included: evidence is never edited in the console."""
+
+    #: ctrlrun's lists need the page's width: the app sidebar stays off on its pages.
+    console_context = {"is_nav_sidebar_enabled": False}
+
+    @property
+    def site(self) -> str:
+        return self.admin_site.name
 
     def get_queryset(self, request: HttpRequest) -> Any:
         return super().get_queryset(request).using(conf.database_alias())  # CTRLRUN_DATABASE
@@ -123,6 +205,13 @@ class EvidenceAdmin(admin.ModelAdmin):
             _check_date_hierarchy(request, self.date_hierarchy)
         return super().get_changelist_instance(request)
 
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> Any:
+        return super().changelist_view(request, {**self.console_context, **(extra_context or {})})
+
+    def changeform_view(self, request: HttpRequest, object_id: str | None = None, form_url: str = "",
+                        extra_context: dict[str, Any] | None = None) -> Any:
+        return super().changeform_view(request, object_id, form_url, {**self.console_context, **(extra_context or {})})
+
     def render_change_form(self, request: HttpRequest, context: dict[str, Any], add: bool = False,
                            change: bool = False, form_url: str = "", obj: Any = None) -> Any:
         if obj is not None:  # the page's title, subtitle and breadcrumb name the object: escaped
@@ -132,11 +221,17 @@ class EvidenceAdmin(admin.ModelAdmin):
 
     def history_view(self, request: HttpRequest, object_id: str, extra_context: dict[str, Any] | None = None) -> Any:
         obj = self.get_object(request, unquote(object_id))
-        context: dict[str, Any] = dict(extra_context or {})
+        context: dict[str, Any] = {**self.console_context, **(extra_context or {})}
         if obj is not None:
-            context.setdefault("title", _("Change history: %s") % reveal(str(obj)))
+            context.setdefault("title", _g("Change history: %s") % reveal(str(obj)))
             context["shown_object"] = reveal(str(obj))
         return super().history_view(request, object_id, context)
+
+    def console_page(self, request: HttpRequest, template: str, context: dict[str, Any]) -> TemplateResponse:
+        """One of ctrlrun's own pages, rendered as the admin renders its own (site context, current app)."""
+        request.current_app = self.site
+        return TemplateResponse(request, template, {
+            **self.admin_site.each_context(request), **self.console_context, "opts": self.model._meta, **context})
 
     def log_change(self, request: HttpRequest, obj: Model, message: Any) -> LogEntry:
         """As the admin's own, with the object's name and the message escaped (the front page lists them)."""
@@ -195,9 +290,17 @@ def _approval_fields(approval: Any) -> list[str]:
 # --------------------------------------------------------------------------- approvals
 
 
+def effective_status(status: str, expires_at: dt.datetime, now: dt.datetime) -> str:
+    """What a request is now: a pending request past its expiry is expired, whether or not its row
+    has been moved to ``expired`` yet (the store moves it when someone next tries to use it)."""
+    if status == ApprovalStatus.PENDING and expires_at <= now:
+        return ApprovalStatus.EXPIRED
+    return status
+
+
 class DecisionForm(forms.Form):
-    note = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 3, "cols": 60}),
-                           help_text="Optional: why, kept with the answer and in the event.")
+    note = forms.CharField(label=_("Note"), required=False, widget=forms.Textarea(attrs={"rows": 3, "cols": 60}),
+                           help_text=_("Optional: why, kept with the answer and in the event."))
 
 
 def _own_request_message(approval: Any, username: str) -> str:
@@ -209,42 +312,89 @@ def _own_request_message(approval: Any, username: str) -> str:
             f"same person as you ({reveal(username)}) written another way, who cannot answer it; another person must")
 
 
+class ApprovalStatusFilter(admin.SimpleListFilter):
+    """Status as it is now: "waiting" excludes requests past their expiry, "expired" includes them."""
+
+    title = _("status")
+    parameter_name = "status"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, Any]]:
+        return [("pending", _("waiting for a person")), ("granted", _("granted, not yet used")),
+                ("consumed", _("used")), ("denied", _("denied")), ("expired", _("expired"))]
+
+    def queryset(self, request: HttpRequest, queryset: Any) -> Any:
+        value, now = self.value(), _now()
+        if value == "pending":
+            return queryset.filter(status=ApprovalStatus.PENDING, expires_at__gt=now)
+        if value == "expired":
+            return queryset.filter(Q(status=ApprovalStatus.EXPIRED)
+                                   | Q(status=ApprovalStatus.PENDING, expires_at__lte=now))
+        if value in ("granted", "consumed", "denied"):
+            return queryset.filter(status=value)
+        return queryset
+
+
 @admin.register(Approval)
 class ApprovalAdmin(EvidenceAdmin):
-    list_display = ("request", "status", "shown_action", "key_arguments", "principal", "age", "expiry")
+    list_display = ("request", "shown_status", "shown_action", "key_arguments", "principal", "age", "expiry")
     list_display_links = ("request",)
-    list_filter = ("status", ("action", RevealedValuesFilter), ("agent", RevealedValuesFilter))
+    list_filter = (ApprovalStatusFilter, ("action", RevealedValuesFilter), ("agent", RevealedValuesFilter))
     search_fields = ("approval_id", "action", "agent", "user", "effect_key", "action_hash")
     list_per_page = 50
     fieldsets = [
-        ("What the human is authorising", {"fields": (
+        (_("What the human is authorising"), {"fields": (
             "shown_action", "canonical_arguments", "principal", "resource", "environment", "action_hash",
             "shown_effect_key")}),
-        ("Why it needs a person", {"fields": ("decision_reason", "policy_hash")}),
-        ("The request", {"fields": (
-            "approval_id", "status", "created_at", "expires_at", "time_left", "shown_approver", "shown_note",
-            "answered_at", "consumed_at", "consumed_by", "action_id")}),
+        (_("Why it needs a person"), {"fields": ("shown_reason", "shown_policy")}),
+        (_("The request"), {"fields": (
+            "approval_id", "shown_status", "asked_by_call", "at_created_at", "at_expires_at", "shown_approver",
+            "shown_note", "at_answered_at", "at_consumed_at", "used_by_call")}),
     ]
     readonly_fields = ("shown_action", "canonical_arguments", "principal", "resource", "environment",
-                       "shown_effect_key", "time_left", "shown_approver", "shown_note")
+                       "shown_effect_key", "shown_reason", "shown_policy", "shown_status", "asked_by_call",
+                       "at_created_at", "at_expires_at", "shown_approver", "shown_note", "at_answered_at",
+                       "at_consumed_at", "used_by_call")
     change_form_template = "admin/ctrlrun/approval/change_form.html"
 
+    at_created_at = _at("created_at", _("asked at"))
+    at_answered_at = _at("answered_at", _("answered at"))
+    at_consumed_at = _at("consumed_at", _("used at"))
+
     def get_queryset(self, request: HttpRequest) -> Any:
-        return super().get_queryset(request).annotate(
-            waiting=Case(When(status=ApprovalStatus.PENDING, then=Value(0)), default=Value(1),
-                         output_field=IntegerField())
-        ).order_by("waiting", "created_at")
+        return super().get_queryset(request).annotate(waiting=self._waiting())
+
+    @staticmethod
+    def _waiting() -> Case:
+        return Case(When(status=ApprovalStatus.PENDING, expires_at__gt=_now(), then=Value(0)), default=Value(1),
+                    output_field=IntegerField())
 
     def get_ordering(self, request: HttpRequest) -> list[Any]:
-        # The change list orders by this first and only then by the queryset's own order, so
-        # without it Meta.ordering (created_at) would put answered requests among the pending.
-        pending_first = Case(When(status=ApprovalStatus.PENDING, then=Value(0)), default=Value(1),
-                             output_field=IntegerField())
-        return [pending_first.asc(), "created_at"]
+        # Requests still waiting first, the soonest to expire at the top; then the rest, newest first.
+        # The change list orders by this before the queryset's own order.
+        soonest = Case(When(status=ApprovalStatus.PENDING, expires_at__gt=_now(), then=F("expires_at")))
+        return [self._waiting().asc(), soonest.asc(nulls_last=True), "-created_at"]
 
-    @admin.display(description="request", ordering="approval_id")
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> Any:
+        if "status__exact" in request.GET:  # an older link (the front page's before this filter): same meaning now
+            query = request.GET.copy()
+            query["status"] = query.pop("status__exact")[-1]
+            return HttpResponseRedirect(f"{request.path}?{query.urlencode()}")
+        return super().changelist_view(request, extra_context)
+
+    def has_decide_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return request.user.has_perm(DECIDE)
+
+    @admin.display(description=_("request"), ordering="approval_id")
     def request(self, obj: Approval) -> str:
         return format_html('<span title="{}">{}…</span>', obj.approval_id, obj.approval_id[:12])
+
+    @admin.display(description=_("status"), ordering="status")
+    def shown_status(self, obj: Approval) -> SafeString:
+        now = _now()
+        status = effective_status(obj.status, obj.expires_at, now)
+        if status == ApprovalStatus.EXPIRED and obj.status == ApprovalStatus.PENDING:
+            return badge(status, title=_g("not answered before %(at)s") % {"at": when_text(obj.expires_at)})
+        return badge(status)
 
     @admin.display(description=_("action"), ordering="action")
     def shown_action(self, obj: Approval) -> SafeString:
@@ -252,7 +402,7 @@ class ApprovalAdmin(EvidenceAdmin):
 
     @admin.display(description=_("effect key"))
     def shown_effect_key(self, obj: Approval) -> SafeString:
-        return _shown(obj.effect_key)
+        return effect_link(self.site, obj.effect_key) if obj.effect_key else _shown(None)
 
     @admin.display(description=_("approver"))
     def shown_approver(self, obj: Approval) -> SafeString:
@@ -262,17 +412,33 @@ class ApprovalAdmin(EvidenceAdmin):
     def shown_note(self, obj: Approval) -> SafeString:
         return _shown(obj.note, multiline=True)
 
-    @admin.display(description="arguments")
+    @admin.display(description=_("policy decision"))
+    def shown_reason(self, obj: Approval) -> SafeString:
+        return reason_html(_policy_document(obj.policy_hash), obj.action, obj.decision_reason)
+
+    @admin.display(description=_("policy document"))
+    def shown_policy(self, obj: Approval) -> SafeString:
+        return policy_link(self.site, obj.policy_hash)
+
+    @admin.display(description=_("asked by the call"))
+    def asked_by_call(self, obj: Approval) -> SafeString:
+        return call_link(self.site, obj.action_id, short=None)
+
+    @admin.display(description=_("used by the call"))
+    def used_by_call(self, obj: Approval) -> SafeString:
+        return call_link(self.site, obj.consumed_by, short=None)
+
+    @admin.display(description=_("arguments"))
     def key_arguments(self, obj: Approval) -> SafeString:
-        """``key=value, ...`` cut at about 80 visible characters, escapes highlighted; a badge when any hide."""
+        """``key=value, ...`` cut at about 60 visible characters, escapes highlighted; a badge when any hide."""
         arguments = json.loads(obj.action_json).get("arguments", {})
         plain_length, pieces = 0, []
         for k, v in sorted(arguments.items()):
             plain = f"{reveal(k)}={dumps(v)}"
             separator = ", " if pieces else ""
-            if plain_length + len(separator) + len(plain) > 80:
+            if plain_length + len(separator) + len(plain) > 60:
                 if not pieces:  # one long argument: its start, as text
-                    pieces.append(format_html("{}", plain[:77]))
+                    pieces.append(format_html("{}", plain[:57]))
                 pieces.append(mark_safe("…"))
                 break
             pieces.append(format_html("{}{}={}", separator, _shown(k), mark_safe(dumps_html(v))))
@@ -281,37 +447,40 @@ class ApprovalAdmin(EvidenceAdmin):
         hidden = _approval_fields(obj)
         if hidden:
             return format_html('<span class="ctrlrun-hidden-badge" title="{}">{}</span> {}', warning(hidden),
-                               _("hidden characters"), text)
+                               _g("hidden characters"), text)
         return text
 
-    @admin.display(description="principal")
+    @admin.display(description=_("principal"))
     def principal(self, obj: Approval) -> SafeString:
         return _principal_html(obj.agent, obj.user)
 
-    @admin.display(description="age")
+    @admin.display(description=_("asked"), ordering="created_at")
     def age(self, obj: Approval) -> str:
-        return timesince(obj.created_at, _now())
+        return _ago(obj.created_at)
 
-    @admin.display(description="expires")
-    def expiry(self, obj: Approval) -> str:
+    @admin.display(description=_("expires"), ordering="expires_at")
+    def expiry(self, obj: Approval) -> SafeString:
         now = _now()
-        if obj.status != ApprovalStatus.PENDING and obj.status != ApprovalStatus.GRANTED:
-            return "-"
-        return f"in {timeuntil(obj.expires_at, now)}" if obj.expires_at > now else "expired"
+        if obj.status not in (ApprovalStatus.PENDING, ApprovalStatus.GRANTED):
+            return format_html("{}", "-")
+        if obj.expires_at <= now:
+            return format_html('<span title="{}">{}</span>', when_text(obj.expires_at), _g("expired"))
+        return format_html('<span title="{}">{}</span>', when_text(obj.expires_at),
+                           _g("in %(time)s") % {"time": timeuntil(obj.expires_at, now)})
 
-    @admin.display(description="time left")
-    def time_left(self, obj: Approval) -> str:
-        return self.expiry(obj)
+    @admin.display(description=_("expires at"), ordering="expires_at")
+    def at_expires_at(self, obj: Approval) -> SafeString:
+        return format_html("{} ({})", when(obj.expires_at), _ago(obj.expires_at))
 
-    @admin.display(description="arguments (canonical)")
+    @admin.display(description=_("arguments (canonical)"))
     def canonical_arguments(self, obj: Approval) -> str:
         return _pre(json.loads(obj.action_json).get("arguments", {}))
 
-    @admin.display(description="resource")
+    @admin.display(description=_("resource"))
     def resource(self, obj: Approval) -> SafeString:
         return _shown(json.loads(obj.action_json).get("resource"))
 
-    @admin.display(description="environment")
+    @admin.display(description=_("environment"))
     def environment(self, obj: Approval) -> SafeString:
         return _shown(json.loads(obj.action_json).get("environment"))
 
@@ -319,61 +488,95 @@ class ApprovalAdmin(EvidenceAdmin):
         decide = self.admin_site.admin_view(self.decide_view)
         return [path("<str:object_id>/decide/<str:answer>/", decide, name="ctrlrun_approval_decide"), *super().get_urls()]
 
+    def _answerable(self, request: HttpRequest, approval: Any) -> str | None:
+        """Why ``request.user`` cannot answer ``approval`` now, or None when they can."""
+        now = _now()
+        status = effective_status(approval.status, approval.expires_at, now)
+        if not approval.signature_ok:
+            return _g("Request %(id)s was changed outside ctrlrun (its row does not carry ctrlrun's signature): "
+                      "nobody can answer it") % {"id": approval.approval_id}
+        if status == ApprovalStatus.EXPIRED:
+            return _g("Request %(id)s expired at %(at)s without an answer; the agent must ask again") % {
+                "id": approval.approval_id, "at": when_text(approval.expires_at)}
+        if status != ApprovalStatus.PENDING:
+            return _g("Request %(id)s is already %(status)s%(by)s; only a pending request can be answered") % {
+                "id": approval.approval_id, "status": status,
+                "by": f" ({_g('answered by')} {reveal(approval.approver)})" if approval.approver else ""}
+        if same_person(approval.user, request.user.get_username()):
+            return _own_request_message(approval, request.user.get_username())
+        return None
+
     def change_view(self, request: HttpRequest, object_id: str, form_url: str = "",
                     extra_context: dict[str, Any] | None = None) -> HttpResponse:
         approval = store.get_approval(_object_key(object_id))  # the admin's URLs quote the pk (apr_5F...)
-        pending = approval is not None and approval.status == ApprovalStatus.PENDING
-        # The same person however the name is written (case, spaces, invisible characters, look-alikes).
-        own = approval is not None and same_person(approval.user, request.user.get_username())
-        hidden = _approval_fields(approval) if approval is not None else []
-        tampered = approval is not None and not approval.signature_ok
-        context = {
-            "can_decide": pending and request.user.has_perm(DECIDE) and not own and not tampered,
-            "tampered": tampered,
-            "own_request": own,
-            "is_pending": pending,
-            "hidden_warning": warning(hidden) if hidden else None,
-            "shown_user": _shown(approval.user) if approval is not None else None,
-            "shown_approver": _shown(approval.approver) if approval is not None else None,
-            **(extra_context or {}),
-        }
+        context: dict[str, Any] = dict(extra_context or {})
+        if approval is not None:
+            now = _now()
+            status = effective_status(approval.status, approval.expires_at, now)
+            pending = status == ApprovalStatus.PENDING
+            # The same person however the name is written (case, spaces, invisible characters, look-alikes).
+            own = same_person(approval.user, request.user.get_username())
+            hidden = _approval_fields(approval)
+            tampered = not approval.signature_ok
+            receipts = store.receipts_for_action(approval.consumed_by) if approval.consumed_by else []
+            context = {
+                "can_decide": pending and self.has_decide_permission(request) and not own and not tampered,
+                "tampered": tampered,
+                "own_request": own,
+                "is_pending": pending,
+                "status_now": status,
+                "lapsed_unanswered": status == ApprovalStatus.EXPIRED and approval.approver is None,
+                "expired_at": when(approval.expires_at),
+                "expires_in": timeuntil(approval.expires_at, now) if approval.expires_at > now else None,
+                "hidden_warning": warning(hidden) if hidden else None,
+                "shown_user": _shown(approval.user),
+                "shown_approver": _shown(approval.approver),
+                "asked_by": call_link(self.site, approval.action_id, short=None),
+                "used_by": call_link(self.site, approval.consumed_by, short=None) if approval.consumed_by else None,
+                "used_receipts": _receipt_rows(self.site, receipts),
+                "effect": effect_link(self.site, approval.effect_key) if approval.effect_key else None,
+                **context,
+            }
         return super().change_view(request, object_id, form_url, context)
 
     def decide_view(self, request: HttpRequest, object_id: str, answer: str) -> HttpResponse:
         if answer not in ("approve", "deny"):
-            raise Http404("unknown answer")
-        if not request.user.has_perm(DECIDE):
-            raise PermissionDenied("deciding approvals needs the ctrlrun.decide_approval permission")
+            raise Http404(_g("unknown answer: approve or deny"))
+        if not self.has_decide_permission(request):
+            raise PermissionDenied(_g("deciding approvals needs the ctrlrun.decide_approval permission"))
+        request.current_app = self.site
         object_id = _object_key(object_id)
+        if self.get_object(request, object_id) is None:
+            raise Http404(_g("no approval request %(id)s") % {"id": reveal(object_id)})
         approval = store.get_approval(object_id)
-        if approval is None:
-            raise Http404(f"no approval request {object_id}")
-        change_url = reverse("admin:ctrlrun_approval_change", args=[quote(object_id)])
+        change = change_url(self.site, "approval", object_id)
+        refusal = self._answerable(request, approval)
+        if refusal is not None and request.method != "POST":
+            # Refused before the form is shown: nobody is asked to confirm what cannot be answered.
+            self.message_user(request, refusal, messages.ERROR)
+            return HttpResponseRedirect(change)
         username = request.user.get_username()
-        if same_person(approval.user, username):  # refused before the form is even shown
+        if same_person(approval.user, username):
             self.message_user(request, _own_request_message(approval, username), messages.ERROR)
-            return HttpResponseRedirect(change_url)
+            return HttpResponseRedirect(change)
         form = DecisionForm(request.POST if request.method == "POST" else None)
         if request.method == "POST" and form.is_valid():
             note = form.cleaned_data["note"] or None
-            try:
+            try:  # the store decides (it also moves a request past its expiry to expired)
                 result = store.answer_approval(object_id, answer == "approve", by=username, note=note)
             except CTRLRunError as exc:
                 self.message_user(request, reveal(str(exc)), messages.ERROR)
-                return HttpResponseRedirect(change_url)
+                return HttpResponseRedirect(change)
             verb = "granted" if answer == "approve" else "denied"
             self.log_change(request, Approval.objects.using(conf.database_alias()).get(pk=object_id),
                             f"{verb} {object_id}" + (f": {note}" if note else ""))
-            # Not starting with the id: the admin capitalises a message's first letter (Apr_...).
-            self.message_user(request, f"Request {object_id} {verb}. "
-                              + (f"The agent may now retry inside ctrlrun.with_approval('{object_id}')."
-                                 if result.status == ApprovalStatus.GRANTED else ""), messages.SUCCESS)
-            return HttpResponseRedirect(change_url)
+            self.message_user(request, self._answered_message(result, verb), messages.SUCCESS)
+            return HttpResponseRedirect(change)
         action = approval.canonical_action
         hidden = _approval_fields(approval)
-        context = {
-            **self.admin_site.each_context(request),
-            "title": f"{'Approve' if answer == 'approve' else 'Deny'} {reveal(approval.action)}?",
+        now = _now()
+        return self.console_page(request, "admin/ctrlrun/approval/decide.html", {
+            "title": f"{_g('Approve') if answer == 'approve' else _g('Deny')} {reveal(approval.action)}?",
             "approval": approval,
             "shown": {
                 "action": _shown(approval.action),
@@ -382,70 +585,127 @@ class ApprovalAdmin(EvidenceAdmin):
                 "effect_key": _shown(approval.effect_key),
                 "resource": _shown(action.get("resource")),
                 "environment": _shown(action.get("environment")),
+                "reason": reason_html(_policy_document(approval.policy_hash), approval.action,
+                                      approval.decision_reason),
+                "expires_at": when(approval.expires_at),
             },
             "hidden_warning": warning(hidden) if hidden else None,
             "answer": answer,
             "form": form,
-            "opts": self.model._meta,
-            "change_url": change_url,
-            "expires_in": timeuntil(approval.expires_at, _now()) if approval.expires_at > _now() else None,
-        }
-        return TemplateResponse(request, "admin/ctrlrun/approval/decide.html", context)
+            "change_url": change,
+            "expires_in": timeuntil(approval.expires_at, now) if approval.expires_at > now else None,
+        })
+
+    @staticmethod
+    def _answered_message(result: Any, verb: str) -> str:
+        """What an operator needs to know once they answered: what happens to the agent's call now."""
+        # Not starting with the id: the admin capitalises a message's first letter (Apr_...).
+        if result.status == ApprovalStatus.GRANTED:
+            return _g("Request %(id)s granted. The agent's call of %(action)s with exactly these arguments may now "
+                      "run, once, until %(at)s; any other call is refused.") % {
+                "id": result.approval_id, "action": reveal(result.action), "at": when_text(result.expires_at)}
+        return _g("Request %(id)s denied. The agent's call of %(action)s will not run; a retry under this "
+                  "request is refused.") % {"id": result.approval_id, "action": reveal(result.action)}
 
 
 # --------------------------------------------------------------------------- effects
 
 
 class ResolveForm(forms.Form):
-    outcome = forms.ChoiceField(choices=[("committed", "committed: the remote did act"),
-                                         ("failed", "failed: the remote did not act")],
+    outcome = forms.ChoiceField(choices=[("committed", _("committed: the remote did act")),
+                                         ("failed", _("failed: the remote did not act"))],
                                 widget=forms.RadioSelect)
     reason = forms.CharField(widget=forms.Textarea(attrs={"rows": 3, "cols": 60}),
-                             help_text="Required: what you checked, e.g. what the remote's dashboard shows.")
+                             help_text=_("Required: what you checked, e.g. what the remote's dashboard shows."))
     attempt = forms.IntegerField(widget=forms.HiddenInput)
 
 
+_HEX = "hex:"
+
+
+def _selection_value(key: str) -> str:
+    """An effect key as a selection checkbox's value: as it is, unless it holds hidden characters
+    (or could be mistaken for an encoded one), then ``hex:`` and its UTF-8 in hex."""
+    if key.startswith(_HEX) or has_hidden(key):
+        return _HEX + key.encode("utf-8", "surrogatepass").hex()
+    return key
+
+
+def _selected_key(value: str) -> str:
+    if value.startswith(_HEX):
+        try:
+            return bytes.fromhex(value[len(_HEX):]).decode("utf-8", "surrogatepass")
+        except ValueError:
+            return value  # not one of ours: matches no record
+    return value
+
+
 class NeedsAttentionFilter(admin.SimpleListFilter):
-    title = "needs attention"
+    title = _("needs attention")
     parameter_name = "attention"
 
-    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        return [("ambiguous", "ambiguous"), ("lapsed", "lease lapsed")]
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, Any]]:
+        return [("ambiguous", _("ambiguous")), ("lapsed", _("lease lapsed"))]
 
     def queryset(self, request: HttpRequest, queryset: Any) -> Any:
         if self.value() == "ambiguous":
             return queryset.filter(state=EffectState.AMBIGUOUS)
         if self.value() == "lapsed":
-            return queryset.filter(state__in=[EffectState.RESERVED, EffectState.EXECUTING],
-                                   lease_expires_at__lte=_now())
+            return queryset.filter(state__in=HELD, lease_expires_at__lte=_now())
         return queryset
 
 
 @admin.register(EffectRecord)
 class EffectRecordAdmin(EvidenceAdmin):
-    list_display = ("shown_key", "state", "shown_action", "attempt", "age", "last_error", "hook", "lease")
+    list_display = ("shown_key", "shown_state", "shown_action", "attempt", "changed", "lease", "hook", "last_error")
     list_filter = (NeedsAttentionFilter, "state", ("action", RevealedValuesFilter))
     search_fields = ("effect_key", "action_id", "action")
     list_per_page = 50
-    fields = ("shown_key", "shown_action", "state", "attempt", "action_id", "lease_expires_at", "shown_error",
-              "shown_resolved_by", "reconcile_failures", "reconcile_after", "created_at", "updated_at",
+    actions = ["ask_selected"]
+    fields = ("shown_key", "shown_action", "shown_state", "attempt", "holder", "at_lease_expires_at", "shown_error",
+              "shown_resolved_by", "reconcile_failures", "at_reconcile_after", "at_created_at", "at_updated_at",
               "idempotency_token", "hook")
-    readonly_fields = ("shown_key", "shown_action", "shown_error", "shown_resolved_by", "idempotency_token", "hook")
+    readonly_fields = ("shown_key", "shown_action", "shown_state", "holder", "at_lease_expires_at", "shown_error",
+                       "shown_resolved_by", "at_reconcile_after", "at_created_at", "at_updated_at",
+                       "idempotency_token", "hook")
     change_form_template = "admin/ctrlrun/effectrecord/change_form.html"
 
+    at_created_at = _at("created_at", _("first reserved at"))
+    at_updated_at = _at("updated_at", _("last changed at"))
+    at_reconcile_after = _at("reconcile_after", _("next ask of the remote after"))
+
     def get_queryset(self, request: HttpRequest) -> Any:
-        held = [EffectState.RESERVED, EffectState.EXECUTING]
         return super().get_queryset(request).annotate(
             attention=Case(
                 When(state=EffectState.AMBIGUOUS, then=Value(0)),
-                When(Q(state__in=held) & Q(lease_expires_at__lte=_now()), then=Value(1)),
+                When(Q(state__in=HELD) & Q(lease_expires_at__lte=_now()), then=Value(1)),
                 default=Value(2), output_field=IntegerField(),
             )
         ).order_by("attention", "-updated_at")
 
-    @admin.display(description="age")
-    def age(self, obj: EffectRecord) -> str:
-        return timesince(obj.updated_at, _now())
+    def has_resolve_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return request.user.has_perm(RESOLVE)
+
+    # The selection checkbox carries the key in the page's HTML: a key holding hidden characters goes
+    # there hex-encoded (and is decoded when the action runs), so no raw bidi character reaches the page.
+
+    @admin.display(description=mark_safe('<input type="checkbox" id="action-toggle">'))
+    def action_checkbox(self, obj: EffectRecord) -> str:
+        attrs = {"class": "action-select",
+                 "aria-label": format_html(_g("Select this object for an action - {}"), reveal(str(obj)))}
+        checkbox = forms.CheckboxInput(attrs, lambda value: False)
+        return checkbox.render(ACTION_CHECKBOX_NAME, _selection_value(obj.effect_key))
+
+    def response_action(self, request: HttpRequest, queryset: Any) -> Any:
+        if ACTION_CHECKBOX_NAME in request.POST:
+            data = request.POST.copy()
+            data.setlist(ACTION_CHECKBOX_NAME, [_selected_key(v) for v in data.getlist(ACTION_CHECKBOX_NAME)])
+            request.POST = data
+        return super().response_action(request, queryset)
+
+    @admin.display(description=_("last changed"), ordering="updated_at")
+    def changed(self, obj: EffectRecord) -> SafeString:
+        return format_html('<span title="{}">{}</span>', when_text(obj.updated_at), _ago(obj.updated_at))
 
     @admin.display(description=_("effect key"), ordering="effect_key")
     def shown_key(self, obj: EffectRecord) -> SafeString:
@@ -455,6 +715,16 @@ class EffectRecordAdmin(EvidenceAdmin):
     def shown_action(self, obj: EffectRecord) -> SafeString:
         return _shown(obj.action)
 
+    @admin.display(description=_("state"), ordering="state")
+    def shown_state(self, obj: EffectRecord) -> SafeString:
+        if obj.state in HELD and obj.lease_expires_at is not None and obj.lease_expires_at <= _now():
+            return format_html("{} {}", badge(obj.state), badge("lapsed", _g("lease lapsed")))
+        return badge(obj.state)
+
+    @admin.display(description=_("the attempt holding it"))
+    def holder(self, obj: EffectRecord) -> SafeString:
+        return call_link(self.site, obj.action_id, short=None)
+
     @admin.display(description=_("error"))
     def shown_error(self, obj: EffectRecord) -> SafeString:
         return _shown(obj.error, multiline=True)
@@ -463,28 +733,72 @@ class EffectRecordAdmin(EvidenceAdmin):
     def shown_resolved_by(self, obj: EffectRecord) -> SafeString:
         return _shown(obj.resolved_by)
 
-    @admin.display(description="last error")
-    def last_error(self, obj: EffectRecord) -> str:
+    @admin.display(description=_("last error"))
+    def last_error(self, obj: EffectRecord) -> SafeString:
         if not obj.error:
-            return "-"
-        return reveal(obj.error if len(obj.error) <= 70 else obj.error[:67] + "…")
+            return format_html("{}", "-")
+        short = obj.error if len(obj.error) <= 40 else obj.error[:39] + "…"
+        return format_html('<span title="{}">{}</span>', reveal(obj.error), _shown(short))
 
-    @admin.display(description="reconcile hook")
+    @admin.display(description=_("reconcile hook"))
     def hook(self, obj: EffectRecord) -> str:
         reconcile.ensure_discovered()
-        return "found" if reconcile.hook_for(obj.action) else "none (a human decides)"
+        return _g("found") if reconcile.hook_for(obj.action) else _g("none (a person decides)")
 
-    @admin.display(description="lease")
-    def lease(self, obj: EffectRecord) -> str:
+    @admin.display(description=_("lease"), ordering="lease_expires_at")
+    def lease(self, obj: EffectRecord) -> SafeString:
         if obj.lease_expires_at is None:
-            return "-"
+            return format_html("{}", "-")
         now = _now()
-        return "lapsed" if obj.lease_expires_at <= now else f"{timeuntil(obj.lease_expires_at, now)} left"
+        if obj.lease_expires_at <= now:
+            return format_html('<strong title="{}">{}</strong>', when_text(obj.lease_expires_at),
+                               _g("lapsed %(time)s ago") % {"time": timesince(obj.lease_expires_at, now)})
+        return format_html('<span title="{}">{}</span>', when_text(obj.lease_expires_at),
+                           _g("%(time)s left") % {"time": timeuntil(obj.lease_expires_at, now)})
 
-    @admin.display(description="provider idempotency token (the same for every attempt)")
+    @admin.display(description=_("lease expires at"), ordering="lease_expires_at")
+    def at_lease_expires_at(self, obj: EffectRecord) -> SafeString:
+        if obj.lease_expires_at is None:
+            return format_html("{}", "-")
+        return format_html("{} ({})", when(obj.lease_expires_at), self.lease(obj))
+
+    @admin.display(description=_("provider idempotency token (the same for every attempt)"))
     def idempotency_token(self, obj: EffectRecord) -> str:
-        return (f"{idempotency_token_for(obj.effect_key)}  (this attempt's own, per_attempt=True: "
+        return (f"{idempotency_token_for(obj.effect_key)}  ({_g('this attempt’s own, per_attempt=True')}: "
                 f"{idempotency_token_for(obj.effect_key, obj.attempt)})")
+
+    @admin.action(description=_("Ask the remote about the selected ambiguous effects"), permissions=["resolve"])
+    def ask_selected(self, request: HttpRequest, queryset: Any) -> None:
+        """Each selected ambiguous record (or lapsed lease) asked through its hook, as "Ask the remote now" does."""
+        reconcile.ensure_discovered()
+        outcomes: dict[str, int] = {}
+        skipped = 0
+        now = _now()
+        for record in queryset.order_by("effect_key"):
+            askable = record.state == EffectState.AMBIGUOUS or (
+                record.state in HELD and record.lease_expires_at is not None and record.lease_expires_at <= now)
+            if not askable or reconcile.hook_for(record.action) is None:
+                skipped += 1
+                continue
+            try:
+                line = reconcile.ask_now(record.effect_key, requested_by=request.user.get_username())
+            except CTRLRunError:
+                outcomes["refused"] = outcomes.get("refused", 0) + 1
+                continue
+            outcomes[line.outcome] = outcomes.get(line.outcome, 0) + 1
+            self.log_change(request, record, f"asked the remote: {line.outcome}")
+        asked = sum(outcomes.values())
+        parts = ", ".join(f"{count} {outcome}" for outcome, count in sorted(outcomes.items()))
+        message = ngettext("Asked the remote about %(n)d effect", "Asked the remote about %(n)d effects", asked) % {
+            "n": asked}
+        if parts:
+            message += f": {parts}"
+        if skipped:
+            message += ". " + ngettext(
+                "%(n)d skipped (not ambiguous, or no reconcile hook: a person decides on its page)",
+                "%(n)d skipped (not ambiguous, or no reconcile hook: a person decides on their pages)",
+                skipped) % {"n": skipped}
+        self.message_user(request, message + ".", messages.SUCCESS if asked and not skipped else messages.WARNING)
 
     def get_urls(self) -> list[Any]:
         view = self.admin_site.admin_view
@@ -501,87 +815,85 @@ class EffectRecordAdmin(EvidenceAdmin):
         context: dict[str, Any] = dict(extra_context or {})
         if effect is not None:
             now = _now()
-            askable = effect.state == EffectState.AMBIGUOUS or (
-                effect.state in (EffectState.RESERVED, EffectState.EXECUTING) and effect.lease_lapsed(now))
-            may_resolve = request.user.has_perm(RESOLVE)
+            lapsed = effect.state in HELD and effect.lease_lapsed(now)
+            askable = effect.state == EffectState.AMBIGUOUS or lapsed
+            may_resolve = self.has_resolve_permission(request)
             reconcile.ensure_discovered()
             has_hook = reconcile.hook_for(effect.action) is not None
-            lapsed = effect.state in (EffectState.RESERVED, EffectState.EXECUTING) and effect.lease_lapsed(now)
             hidden = hidden_fields({"name": effect.action}, key)
+            events = store.events_for_effect(key)
+            current = [e for e in events if e.action_id == effect.action_id]
             context.update({
-                "effect_events": [
-                    {"id": e.id, "ts": evidence_time(e.ts), "type": e.type, "action_id": e.action_id,
-                     "data": mark_safe(dumps_html(e.data, sort_keys=True))}
-                    for e in store.events_for_effect(key)
-                ],
-                "effect_receipts": [
-                    {"seq": r.seq, "receipt_id": r.receipt_id, "result": r.result, "action_id": r.action_id,
-                     "agent": _shown(r.agent)}
-                    for r in store.receipts_for_effect(key)
-                ],
+                "effect_events": _timeline(self.site, events),
+                "effect_receipts": _receipt_rows(self.site, store.receipts_for_effect(key)),
+                "proposed": _action_summary(_proposed(current) or _proposed(events)),
+                "holder": call_link(self.site, effect.action_id, short=None),
                 "shown_key": _shown(key),
                 "shown_action": _shown(effect.action),
-                "hidden_warning": warning(hidden, subject="This effect record") if hidden else None,
+                "hidden_warning": warning(hidden, subject=_g("This effect record")) if hidden else None,
                 "tampered": not effect.signature_ok,
                 "can_ask": may_resolve and askable and (has_hook or lapsed) and effect.signature_ok,
                 "has_hook": has_hook,
-                "ask_label": "Ask the remote now" if has_hook else "Mark ambiguous (the worker is gone)",
+                "ask_label": _g("Ask the remote now") if has_hook else _g("Mark ambiguous (the worker is gone)"),
                 "can_resolve": may_resolve and effect.state == EffectState.AMBIGUOUS and effect.signature_ok,
                 "resolve_form": ResolveForm(initial={"attempt": effect.attempt}),
                 "pinned_attempt": effect.attempt,
-                "ask_url": reverse("admin:ctrlrun_effectrecord_ask", args=[object_id]),
-                "resolve_url": reverse("admin:ctrlrun_effectrecord_resolve", args=[object_id]),
+                "ask_url": reverse(f"{self.site}:ctrlrun_effectrecord_ask", args=[object_id], current_app=self.site),
+                "resolve_url": reverse(f"{self.site}:ctrlrun_effectrecord_resolve", args=[object_id],
+                                       current_app=self.site),
             })
         return super().change_view(request, object_id, form_url, context)
 
     def _effect_or_404(self, request: HttpRequest, object_id: str) -> tuple[str, str]:
-        if not request.user.has_perm(RESOLVE):
-            raise PermissionDenied("resolving effects needs the ctrlrun.resolve_effect permission")
+        if not self.has_resolve_permission(request):
+            raise PermissionDenied(_g("resolving effects needs the ctrlrun.resolve_effect permission"))
         if request.method != "POST":
-            raise PermissionDenied("this action only accepts a form submission")
+            raise PermissionDenied(_g("this action only accepts a form submission"))
+        request.current_app = self.site
         key = _object_key(object_id)
-        if store.get_effect(key) is None:
-            raise Http404(f"no effect {reveal(key)}")
-        return key, reverse("admin:ctrlrun_effectrecord_change", args=[quote(key)])
+        if self.get_object(request, key) is None:
+            raise Http404(_g("no effect %(key)s") % {"key": reveal(key)})
+        return key, change_url(self.site, "effectrecord", key)
 
     def ask_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
-        key, change_url = self._effect_or_404(request, object_id)
+        key, change = self._effect_or_404(request, object_id)
         reconcile.ensure_discovered()
         try:
             line = reconcile.ask_now(key, requested_by=request.user.get_username())
         except CTRLRunError as exc:
             self.message_user(request, reveal(str(exc)), messages.ERROR)
-            return HttpResponseRedirect(change_url)
+            return HttpResponseRedirect(change)
         level = messages.SUCCESS if line.outcome in ("committed", "failed") else messages.WARNING
         self.message_user(request, reveal(f"asked the remote about {key}: {line.outcome} ({line.detail})"), level)
-        self.log_change(request, EffectRecord.objects.using(conf.database_alias()).get(pk=key), f"asked the remote: {line.outcome}")
-        return HttpResponseRedirect(change_url)
+        self.log_change(request, self.get_object(request, key), f"asked the remote: {line.outcome}")
+        return HttpResponseRedirect(change)
 
     def resolve_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
-        key, change_url = self._effect_or_404(request, object_id)
+        key, change = self._effect_or_404(request, object_id)
         form = ResolveForm(request.POST)
         if not form.is_valid():
             problems = "; ".join(f"{field}: {' '.join(errors)}" for field, errors in form.errors.items())
             self.message_user(request, reveal(f"not resolved: {problems}"), messages.ERROR)
-            return HttpResponseRedirect(change_url)
+            return HttpResponseRedirect(change)
         outcome, reason, attempt = (form.cleaned_data[f] for f in ("outcome", "reason", "attempt"))
         try:
             store.resolve(key, outcome, by=request.user.get_username(), reason=reason, attempt=attempt)
         except CTRLRunError as exc:
             self.message_user(request, reveal(f"not resolved: {exc}"), messages.ERROR)
-            return HttpResponseRedirect(change_url)
-        self.log_change(request, EffectRecord.objects.using(conf.database_alias()).get(pk=key), f"resolved {outcome} (attempt {attempt}): {reason}")
-        after = ("a retry is now permitted" if outcome == "failed" else "a retry will be refused as a duplicate")
+            return HttpResponseRedirect(change)
+        self.log_change(request, self.get_object(request, key), f"resolved {outcome} (attempt {attempt}): {reason}")
+        after = (_g("a retry is now permitted") if outcome == "failed"
+                 else _g("a retry will be refused as a duplicate"))
         self.message_user(request, reveal(f"Effect {key} resolved {outcome} by {request.user.get_username()}; {after}"),
                           messages.SUCCESS)
-        return HttpResponseRedirect(change_url)
+        return HttpResponseRedirect(change)
 
 
 # --------------------------------------------------------------------------- evidence
 
 
 class ReceiptResultFilter(admin.SimpleListFilter):
-    title = "result"
+    title = _("result")
     parameter_name = "result"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
@@ -591,18 +903,46 @@ class ReceiptResultFilter(admin.SimpleListFilter):
         return queryset.filter(result=self.value()) if self.value() else queryset
 
 
+def _since(result: str, effect_state: str | None) -> str | None:
+    """A receipt's result said ambiguous; what its effect record says now, when it was resolved since."""
+    if result == "ambiguous" and effect_state in (EffectState.COMMITTED, EffectState.FAILED):
+        return str(effect_state)
+    return None
+
+
 @admin.register(Receipt)
 class ReceiptAdmin(EvidenceAdmin):
-    list_display = ("seq", "finished", "receipt_id", "shown_action", "decision", "result", "shown_key", "shown_agent")
+    list_display = ("seq", "finished", "shown_action", "outcome", "shown_key", "shown_agent", "receipt")
+    list_display_links = ("seq",)
     list_filter = (ReceiptResultFilter, "decision", ("action", RevealedValuesFilter), ("agent", RevealedValuesFilter),
-                   "ts")
+                   ("ts", WrittenFilter))
     search_fields = ("receipt_id", "action_id", "effect_key", "agent", "action")
     date_hierarchy = "ts"
     list_per_page = 100
-    fields = ("receipt_id", "seq", "action_id", "shown_action", "shown_agent", "decision", "result", "shown_key", "ts",
-              "prev_hash", "hash", "pretty_document")
-    readonly_fields = ("shown_action", "shown_agent", "shown_key", "pretty_document")
+    ordering = ("-seq",)
+    fieldsets = [
+        (None, {"fields": ("receipt_id", "seq", "at_ts", "shown_action", "shown_agent", "decision_and_rule", "outcome",
+                           "shown_key", "call", "approval", "shown_policy")}),
+        (_("Chain"), {"fields": ("previous", "prev_hash", "hash")}),
+        (_("Document"), {"fields": ("pretty_document",)}),
+    ]
+    readonly_fields = ("at_ts", "shown_action", "shown_agent", "decision_and_rule", "outcome", "shown_key", "call",
+                       "approval", "shown_policy", "previous", "pretty_document")
     change_list_template = "admin/ctrlrun/receipt/change_list.html"
+    change_form_template = "admin/ctrlrun/receipt/change_form.html"
+
+    at_ts = _at("ts", _("written at"))
+
+    def get_queryset(self, request: HttpRequest) -> Any:
+        effect = EffectRecord.objects.filter(pk=OuterRef("effect_key")).values("state")[:1]
+        return super().get_queryset(request).annotate(effect_state=Subquery(effect))
+
+    def _doc(self, obj: Receipt) -> dict[str, Any]:
+        try:
+            doc = json.loads(obj.document)
+        except ValueError:
+            return {}
+        return doc if isinstance(doc, dict) else {}
 
     @admin.display(description=_("action"), ordering="action")
     def shown_action(self, obj: Receipt) -> SafeString:
@@ -614,20 +954,79 @@ class ReceiptAdmin(EvidenceAdmin):
 
     @admin.display(description=_("effect key"), ordering="effect_key")
     def shown_key(self, obj: Receipt) -> SafeString:
-        return _shown(obj.effect_key)
+        return effect_link(self.site, obj.effect_key) if obj.effect_key else _shown(None)
 
-    @admin.display(description="finished", ordering="ts")
-    def finished(self, obj: Receipt) -> str:
-        return evidence_time(obj.ts) or "-"
+    @admin.display(description=_("written"), ordering="ts")
+    def finished(self, obj: Receipt) -> SafeString:
+        return when(obj.ts)
 
-    @admin.display(description="document (ctrlrun.receipt/v7)")
+    @admin.display(description=_("receipt"), ordering="receipt_id")
+    def receipt(self, obj: Receipt) -> SafeString:
+        return format_html('<span title="{}">{}…</span>', obj.receipt_id, obj.receipt_id[:12])
+
+    @admin.display(description=_("decision → result"), ordering="result")
+    def outcome(self, obj: Receipt) -> SafeString:
+        shown_result = format_html("{} → {}", obj.decision, badge(obj.result))
+        since = _since(obj.result, getattr(obj, "effect_state", None))
+        if since:
+            return format_html('{} <span class="ctrlrun-since" title="{}">{} {}</span>', shown_result,
+                               _g("the effect record was resolved after this receipt was written"),
+                               _g("resolved since:"), badge(since))
+        return shown_result
+
+    @admin.display(description=_("decision"))
+    def decision_and_rule(self, obj: Receipt) -> SafeString:
+        doc = self._doc(obj)
+        return format_html("{} {}", badge(obj.decision), reason_html(
+            _policy_document(doc.get("policy_hash")), obj.action, doc.get("decision_reason")))
+
+    @admin.display(description=_("call"))
+    def call(self, obj: Receipt) -> SafeString:
+        return call_link(self.site, obj.action_id, short=None)
+
+    @admin.display(description=_("approval"))
+    def approval(self, obj: Receipt) -> SafeString:
+        doc = self._doc(obj)
+        approval_id = doc.get("approval_id")
+        if not approval_id:
+            return _shown(None)
+        approver = doc.get("approver")
+        return format_html("{}{}", approval_link(self.site, str(approval_id), short=None),
+                           format_html(" ({} {})", _g("approved by"), _shown(str(approver))) if approver else "")
+
+    @admin.display(description=_("policy document"))
+    def shown_policy(self, obj: Receipt) -> SafeString:
+        return policy_link(self.site, self._doc(obj).get("policy_hash"))
+
+    @admin.display(description=_("previous receipt"))
+    def previous(self, obj: Receipt) -> SafeString:
+        if not obj.seq or obj.seq <= 1:
+            return format_html("{}", _g("none: the first receipt (its previous hash is the genesis hash)"))
+        before = Receipt.objects.using(conf.database_alias()).filter(seq=obj.seq - 1).values_list(
+            "receipt_id", flat=True).first()
+        if before is None:
+            return format_html("<strong>{}</strong>", _g("missing: no receipt holds seq %(seq)d") % {"seq": obj.seq - 1})
+        return format_html("{} {}", obj.seq - 1, receipt_link(self.site, before, short=None))
+
+    @admin.display(description=_("document (ctrlrun.receipt/v7)"))
     def pretty_document(self, obj: Receipt) -> str:
         try:
             return _pre(json.loads(obj.document))
         except ValueError:
-            return format_html('<pre class="ctrlrun-json">{}</pre><p class="errornote">This document is not valid '
-                               'JSON: the row was altered. Run the chain check.</p>',
-                               _shown(obj.document, multiline=True))
+            return format_html('<pre class="ctrlrun-json">{}</pre><p class="errornote">{}</p>',
+                               _shown(obj.document, multiline=True),
+                               _g("This document is not valid JSON: the row was altered. Run the chain check."))
+
+    def change_view(self, request: HttpRequest, object_id: str, form_url: str = "",
+                    extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        context: dict[str, Any] = dict(extra_context or {})
+        obj = self.get_object(request, _object_key(object_id))
+        if obj is not None and obj.result == "ambiguous" and obj.effect_key:
+            effect = store.get_effect(obj.effect_key)
+            if effect is not None and _since(obj.result, effect.state):
+                context["resolved_since"] = {"state": effect.state, "by": _shown(effect.resolved_by),
+                                             "at": when(effect.updated_at), "effect": effect_link(self.site, effect.effect_key)}
+        return super().change_view(request, object_id, form_url, context)
 
     def get_urls(self) -> list[Any]:
         return [path("verify/", self.admin_site.admin_view(self.verify_view), name="ctrlrun_receipt_verify"),
@@ -648,49 +1047,141 @@ class ReceiptAdmin(EvidenceAdmin):
         return TemplateResponse(request, "admin/ctrlrun/receipt/verify.html", context)
 
 
+class EmittedTypeFilter(admin.ChoicesFieldListFilter):
+    """The event types this version of ctrlrun writes; the vocabulary also names the reference's
+    later ones (authority, delegation, suspension, clock skew), which no row here holds."""
+
+    def choices(self, changelist: Any) -> Any:
+        for choice in super().choices(changelist):
+            if str(choice["display"]) not in _NEVER_WRITTEN:
+                yield choice
+
+
+_NEVER_WRITTEN = frozenset(t.value for t in EventType) - EMITTED_EVENT_TYPES
+
+
 @admin.register(Event)
 class EventAdmin(EvidenceAdmin):
-    list_display = ("id", "when", "type", "action_id", "shown_key", "approval_id", "short_data")
-    list_filter = ("type", "ts")
+    list_display = ("id", "written", "type", "call", "about", "short_data")
+    list_filter = (("type", EmittedTypeFilter), ("ts", WrittenFilter))
     search_fields = ("action_id", "effect_key", "approval_id")
     date_hierarchy = "ts"
     list_per_page = 100
-    fields = ("id", "ts", "type", "action_id", "shown_key", "approval_id", "pretty_data")
-    readonly_fields = ("shown_key", "pretty_data")
+    ordering = ("-id",)
+    fields = ("id", "seq", "at_ts", "type", "call", "shown_key", "approval", "pretty_data", "prev_hash", "hash")
+    readonly_fields = ("at_ts", "call", "shown_key", "approval", "pretty_data")
+
+    at_ts = _at("ts", _("written at"))
 
     @admin.display(description=_("effect key"), ordering="effect_key")
     def shown_key(self, obj: Event) -> SafeString:
-        return _shown(obj.effect_key)
+        return effect_link(self.site, obj.effect_key) if obj.effect_key else _shown(None)
 
-    @admin.display(description="ts", ordering="ts")
-    def when(self, obj: Event) -> str:
-        return evidence_time(obj.ts) or "-"
+    @admin.display(description=_("call"), ordering="action_id")
+    def call(self, obj: Event) -> SafeString:
+        return call_link(self.site, obj.action_id, short=12)
 
-    @admin.display(description="data")
+    @admin.display(description=_("approval"), ordering="approval_id")
+    def approval(self, obj: Event) -> SafeString:
+        return approval_link(self.site, obj.approval_id)
+
+    @admin.display(description=_("effect key / approval"))
+    def about(self, obj: Event) -> SafeString:
+        """What the event is about: its effect key, its approval request, or both."""
+        parts = [effect_link(self.site, obj.effect_key)] if obj.effect_key else []
+        if obj.approval_id:
+            parts.append(approval_link(self.site, obj.approval_id, short=12))
+        return format_html("{}", mark_safe("<br>".join(parts))) if parts else _shown(None)
+
+    @admin.display(description=_("written"), ordering="ts")
+    def written(self, obj: Event) -> SafeString:
+        return when(obj.ts)
+
+    @admin.display(description=_("data"))
     def short_data(self, obj: Event) -> str:
-        text = dumps(obj.data, sort_keys=True)
-        return text if len(text) <= 90 else text[:87] + "…"
+        data = obj.data if not isinstance(obj.data, dict) or "action" not in obj.data else {
+            **obj.data, "action": "…"}
+        text = dumps(data, sort_keys=True)
+        return text if len(text) <= 80 else text[:79] + "…"
 
-    @admin.display(description="data")
+    @admin.display(description=_("data"))
     def pretty_data(self, obj: Event) -> str:
         return _pre(obj.data)
+
+    def get_urls(self) -> list[Any]:
+        return [path("call/<path:action_id>/", self.admin_site.admin_view(self.call_view), name="ctrlrun_call"),
+                *super().get_urls()]
+
+    def call_view(self, request: HttpRequest, action_id: str) -> HttpResponse:
+        """One call (an action id): what it proposed, what the policy decided and why, its effect record,
+        the approvals it asked for or used, its receipts and its events."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied(_g("reading events needs the view permission"))
+        action_id = _object_key(action_id)
+        events = store.events_for_action(action_id)
+        receipts = store.receipts_for_action(action_id)
+        if not events and not receipts:
+            raise Http404(_g("no call %(id)s: no event or receipt names it") % {"id": reveal(action_id)})
+        proposed = _proposed(events)
+        evaluated = next((e.data for e in events if e.type == "POLICY_EVALUATED"), {})
+        policy_hash = next((r.doc.get("policy_hash") for r in receipts if _readable(r)), None)
+        name = (proposed or {}).get("name") or (receipts[0].action if receipts else "")
+        keys = sorted({e.effect_key for e in events if e.effect_key} | {r.effect_key for r in receipts if r.effect_key})
+        alias = conf.database_alias()
+        approvals = Approval.objects.using(alias).filter(Q(action_id=action_id) | Q(consumed_by=action_id)).order_by(
+            "created_at")
+        now = _now()
+        return self.console_page(request, "admin/ctrlrun/call.html", {
+            "title": _g("Call %(id)s") % {"id": action_id},
+            "action_id": action_id,
+            "proposed": _action_summary(proposed),
+            "decision": badge(evaluated.get("decision")) if evaluated else None,
+            "reason": reason_html(_policy_document(policy_hash), name, evaluated.get("reason")) if evaluated else None,
+            "policy": policy_link(self.site, policy_hash) if policy_hash else None,
+            "effects": [{"key": effect_link(self.site, k), "state": badge(e.state) if e else _shown(None)}
+                        for k in keys for e in [store.get_effect(k)]],
+            "approvals": [{"id": approval_link(self.site, a.approval_id, short=None),
+                           "role": _g("asked for") if a.action_id == action_id else _g("used"),
+                           "status": badge(effective_status(a.status, a.expires_at, now)),
+                           "approver": _shown(a.approver)} for a in approvals],
+            "receipts": _receipt_rows(self.site, receipts),
+            "events": _timeline(self.site, events),
+        })
+
+
+def _readable(receipt: Any) -> bool:
+    try:
+        return isinstance(receipt.doc, dict)
+    except ValueError:
+        return False
 
 
 @admin.register(PolicyDocument)
 class PolicyDocumentAdmin(EvidenceAdmin):
-    list_display = ("hash", "schema", "source", "environment", "first_seen", "in_force")
+    list_display = ("short_hash", "schema", "shown_source", "environment", "at_first_seen", "in_force")
     search_fields = ("hash", "source")
-    fields = ("hash", "schema", "source", "environment", "first_seen", "in_force", "pretty_text")
-    readonly_fields = ("in_force", "pretty_text")
+    fields = ("hash", "schema", "shown_source", "environment", "at_first_seen", "in_force", "pretty_text")
+    readonly_fields = ("shown_source", "at_first_seen", "in_force", "pretty_text")
 
-    @admin.display(description="in force here")
+    at_first_seen = _at("first_seen", _("first used at"))
+
+    @admin.display(description=_("hash"), ordering="hash")
+    def short_hash(self, obj: PolicyDocument) -> SafeString:
+        return format_html('<span title="{}">{}…</span>', obj.hash, obj.hash[:19])
+
+    @admin.display(description=_("source"), ordering="source")
+    def shown_source(self, obj: PolicyDocument) -> SafeString:
+        return _shown(obj.source)
+
+    @admin.display(description=_("in force here"))
     def in_force(self, obj: PolicyDocument) -> str:
         current = _current_policy_hash()
         if current is None:
-            return "unknown (this server cannot read its policy file)"
-        return f"yes: {conf.policy_path()}" if obj.hash == current else "no (an earlier or other policy)"
+            return _g("unknown (this server cannot read its policy file)")
+        return _g("yes: %(path)s") % {"path": conf.policy_path()} if obj.hash == current else \
+            _g("no (an earlier or other policy)")
 
-    @admin.display(description="text")
+    @admin.display(description=_("text"))
     def pretty_text(self, obj: PolicyDocument) -> str:
         return format_html('<pre class="ctrlrun-json">{}</pre>', mark_safe(reveal_html(obj.text, multiline=True)))
 

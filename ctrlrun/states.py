@@ -92,6 +92,17 @@ class EventType(_Str):
     CLOCK_SKEW_DETECTED = "CLOCK_SKEW_DETECTED"
 
 
+#: The event types this version writes. The rest of the vocabulary (authority, delegation,
+#: suspension, clock skew) belongs to capabilities not built yet; the console offers only these.
+EMITTED_EVENT_TYPES: frozenset[str] = frozenset({
+    EventType.ACTION_PROPOSED, EventType.POLICY_EVALUATED, EventType.ACTION_DENIED, EventType.APPROVAL_REQUESTED,
+    EventType.APPROVAL_GRANTED, EventType.APPROVAL_DENIED, EventType.APPROVAL_EXPIRED,
+    EventType.APPROVAL_INVALIDATED, EventType.APPROVAL_CONSUMED, EventType.EFFECT_RESERVED,
+    EventType.EFFECT_RESERVATION_REFUSED, EventType.EXECUTION_STARTED, EventType.EXECUTION_COMMITTED,
+    EventType.EXECUTION_FAILED, EventType.EXECUTION_AMBIGUOUS, EventType.EFFECT_RESOLVED,
+    EventType.RECONCILIATION_STARTED, EventType.RECONCILIATION_RESOLVED,
+})
+
 #: What a reconcile hook may answer. Anything else is recorded as ``invalid_return``.
 ReconcileOutcome = Literal["committed", "not_executed", "unknown"]
 RECONCILE_ANSWERS: frozenset[str] = frozenset({"committed", "not_executed", "unknown"})

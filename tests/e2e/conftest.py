@@ -23,7 +23,7 @@ from tests.support import PASSWORD, REPO
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
-WIDTH, HEIGHT = 1400, 1000
+WIDTH, HEIGHT = 1280, 800  # a laptop
 
 
 def screenshot_folder() -> Path:

@@ -279,7 +279,9 @@ def test_deny_by_role(role, refund, as_role, client):
     if role in DECIDERS:
         assert page.status_code == 200 and "You are about to refuse this action" in text(page)
         assert response.redirect_chain == [(approval_url(approval_id), 302)]
-        assert shown_messages(response) == [f"Request {approval_id} denied. "]
+        assert shown_messages(response) == [
+            f"Request {approval_id} denied. The agent's call of stripe.refund will not run; a retry under this "
+            f"request is refused."]
         row = Approval.objects.get(pk=approval_id)
         assert (row.status, row.approver, row.note) == ("denied", user.username, "too large")
         [denied] = answer_events(approval_id)
@@ -314,8 +316,11 @@ def test_grant_in_console_lets_the_agent_retry_run_once(refund, remote, as_role,
     approval_id = ask(refund)
     as_role("approver")
     response = client.post(approval_url(approval_id, "approve"), {"note": ""}, follow=True)
-    assert shown_messages(response) == [
-        f"Request {approval_id} granted. The agent may now retry inside ctrlrun.with_approval('{approval_id}')."]
+    [message] = shown_messages(response)
+    # What happens to the agent's call, for the operator; not a developer's instruction.
+    assert message.startswith(f"Request {approval_id} granted. The agent's call of stripe.refund with exactly these "
+                              f"arguments may now run, once, until 2") and message.endswith(" UTC; any other call is refused.")
+    assert "with_approval" not in message
     assert remote.calls == []
     with ctrlrun.context(agent="support-agent"), ctrlrun.with_approval(approval_id):
         assert refund(payment_id="txn_1", amount=APPROVED_AMOUNT) == {"id": "re_txn_1", "amount": APPROVED_AMOUNT}
@@ -344,12 +349,17 @@ def test_self_approval_is_refused(refund, as_role, client):
 
 
 def test_expired_request_is_refused_and_marked_expired(refund, as_role, client, clock):
-    """Past expires_at the confirmation says so, the POST is refused with a message and the request becomes expired."""
+    """Past expires_at the confirmation is not offered (GET redirects with why), the POST is refused with a
+    message and the request becomes expired."""
     approval_id = ask(refund)
     clock.advance(minutes=16)
     as_role("approver")
-    page = client.get(approval_url(approval_id, "approve"))
-    assert page.status_code == 200 and "already expired" in text(page)
+    page = client.get(approval_url(approval_id, "approve"), follow=True)
+    assert page.redirect_chain == [(approval_url(approval_id), 302)]
+    [refusal] = shown_messages(page)
+    assert refusal.startswith(f"Request {approval_id} expired at ") and refusal.endswith("the agent must ask again")
+    assert "Yes, approve" not in text(page) and not has_id(page, "ctrlrun-approve")
+    assert status(approval_id) == "pending"  # a GET writes nothing
     response = client.post(approval_url(approval_id, "approve"), {"note": "late"}, follow=True)
     [message] = shown_messages(response)
     assert message.startswith(f"approval {approval_id} expired at ") and message.endswith("the agent must ask again")
@@ -543,7 +553,8 @@ def test_ask_the_remote_moves_the_record_and_shows_the_answer(remote, as_role, c
     record = EffectRecord.objects.get(pk=key)
     assert (record.state, record.resolved_by) == ("committed", "reconcile:stripe.refund")
     started = Event.objects.get(effect_key=key, type="RECONCILIATION_STARTED")
-    assert started.data == {"effect_key": key, "trigger": "deferred", "requested_by": "rita"}
+    # A person asked, not a reconcile pass: the event says so.
+    assert started.data == {"effect_key": key, "trigger": "operator", "requested_by": "rita"}
     assert resolutions(key) == [{"state": "committed", "resolver": "reconcile:stripe.refund",
                                  "resolved_by": "reconcile"}]
     [entry] = log_entries(key)
@@ -681,7 +692,7 @@ def test_receipt_search_and_filters(refund, remote, as_role, client):
     by_key = listing_effects(client.get(listing, {"q": "refund:txn_2"}))
     assert by_key == ["refund:txn_2"]
     assert listing_effects(client.get(listing, {"result": "ambiguous"})) == ["refund:txn_3"]
-    assert listing_effects(client.get(listing, {"result": "committed"})) == ["refund:txn_1", "refund:txn_2"]
+    assert listing_effects(client.get(listing, {"result": "committed"})) == ["refund:txn_2", "refund:txn_1"]  # newest first
     assert len(listing_effects(client.get(listing, {"action__exact": "stripe.refund"}))) == 3
     assert listing_effects(client.get(listing, {"agent__exact": "nobody"})) == []
 
@@ -699,8 +710,8 @@ def test_event_search_and_filters(refund, as_role, client):
     response = client.get(listing, {"type__exact": "APPROVAL_REQUESTED"})
     assert [e.approval_id for e in response.context["cl"].result_list] == [approval_id]
     response = client.get(listing, {"q": "refund:txn_1"})
-    assert [e.type for e in response.context["cl"].result_list] == [
-        "ACTION_PROPOSED", "POLICY_EVALUATED", "EFFECT_RESERVED", "EXECUTION_STARTED", "EXECUTION_COMMITTED"]
+    assert [e.type for e in response.context["cl"].result_list] == [  # newest first
+        "EXECUTION_COMMITTED", "EXECUTION_STARTED", "EFFECT_RESERVED", "POLICY_EVALUATED", "ACTION_PROPOSED"]
     response = client.get(listing, {"q": approval_id})
     assert [e.type for e in response.context["cl"].result_list] == ["APPROVAL_REQUESTED"]
 
@@ -714,8 +725,12 @@ def test_approval_filters(refund, as_role, client):
     store.answer_approval(first, True, by="bob")
     as_role("approver")
     listing = url("ctrlrun_approval_changelist")
-    assert listed(client.get(listing, {"status__exact": "granted"})) == [first]
-    assert listed(client.get(listing, {"status__exact": "pending", "agent__exact": "support-agent"})) == [second]
+    assert listed(client.get(listing, {"status": "granted"})) == [first]
+    assert listed(client.get(listing, {"status": "pending", "agent__exact": "support-agent"})) == [second]
+    # A link from before the status filter keeps its meaning.
+    old = client.get(listing, {"status__exact": "pending", "agent__exact": "support-agent"})
+    assert old.status_code == 302 and parse_qs(urlsplit(old.url).query) == {
+        "status": ["pending"], "agent__exact": ["support-agent"]}
     assert len(listed(client.get(listing, {"action__exact": "stripe.refund"}))) == 3
     assert len(listed(client.get(listing, {"agent__exact": "billing-agent"}))) == 1
 
@@ -814,12 +829,12 @@ def test_index_overview_counts_and_links(refund, remote, as_role, client, clock)
     approvals_url = url("ctrlrun_approval_changelist")
     effects_url = url("ctrlrun_effectrecord_changelist")
     assert tiles == {
-        "approvals": f"2 approvals waiting -> {approvals_url}?status__exact=pending",
+        "approvals": f"2 approvals waiting -> {approvals_url}?status=pending",
         "ambiguous": f"1 ambiguous effect -> {effects_url}?attention=ambiguous",
         "lapsed": f"1 lapsed lease -> {effects_url}?attention=lapsed",
         "chain": f"intact receipt chain (2 receipts) -> {url('ctrlrun_receipt_verify')}",
     }
-    assert listed(client.get(approvals_url, {"status__exact": "pending"})) == waiting
+    assert listed(client.get(approvals_url, {"status": "pending"})) == waiting
     assert listed(client.get(effects_url, {"attention": "ambiguous"})) == [lost]
     assert listed(client.get(effects_url, {"attention": "lapsed"})) == ["refund:txn_6"]
 
@@ -858,7 +873,7 @@ def test_effect_list_shows_ambiguous_then_lapsed_first(refund, remote, as_role, 
     assert listed(response)[:2] == [lost, "refund:txn_dead"]
     assert set(listed(response)[2:]) == {"refund:txn_old", "refund:txn_live", "refund:txn_new"}
     shown = text(response)
-    assert "TimeoutError: read timed out" in shown and "none (a human decides)" in shown and "lapsed" in shown
+    assert "TimeoutError: read timed out" in shown and "none (a person decides)" in shown and "lapsed" in shown
 
 
 # --------------------------------------------------------------------------- CSRF
