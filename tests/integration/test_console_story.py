@@ -268,7 +268,8 @@ ops_site = django_admin.AdminSite(name="ops")
 for _model, _model_admin in list(django_admin.site._registry.items()):
     if _model._meta.app_label == "ctrlrun":
         ops_site.register(_model, type(_model_admin))
-urlpatterns = [path("ops/", ops_site.urls)]
+# Both sites at once: a link built with a hard-coded "admin:" would lead from /ops/ back to /admin/.
+urlpatterns = [path("admin/", django_admin.site.urls), path("ops/", ops_site.urls)]
 
 
 @pytest.mark.urls(__name__)
