@@ -29,7 +29,7 @@ def create_console_groups(*, apps: Any = global_apps, using: str = "default", ve
     without anyone seeing it; and nothing is ever removed. A group someone deleted is made again,
     empty of members, so it grants nobody anything until an operator adds people to it.
     """
-    if not (global_apps.is_installed("django.contrib.auth") and global_apps.is_installed("django.contrib.contenttypes")):
+    if not all(global_apps.is_installed(f"django.contrib.{app}") for app in ("auth", "contenttypes")):
         return []
     from django.contrib.auth.management import create_permissions
     from django.db import router

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import getpass
 import os
 from typing import Any
@@ -38,6 +39,18 @@ def positive_int(value: str) -> int:
         given = str(number) if len(str(number)) <= 30 else f"a number of {len(str(number))} digits"
         raise argparse.ArgumentTypeError(f"must be at most {MAX_COUNT} (2**63 - 1), got {given}")
     return number
+
+
+def span(delta: dt.timedelta) -> str:
+    """A duration as people read it at a glance: 45s, 12m, 3h05m, 2d."""
+    seconds = int(abs(delta.total_seconds()))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m"
+    if seconds < 86400:
+        return f"{seconds // 3600}h{(seconds % 3600) // 60:02d}m"
+    return f"{seconds // 86400}d"
 
 
 def default_person() -> str:
