@@ -232,3 +232,15 @@ def test_a_postgresql_store_first_made_by_a_script_becomes_a_console_database(tm
     key_file = folder / ".ctrlrun" / "signing.key"  # beside the policy, for a PostgreSQL store
     assert key_file.exists() and not (folder / ".ctrlrun" / "state.db").exists()
     check_becomes_console(folder, scratch_postgres, key_file, receipts=3, cli_env=env)
+
+
+@pytest.mark.slow
+def test_manage_py_reads_a_scripts_store_without_a_secret_key(tmp_path):
+    """No SECRET_KEY and no CTRLRUN_SIGNING_KEY (commands run without one): manage.py finds the key
+    file beside the SQLite store, as the script did, instead of failing with a traceback."""
+    folder = script_folder(tmp_path)
+    ok(run([sys.executable, "agent.py"], folder, clean_env()))
+    env = clean_env(DATABASE_URL=f"sqlite:///{folder / '.ctrlrun' / 'state.db'}")
+    ok(run([sys.executable, "manage.py", "migrate", "--no-input"], REPO, env))
+    verified = ok(run([sys.executable, "manage.py", "receipts", "--verify-chain"], REPO, env))
+    assert "the chain is intact" in verified.stdout
