@@ -10,8 +10,18 @@ from __future__ import annotations
 import os
 import sys
 
+from typing import NoReturn
+
 from . import __version__
 from .errors import CTRLRunError
+
+#: The exit status when the reader of a command's output went away ('ctrlrun receipts | head -1'):
+#: 128 + SIGPIPE, what the shell reports for cat, git or yes in the same pipe. Not 0 (the output
+#: was cut short: a '--verify-chain' that could not say everything must not look like success),
+#: and not 1 or 2, which say the chain is broken or the command line is wrong. (Help and the
+#: version cut short exit 0: the reader had what it asked for.)
+BROKEN_PIPE_STATUS = 141
+VERSION = f"ctrlrun, version {__version__}"
 
 #: command -> (creates the store if missing?, one-line summary)
 COMMANDS: dict[str, tuple[bool, str]] = {
@@ -35,13 +45,44 @@ def _usage() -> str:
     return "\n".join(lines)
 
 
+def stop_for_closed_pipe() -> NoReturn:
+    """Stop quietly because stdout's reader went away: no traceback, exit ``BROKEN_PIPE_STATUS``.
+
+    What is still buffered goes to /dev/null (Python would otherwise fail again flushing it at
+    exit, and print 'Exception ignored ... BrokenPipeError')."""
+    _quiet_stdout()
+    raise SystemExit(BROKEN_PIPE_STATUS)
+
+
+def _quiet_stdout() -> None:
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; its exit status. A closed pipe ('| head') ends it quietly with 141."""
+    try:
+        try:
+            status = _main(argv)
+            sys.stdout.flush()  # here, where a closed pipe is caught, not at interpreter exit
+        except BrokenPipeError:
+            stop_for_closed_pipe()
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 1
+    return status
+
+
+def _main(argv: list[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help", "help"):
-        print(_usage())
-        return 0
-    if argv[0] == "--version":
-        print(f"ctrlrun, version {__version__}")
+    if not argv or argv[0] in ("-h", "--help", "help", "--version"):
+        # Help and the version, as argparse prints them for each command: a reader that stopped
+        # early ('--help | head -2') took what it wanted, so this is no failure (exit 0, quietly).
+        try:
+            print(VERSION if argv and argv[0] == "--version" else _usage())
+            sys.stdout.flush()
+        except BrokenPipeError:
+            _quiet_stdout()
         return 0
     name = argv[0]
     if name not in COMMANDS:
@@ -49,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # so 'reconcile --import my_tools' finds the folder's modules
-    wants_help = any(arg in ("-h", "--help") for arg in argv[1:])
+    wants_help = any(arg in ("-h", "--help", "--version") for arg in argv[1:])  # needs no store
     try:
         from . import standalone
 
@@ -63,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     from django.core.management import load_command_class
 
     command = load_command_class("ctrlrun", name)
+    command.console_script = True  # its own options only, and messages that say 'ctrlrun ...'
     try:
         command.run_from_argv(["ctrlrun", name, *argv[1:]])
     except SystemExit as exc:

@@ -9,15 +9,17 @@ action's name. ``discover()`` imports, the way Django finds ``admin.py``, each i
 """
 from __future__ import annotations
 
+import datetime as dt
 import importlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from . import conf, store
-from .errors import InvalidArgument
-from .protect import call_hook, hook_for
+from .errors import InvalidArgument, PolicyError
+from .protect import call_hook, hook_for, registered_actions
 
-__all__ = ["Line", "Report", "discover", "ensure_discovered", "run_once", "ask", "ask_now"]
+__all__ = ["Line", "Report", "discover", "ensure_discovered", "run_once", "ask", "ask_now", "is_known_action",
+           "known_actions"]
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,11 @@ class Line:
 class Report:
     swept: list[store.EffectView] = field(default_factory=list)
     lines: list[Line] = field(default_factory=list)
+    #: Ambiguous records not asked in this pass: their hook gave no answer lately, and they wait in
+    #: backoff until ``reconcile_after``.
+    waiting: list[store.EffectView] = field(default_factory=list)
+    #: The store's clock when the pass began.
+    now: dt.datetime | None = None
 
     def count(self, outcome: str) -> int:
         return sum(1 for line in self.lines if line.outcome == outcome)
@@ -41,7 +48,7 @@ class Report:
             f"swept {len(self.swept)} lapsed lease(s); asked {len(self.lines) - self.count('needs_human')} hook(s): "
             f"{self.count('committed')} committed, {self.count('failed')} failed, {self.count('unknown')} unknown, "
             f"{self.count('dropped')} dropped (the record moved meanwhile), {self.count('error')} error(s); "
-            f"{self.count('needs_human')} need a human"
+            f"{self.count('needs_human')} need a human; {len(self.waiting)} waiting in backoff"
         )
 
 
@@ -68,6 +75,11 @@ def run_once(*, action: str | None = None, limit: int | None = None) -> Report:
     Leases and backoffs are compared with the store's clock (the database's, on PostgreSQL).
     """
     report = Report(swept=store.sweep_lapsed(action))
+    report.now = store.now()
+    # Listed before any hook is asked, so a record asked in this pass is not also listed as waiting.
+    report.waiting = [e for e in store.list_effects("ambiguous")
+                      if e.reconcile_after is not None and e.reconcile_after > report.now
+                      and (action is None or e.action == action)]
     for effect in store.reconcile_candidates(action, limit):
         report.lines.append(ask(effect))
     return report
@@ -110,6 +122,35 @@ def ask_now(effect_key: str, *, requested_by: str | None = None) -> Line:
     if effect.state != "ambiguous":
         raise InvalidArgument(f"effect '{effect_key}' is {effect.state}; only an ambiguous effect is reconciled")
     return ask(effect, requested_by=requested_by, trigger="operator")
+
+
+def _policy_actions() -> tuple[list[str], str | None]:
+    """The actions the policy names, and why there are none if it could not be read."""
+    from .policy import load_policy
+
+    try:
+        return sorted(load_policy(conf.policy_path(), environment=conf.environment()).actions), None
+    except (PolicyError, InvalidArgument) as exc:
+        return [], f"the policy could not be read ({' '.join(str(exc).split())[:200]})"
+
+
+def is_known_action(action: str) -> bool:
+    """Whether ``action`` is named by the policy, has a registered hook, or has an effect record."""
+    from .models import EffectRecord
+
+    if action in registered_actions() or action in _policy_actions()[0]:
+        return True
+    return EffectRecord.objects.using(conf.database_alias()).filter(action=action).exists()
+
+
+def known_actions() -> tuple[list[str], str | None]:
+    """Every action the policy names, a hook is registered for, or an effect record holds (sorted),
+    and a note when the policy could not be read."""
+    from .models import EffectRecord
+
+    named, note = _policy_actions()
+    recorded = EffectRecord.objects.using(conf.database_alias()).values_list("action", flat=True).distinct()
+    return sorted({*named, *registered_actions(), *recorded}), note
 
 
 _discovered = False

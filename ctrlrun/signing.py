@@ -50,8 +50,14 @@ _cached: tuple[bytes, str, str] | None = None  # (key, key id, where it came fro
 
 def _setting(name: str) -> Any:
     from django.conf import settings
+    from django.core.exceptions import ImproperlyConfigured
 
-    return getattr(settings, name, None) if settings.configured else None
+    if not settings.configured:
+        return None
+    try:
+        return getattr(settings, name, None)
+    except ImproperlyConfigured:  # Django refuses to hand out an empty SECRET_KEY: there is none
+        return None
 
 
 def _explicit_key() -> tuple[bytes, str] | None:

@@ -1516,11 +1516,11 @@ def resolve(effect_key: str, outcome: str, *, by: str, reason: str | None = None
     with _phase() as when:
         record = _q(EffectRecord).select_for_update().filter(pk=effect_key).first()
         if record is None:
-            raise InvalidArgument(f"no effect '{effect_key}' to resolve; 'ctrlrun effects' lists the keys")
+            raise InvalidArgument(f"no effect '{effect_key}' to resolve")  # the caller says where to look
         if record.state != S.AMBIGUOUS:
             hint = ""
             if record.state in (S.RESERVED, S.EXECUTING) and record.lease_expires_at <= when:
-                hint = " (its lease has lapsed: 'ctrlrun reconcile' sweeps it to ambiguous first)"
+                hint = " (its lease has lapsed: a reconcile pass sweeps it to ambiguous first)"
             raise InvalidArgument(
                 f"effect '{effect_key}' is {record.state}, not ambiguous; only an effect with an unknown "
                 f"outcome is resolved by hand{hint}"
@@ -1531,7 +1531,7 @@ def resolve(effect_key: str, outcome: str, *, by: str, reason: str | None = None
         if attempt is not None and attempt != record.attempt:
             raise InvalidArgument(
                 f"effect '{effect_key}' is at attempt {record.attempt}, not {attempt}: it moved since you "
-                f"looked. Check it again ('ctrlrun effects') before resolving"
+                f"looked. Check it again before resolving"
             )
         resolver = evidence_text(by.strip())
         state = S.COMMITTED if outcome == "committed" else S.FAILED

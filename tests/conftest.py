@@ -153,20 +153,13 @@ def hook_registry():
 
 @pytest.fixture
 def console_groups(transactional_db):
-    """approvers, resolvers and auditors as migration 0005 makes them (re-made after an earlier test's flush).
+    """approvers, resolvers and auditors as ``migrate`` makes them (its post_migrate handler).
 
-    The flush that ends a test on a committed database empties the auth tables; post_migrate
-    brings the permissions back but not a data migration's rows, so when the groups are gone this
-    runs that migration's own function again, on the migration state, as ``migrate`` did.
-    """
-    import importlib
-    from types import SimpleNamespace
-
-    from django.contrib.auth.models import Group
+    The flush that ends a test on a committed database empties the auth tables, and emits
+    post_migrate again, which makes them again; this makes sure of it (the handler does nothing
+    for a group that exists)."""
     from django.db import connection
-    from django.db.migrations.loader import MigrationLoader
 
-    if Group.objects.filter(name__in=GROUPS.values()).count() != len(GROUPS):
-        migration = importlib.import_module("ctrlrun.migrations.0005_console_groups")
-        state = MigrationLoader(connection).project_state(("ctrlrun", "0005_console_groups"))
-        migration.create_groups(state.apps, SimpleNamespace(connection=connection))
+    from ctrlrun.apps import create_console_groups
+
+    create_console_groups(using=connection.alias)

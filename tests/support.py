@@ -138,7 +138,7 @@ def run_command(name: str, *args: str) -> list[str]:
 # --------------------------------------------------------------------------- console users
 
 PASSWORD = "console-pass-1"
-#: The groups migration 0005 creates, by the role their members play.
+#: The groups `migrate` makes (ctrlrun.apps.create_console_groups), by the role their members play.
 GROUPS = {"approver": "approvers", "resolver": "resolvers", "auditor": "auditors"}
 USERNAMES = {"superuser": "root", "approver": "ana", "resolver": "rita", "auditor": "otto", "staff": "sam",
              "outsider": "olga"}

@@ -1,6 +1,8 @@
 """What every ctrlrun command shares: one-line errors, never a traceback."""
 from __future__ import annotations
 
+import argparse
+import datetime as dt
 import getpass
 import os
 from typing import Any
@@ -8,6 +10,8 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import Error as DatabaseError  # InterfaceError too: it is not a DatabaseError
 
+from .. import __version__
+from ..cli import stop_for_closed_pipe
 from ..display import reveal
 from ..errors import CTRLRunError
 
@@ -25,8 +29,6 @@ def positive_int(value: str) -> int:
 
     A larger number is a usage error here, not a database error later (the databases cannot
     hold it)."""
-    import argparse
-
     try:
         number = int(value)
     except ValueError:  # also a number too long to read (more than 4300 digits)
@@ -37,6 +39,18 @@ def positive_int(value: str) -> int:
         given = str(number) if len(str(number)) <= 30 else f"a number of {len(str(number))} digits"
         raise argparse.ArgumentTypeError(f"must be at most {MAX_COUNT} (2**63 - 1), got {given}")
     return number
+
+
+def span(delta: dt.timedelta) -> str:
+    """A duration as people read it at a glance: 45s, 12m, 3h05m, 2d."""
+    seconds = int(abs(delta.total_seconds()))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m"
+    if seconds < 86400:
+        return f"{seconds // 3600}h{(seconds % 3600) // 60:02d}m"
+    return f"{seconds // 86400}d"
 
 
 def default_person() -> str:
@@ -51,11 +65,32 @@ class CtrlrunCommand(BaseCommand):
     """A thin command: parse, call the store, print. Subclasses implement ``run``."""
 
     requires_system_checks: list[str] = []  # a malformed policy must not stop reading evidence
+    #: True when run by the ``ctrlrun`` console script (ctrlrun.cli), not by manage.py.
+    console_script = False
+    _prefix = "python manage.py"
+
+    def command_line(self, name: str) -> str:
+        """How the user runs command ``name`` here: ``ctrlrun effects`` or ``python manage.py effects``."""
+        return f"{self._prefix} {name}"
 
     def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
         """Django's parser, with a usage error on the command line as one ``Error: ...`` line and exit 2
-        (argparse would print the whole usage block first)."""
+        (argparse would print the whole usage block first).
+
+        Under the console script only this command's own options are offered: Django's options for
+        a project (``--settings``, ``--pythonpath``, ``--traceback``, ``--verbosity``,
+        ``--force-color``) mean nothing for a plain script's store, so they are not listed, and are
+        refused like any unknown option (``--settings nope`` silently ignored would be worse).
+        ``--version`` prints ctrlrun's version (as ``ctrlrun --version`` does), unlisted; ``--no-color``
+        stays. Under manage.py a command keeps Django's standard options (Django's convention)."""
+        if self.console_script:
+            self._prefix = "ctrlrun"
+        elif os.path.basename(prog_name) == "django-admin":
+            self._prefix = "django-admin"
         parser = super().create_parser(prog_name, subcommand, **kwargs)
+        if self.console_script:  # what Django's run_from_argv and execute read, without the options
+            parser.set_defaults(verbosity=1, settings=None, pythonpath=None, traceback=False, force_color=False,
+                                no_color=False, skip_checks=True)
 
         def error(message: str) -> None:
             if not parser.called_from_command_line:
@@ -65,23 +100,34 @@ class CtrlrunCommand(BaseCommand):
         parser.error = error  # type: ignore[method-assign]
         return parser
 
+    def add_base_argument(self, parser: CommandParser, *args: Any, **kwargs: Any) -> None:
+        if not self.console_script:
+            super().add_base_argument(parser, *args, **kwargs)
+        elif "--version" in args:
+            parser.add_argument("--version", action="version", version=f"ctrlrun, version {__version__}",
+                                help=argparse.SUPPRESS)
+        elif "--no-color" in args:
+            parser.add_argument("--no-color", action="store_true",
+                                help="print errors without colour (on a terminal they are red)")
+        # else: one of Django's options for a project; not offered by the console script
+
     def handle(self, *args: Any, **options: Any) -> None:
         try:
             self.run(**options)
         except CommandError:
             raise
-        except BrokenPipeError:  # the reader went away (e.g. '| head'): stop quietly
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, 1)
-            return
+        except BrokenPipeError:  # the reader went away (e.g. '| head'): stop quietly, exit 141
+            stop_for_closed_pipe()
         except CTRLRunError as exc:  # messages quote names and keys: never print their hidden characters raw
             raise Error(reveal(str(exc), multiline=True)) from None
         except UnicodeError as exc:
             raise Error(f"an argument is not valid UTF-8 text ({exc.reason}); check the id or key you typed") from None
         except DatabaseError as exc:
+            remedy = ("a protected call creates them" if self.console_script
+                      else f"run '{self.command_line('migrate')}'")
             raise Error(reveal(
                 f"the ctrlrun store could not be read ({type(exc).__name__}: {' '.join(str(exc).split())}). If its tables "
-                f"are missing, run 'python manage.py migrate'"
+                f"are missing, {remedy}"
             )) from None
 
     def run(self, **options: Any) -> None:  # pragma: no cover - abstract

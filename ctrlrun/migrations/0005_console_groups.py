@@ -1,52 +1,19 @@
-"""The three groups of the console: approvers, resolvers and auditors (view only).
+"""Kept for its name, and does nothing: the console's groups are made after ``migrate`` instead.
 
-Only where django.contrib.auth is installed: a standalone store has no users and no groups, so
-there this migration does nothing (and does not depend on auth's migrations).
+This migration once made the groups (approvers, resolvers, auditors) itself, depending on auth's
+and contenttypes' migrations only where those apps were installed. A plain script's store has no
+auth (its Django runs ctrlrun alone), so it recorded 0005 as applied with no such dependency; once
+that store was opened in the console, with auth installed, the same 0005 named auth's migrations
+as its dependencies, applied after it, and ``migrate`` stopped with InconsistentMigrationHistory.
+
+Now 0005 depends on ctrlrun's own migrations only, on every database, so a store made anywhere
+stays consistent anywhere; databases that applied the old 0005 keep its groups (nothing here
+removes them). The groups are made, where auth is installed, by a ``post_migrate`` handler
+(``ctrlrun.apps.create_console_groups``), after auth has made the permissions.
 """
-from django.apps import apps as global_apps
 from django.db import migrations
-
-HAS_AUTH = global_apps.is_installed("django.contrib.auth") and global_apps.is_installed(
-    "django.contrib.contenttypes"
-)
-
-VIEW_ALL = [
-    "view_approval", "view_effectrecord", "view_event", "view_receipt", "view_policydocument",
-]
-GROUPS = {
-    "approvers": VIEW_ALL + ["decide_approval"],
-    "resolvers": VIEW_ALL + ["resolve_effect"],
-    "auditors": VIEW_ALL,
-}
-
-
-def create_groups(apps, schema_editor):
-    if not HAS_AUTH:
-        return
-    from django.contrib.auth.management import create_permissions
-
-    # Permissions are normally created after all migrations ran; make sure ours exist now.
-    app_config = apps.get_app_config("ctrlrun")
-    app_config.models_module = True
-    create_permissions(app_config, apps=apps, verbosity=0, using=schema_editor.connection.alias)
-    Group = apps.get_model("auth", "Group")
-    Permission = apps.get_model("auth", "Permission")
-    alias = schema_editor.connection.alias
-    for name, codenames in GROUPS.items():
-        group, _ = Group.objects.using(alias).get_or_create(name=name)
-        permissions = Permission.objects.using(alias).filter(content_type__app_label="ctrlrun", codename__in=codenames)
-        group.permissions.add(*permissions)
-
-
-def remove_groups(apps, schema_editor):
-    if not HAS_AUTH:
-        return
-    apps.get_model("auth", "Group").objects.using(schema_editor.connection.alias).filter(name__in=GROUPS).delete()
 
 
 class Migration(migrations.Migration):
-    dependencies = [("ctrlrun", "0004_console_permissions")] + (
-        [("auth", "0012_alter_user_first_name_max_length"), ("contenttypes", "0002_remove_content_type_name")]
-        if HAS_AUTH else []
-    )
-    operations = [migrations.RunPython(create_groups, remove_groups)]
+    dependencies = [("ctrlrun", "0004_console_permissions")]
+    operations: list = []

@@ -497,7 +497,7 @@ def test_resolve_is_pinned_to_the_attempt_on_screen(refund, remote, as_role, cli
                            {"outcome": "committed", "reason": "saw it", **resolve_form(page)}, follow=True)
     assert shown_messages(response) == [
         f"not resolved: effect '{key}' is at attempt 2, not 1: it moved since you looked. Check it again "
-        f"('ctrlrun effects') before resolving"]
+        f"before resolving"]
     record = EffectRecord.objects.get(pk=key)
     assert (record.state, record.attempt) == ("ambiguous", 2)
     assert [r["resolver"] for r in resolutions(key)] == ["bob"] and log_entries(key) == []

@@ -120,7 +120,7 @@ def test_effects_lines_and_state_filter(clock, refund, ambiguous):
 def test_effects_marks_lapsed_lease_and_resolver(clock, refund, ambiguous):
     """A held record past its lease says '(lease expired)'; a resolved one says who resolved it."""
     hold_key("refund:txn_9")
-    run_command("resolve", "refund:txn_1", "--committed", "--by", "alice")
+    run_command("resolve", "refund:txn_1", "--committed", "--by", "alice", "--reason", "checked the remote")
     clock.advance(minutes=6)
     lines = run_command("effects")
     assert lines[0].endswith("resolved by alice") and lines[0].startswith("refund:txn_1  committed")
@@ -208,7 +208,7 @@ def test_resolve_failed_moves_row_and_records_the_human(clock, ambiguous):
 
 def test_retry_after_resolve_failed_renews_at_attempt_2(refund, remote, ambiguous, agent):
     """After --failed the next call renews the key at attempt 2 and runs."""
-    run_command("resolve", "refund:txn_1", "--failed", "--by", "alice")
+    run_command("resolve", "refund:txn_1", "--failed", "--by", "alice", "--reason", "checked the remote")
     assert refund(payment_id="txn_1", amount=100) == {"id": "re_txn_1", "amount": 100}
     record = EffectRecord.objects.get(pk="refund:txn_1")
     assert (record.state, record.attempt, record.resolved_by) == ("committed", 2, None)
@@ -217,7 +217,7 @@ def test_retry_after_resolve_failed_renews_at_attempt_2(refund, remote, ambiguou
 
 def test_retry_after_resolve_committed_is_duplicate(refund, remote, ambiguous, agent):
     """After --committed the next call is refused as DuplicateEffect(committed) and does not run."""
-    lines = run_command("resolve", "refund:txn_1", "--committed", "--by", "bob")
+    lines = run_command("resolve", "refund:txn_1", "--committed", "--by", "bob", "--reason", "checked the remote")
     assert lines[0] == "refund:txn_1 resolved committed by bob"
     with pytest.raises(ctrlrun.DuplicateEffect) as caught:
         refund(payment_id="txn_1", amount=100)
@@ -229,7 +229,7 @@ def test_resolve_refuses_a_row_that_is_not_ambiguous(refund, agent):
     """Only an ambiguous row can be resolved: a committed one is an error and stays as it is."""
     refund(payment_id="txn_1", amount=100)
     with pytest.raises(CommandError, match="is committed, not ambiguous") as caught:
-        run_command("resolve", "refund:txn_1", "--failed", "--by", "alice")
+        run_command("resolve", "refund:txn_1", "--failed", "--by", "alice", "--reason", "checked the remote")
     assert caught.value.returncode == 1
     assert EffectRecord.objects.get(pk="refund:txn_1").state == "committed"
     assert not Event.objects.filter(type="EFFECT_RESOLVED").exists()
@@ -239,14 +239,14 @@ def test_resolve_refuses_a_lapsed_executing_row_with_a_hint(clock):
     """A held row whose lease lapsed is not ambiguous yet; the error points at 'reconcile'."""
     hold_key("refund:txn_9")
     clock.advance(minutes=6)
-    with pytest.raises(CommandError, match="is executing, not ambiguous.*ctrlrun reconcile"):
-        run_command("resolve", "refund:txn_9", "--failed", "--by", "alice")
+    with pytest.raises(CommandError, match="is executing, not ambiguous.*'python manage.py reconcile'"):
+        run_command("resolve", "refund:txn_9", "--failed", "--by", "alice", "--reason", "checked the remote")
 
 
 def test_resolve_unknown_key():
     """Resolving a key the store does not hold is an error naming it."""
     with pytest.raises(CommandError, match="no effect 'refund:nope'") as caught:
-        run_command("resolve", "refund:nope", "--failed", "--by", "alice")
+        run_command("resolve", "refund:nope", "--failed", "--by", "alice", "--reason", "checked the remote")
     assert caught.value.returncode == 1
 
 
@@ -260,9 +260,9 @@ def test_resolve_refuses_a_stale_attempt(refund, remote, agent):
         refund(payment_id="txn_1", amount=100)
     assert EffectRecord.objects.get(pk="refund:txn_1").attempt == 2
     with pytest.raises(CommandError, match="at attempt 2, not 1"):
-        run_command("resolve", "refund:txn_1", "--failed", "--by", "alice", "--attempt", "1")
+        run_command("resolve", "refund:txn_1", "--failed", "--by", "alice", "--attempt", "1", "--reason", "checked")
     assert EffectRecord.objects.get(pk="refund:txn_1").state == "ambiguous"
-    run_command("resolve", "refund:txn_1", "--failed", "--by", "alice", "--attempt", "2")
+    run_command("resolve", "refund:txn_1", "--failed", "--by", "alice", "--attempt", "2", "--reason", "checked")
     assert EffectRecord.objects.get(pk="refund:txn_1").state == "failed"
     assert Event.objects.get(type="EFFECT_RESOLVED").data["attempt"] == 2
 
@@ -271,14 +271,14 @@ def test_resolve_refuses_a_stale_attempt(refund, remote, agent):
 def test_resolve_needs_exactly_one_answer(ambiguous, flags):
     """Neither or both of --committed/--failed is a usage error (exit 2) and moves nothing."""
     with pytest.raises(CommandError, match="exactly one of --committed or --failed") as caught:
-        run_command("resolve", "refund:txn_1", *flags, "--by", "alice")
+        run_command("resolve", "refund:txn_1", *flags, "--by", "alice", "--reason", "checked the remote")
     assert caught.value.returncode == 2
     assert EffectRecord.objects.get(pk="refund:txn_1").state == "ambiguous"
 
 
 def test_resolve_by_defaults_to_the_os_user(ambiguous):
     """Without --by the resolver is the operating-system user."""
-    lines = run_command("resolve", "refund:txn_1", "--committed")
+    lines = run_command("resolve", "refund:txn_1", "--committed", "--reason", "checked the remote")
     user = getpass.getuser()
     assert lines[0] == f"refund:txn_1 resolved committed by {user}"
     assert EffectRecord.objects.get(pk="refund:txn_1").resolved_by == user
@@ -288,7 +288,7 @@ def test_resolve_by_defaults_to_the_os_user(ambiguous):
 def test_resolve_refuses_a_blank_name(ambiguous):
     """--by with a blank name is refused: a resolution names a person."""
     with pytest.raises(CommandError, match="--by NAME"):
-        run_command("resolve", "refund:txn_1", "--failed", "--by", "  ")
+        run_command("resolve", "refund:txn_1", "--failed", "--by", "  ", "--reason", "checked the remote")
     assert EffectRecord.objects.get(pk="refund:txn_1").state == "ambiguous"
 
 
@@ -344,7 +344,7 @@ def test_read_commands_work_with_a_malformed_policy(settings, tmp_path, ambiguou
     settings.CTRLRUN_POLICY = str(bad)
     assert run_command("effects")[0].startswith("refund:txn_1  ambiguous")
     assert len(run_command("receipts")) == 1
-    run_command("resolve", "refund:txn_1", "--failed", "--by", "alice")
+    run_command("resolve", "refund:txn_1", "--failed", "--by", "alice", "--reason", "checked the remote")
 
 
 # --------------------------------------------------------------------------- the console script

@@ -465,7 +465,7 @@ def test_command_prints_one_line_per_record_and_a_summary(remote, agent, clock):
         "email:m1  needs_human  no reconcile hook is registered for email.send (import the module that protects "
         "it with --import MODULE), or resolve it by hand",
         "refund:txn_1  committed  the hook answered committed",
-        "swept 1 lapsed lease(s); asked 1 hook(s): 1 committed, 0 failed, 0 unknown, 0 dropped (the record moved meanwhile), 0 error(s); 1 need a human",
+        "swept 1 lapsed lease(s); asked 1 hook(s): 1 committed, 0 failed, 0 unknown, 0 dropped (the record moved meanwhile), 0 error(s); 1 need a human; 0 waiting in backoff",
     ]
     assert EffectRecord.objects.get(pk="refund:txn_1").state == "committed"
 
@@ -473,7 +473,7 @@ def test_command_prints_one_line_per_record_and_a_summary(remote, agent, clock):
 def test_command_with_nothing_to_do(clock):
     """With no lapsed lease and no ambiguous record the command prints only a zero summary."""
     assert reconcile_command() == [
-        "swept 0 lapsed lease(s); asked 0 hook(s): 0 committed, 0 failed, 0 unknown, 0 dropped (the record moved meanwhile), 0 error(s); 0 need a human"
+        "swept 0 lapsed lease(s); asked 0 hook(s): 0 committed, 0 failed, 0 unknown, 0 dropped (the record moved meanwhile), 0 error(s); 0 need a human; 0 waiting in backoff"
     ]
 
 

@@ -1,24 +1,23 @@
 from __future__ import annotations
 
-import datetime as dt
 from argparse import ArgumentParser
 from typing import Any
 
 from ... import store
 from ...display import dumps, hidden_fields, reveal, warning
 from ...states import ApprovalStatus
-from ..base import CtrlrunCommand
+from ..base import CtrlrunCommand, span
 
 
-def _span(delta: dt.timedelta) -> str:
-    seconds = int(abs(delta.total_seconds()))
-    if seconds < 60:
-        return f"{seconds}s"
-    if seconds < 3600:
-        return f"{seconds // 60}m"
-    if seconds < 86400:
-        return f"{seconds // 3600}h{(seconds % 3600) // 60:02d}m"
-    return f"{seconds // 86400}d"
+def _answer(a: store.ApprovalView) -> str:
+    """What became of an answered request, each part said of whoever did it: the person granted or
+    denied it; the call (its action id) consumed it; the clock expired it."""
+    by = f" by {reveal(a.approver)}" if a.approver else ""
+    if a.status == ApprovalStatus.CONSUMED:
+        return f"granted{by}, consumed by {reveal(a.consumed_by)}" if a.consumed_by else f"granted{by}, consumed"
+    if a.status == ApprovalStatus.EXPIRED:
+        return f"granted{by}, expired unused" if a.approver else "expired unanswered"
+    return f"{a.status}{by}"  # granted by X, denied by X
 
 
 class Command(CtrlrunCommand):
@@ -39,13 +38,11 @@ class Command(CtrlrunCommand):
             who = reveal(a.agent) + (f" (user {reveal(a.user)})" if a.user else "")
             arguments = dumps(a.arguments, sort_keys=True, separators=(",", ":"))
             if a.status == ApprovalStatus.PENDING:
-                expiry = f"expires in {_span(a.expires_at - now)}" if a.expires_at > now else "expired (not yet marked)"
-            elif a.approver:
-                expiry = f"{a.status} by {reveal(a.approver)}"
+                expiry = f"expires in {span(a.expires_at - now)}" if a.expires_at > now else "expired (not yet marked)"
             else:
-                expiry = str(a.status)
+                expiry = _answer(a)
             self.stdout.write(
-                f"{a.approval_id}  {a.status}  {reveal(a.action)}  {arguments}  {who}  age {_span(now - a.created_at)}  "
+                f"{a.approval_id}  {a.status}  {reveal(a.action)}  {arguments}  {who}  age {span(now - a.created_at)}  "
                 f"{expiry}"
             )
             hidden = hidden_fields(a.canonical_action, a.effect_key)

@@ -10,8 +10,13 @@ from django.db import Error as DjangoDatabaseError
 from django.db import InterfaceError, OperationalError, connections
 
 from ... import conf, reconcile
+from ...canonical import evidence_time
+from ...display import reveal
 from ...errors import StoreUnavailable
-from ..base import CtrlrunCommand, Error, positive_int
+from ..base import CtrlrunCommand, Error, positive_int, span
+
+#: At most this many known actions are named in the error for an unknown --action.
+KNOWN_SHOWN = 30
 
 #: The first wait after a pass the database refused: long enough not to hammer a server that is
 #: restarting, short enough that a blip (a failover, a dropped connection) costs about a second.
@@ -53,7 +58,9 @@ class Command(CtrlrunCommand):
     )
 
     def add_arguments(self, parser: ArgumentParser) -> None:
-        parser.add_argument("--action", help="only effects of this action")
+        parser.add_argument("--action", metavar="NAME",
+                            help="only effects of this action (one the policy names, a hook is registered for, "
+                                 "or a record holds)")
         parser.add_argument("--limit", type=positive_int, metavar="N", help="ask at most N hooks per pass")
         parser.add_argument("--import", dest="modules", action="append", default=[], metavar="MODULE",
                             help="import this module first so its protected functions' hooks are known (repeatable)")
@@ -67,8 +74,10 @@ class Command(CtrlrunCommand):
         if not math.isfinite(interval) or interval <= 0:
             raise Error("--interval must be a positive number of seconds", returncode=2)
         reconcile.discover(modules)
+        if action is not None:
+            self._check_action(action)
         if not loop:  # one pass: an outage is the one-line error every command gives
-            self._print(reconcile.run_once(action=action, limit=limit))
+            self._print(reconcile.run_once(action=action, limit=limit), action)
             return
         try:
             self._loop(action, limit, interval)
@@ -100,7 +109,7 @@ class Command(CtrlrunCommand):
                                   f"resuming every {interval:g} s")
                 self.stderr.flush()
                 failures, wait = 0, OUTAGE_FIRST_WAIT_SECONDS
-            self._print(report)
+            self._print(report, action)
             time.sleep(interval)
 
     @staticmethod
@@ -115,10 +124,33 @@ class Command(CtrlrunCommand):
         except DjangoDatabaseError:
             pass  # closing a dead connection may fail too; Django has forgotten it either way
 
-    def _print(self, report: reconcile.Report) -> None:
+    def _check_action(self, action: str) -> None:
+        """--action must name something: a typo would otherwise be a quiet pass that did nothing."""
+        if reconcile.is_known_action(action):
+            return
+        known, note = reconcile.known_actions()
+        shown = ", ".join(reveal(name) for name in known[:KNOWN_SHOWN])
+        if len(known) > KNOWN_SHOWN:
+            shown += f" and {len(known) - KNOWN_SHOWN} more"
+        listing = f"the known actions are {shown}" if known else "no action is known yet"
+        raise Error(
+            f"no action {reveal(repr(action))} is known here: the policy does not name it, no reconcile hook is "
+            f"registered for it (--import MODULE), and no effect record holds it; {listing}"
+            + (f"; {note}" if note else ""), returncode=2,
+        )
+
+    def _print(self, report: reconcile.Report, action: str | None = None) -> None:
         for effect in report.swept:
             self.stdout.write(f"{effect.effect_key}  swept  lease lapsed under {effect.action_id}; now ambiguous")
         for line in report.lines:
             self.stdout.write(f"{line.effect_key}  {line.outcome}  {line.detail}")
+        for effect in report.waiting:
+            due = effect.reconcile_after
+            assert due is not None and report.now is not None
+            times = f"{effect.reconcile_failures} time{'s' if effect.reconcile_failures != 1 else ''}"
+            self.stdout.write(f"{effect.effect_key}  backoff  the hook gave no answer ({times}); asked again from "
+                              f"{evidence_time(due)} (in {span(due - report.now)})")
+        if action is not None and not (report.swept or report.lines or report.waiting):
+            self.stdout.write(f"nothing to reconcile for {reveal(action)}: no lapsed lease, no ambiguous effect")
         self.stdout.write(report.summary())
         self.stdout.flush()  # a loop's lines go to a log reader now, not when a buffer fills

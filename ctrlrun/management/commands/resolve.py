@@ -3,14 +3,24 @@ from __future__ import annotations
 from argparse import ArgumentParser
 from typing import Any
 
+from django.db import Error as DatabaseError
+
 from ... import store
+from ...display import is_hidden, reveal
+from ...errors import InvalidArgument
+from ...states import EffectState
 from ..base import CtrlrunCommand, Error, default_person, positive_int
+
+
+def _blank(text: str) -> bool:
+    """Nothing a person could read: empty, or only spaces and invisible characters."""
+    return all(char.isspace() or is_hidden(char, multiline=True) for char in text)
 
 
 class Command(CtrlrunCommand):
     help = (
         "Say what happened to an AMBIGUOUS effect after checking the remote: --committed (it happened; "
-        "a retry will be refused) or --failed (it did not; a retry may run)."
+        "a retry will be refused) or --failed (it did not; a retry may run), with the --reason you have."
     )
 
     def add_arguments(self, parser: ArgumentParser) -> None:
@@ -19,19 +29,42 @@ class Command(CtrlrunCommand):
         parser.add_argument("--failed", action="store_true", help="the remote did not act")
         parser.add_argument("--by", default=None, metavar="NAME",
                             help="who decided (default: the operating-system user)")
-        parser.add_argument("--reason", default=None, metavar="TEXT", help="why, e.g. what the remote showed")
+        parser.add_argument("--reason", required=True, metavar="TEXT",
+                            help="required: what you checked, e.g. what the remote's dashboard shows")
         parser.add_argument("--attempt", type=positive_int, default=None, metavar="N",
                             help="refuse unless the record is still at this attempt (guards against a stale view)")
 
-    def run(self, *, effect_key: str, committed: bool, failed: bool, by: str | None, reason: str | None,
+    def run(self, *, effect_key: str, committed: bool, failed: bool, by: str | None, reason: str,
             attempt: int | None, **_: Any) -> None:
         if committed == failed:
             raise Error("say which it was: exactly one of --committed or --failed", returncode=2)
+        if _blank(reason):  # as the console, whose resolve form requires a reason
+            raise Error("a reason is required: say what you checked, e.g. what the remote's dashboard shows "
+                        "(--reason TEXT)", returncode=2)
         outcome = "committed" if committed else "failed"
         person = by if by is not None else default_person()
-        effect = store.resolve(effect_key, outcome, by=person, reason=reason, attempt=attempt)
+        try:
+            effect = store.resolve(effect_key, outcome, by=person, reason=reason, attempt=attempt)
+        except InvalidArgument as exc:
+            raise Error(reveal(f"{exc}{self._next_step(effect_key, attempt)}", multiline=True)) from None
         self.stdout.write(f"{effect.effect_key} resolved {outcome} by {effect.resolved_by}")
         if outcome == "failed":
             self.stdout.write("a retry of this effect is now permitted")
         else:
             self.stdout.write("a retry of this effect will be refused as a duplicate")
+
+    def _next_step(self, effect_key: str, attempt: int | None) -> str:
+        """After a refusal, what to run next, named as the user runs commands here (``ctrlrun effects``
+        or ``python manage.py effects``), from the record as it is now."""
+        try:
+            effect = store.get_effect(effect_key)
+            now = store.now()
+        except (DatabaseError, InvalidArgument):
+            return ""  # the refusal itself is what matters; the hint is a courtesy
+        if effect is None:
+            return f"; '{self.command_line('effects')}' lists the keys"
+        if effect.state in (EffectState.RESERVED, EffectState.EXECUTING) and effect.lease_lapsed(now):
+            return f". Run '{self.command_line('reconcile')}', then resolve it if it is still ambiguous"
+        if attempt is not None and effect.state == EffectState.AMBIGUOUS and effect.attempt != attempt:
+            return f" ('{self.command_line('effects')} --state ambiguous' shows it now)"
+        return ""
