@@ -43,7 +43,7 @@ from . import conf, reconcile, store
 from .canonical import evidence_time, idempotency_token_for
 from .console import (approval_link, badge, call_link, change_url, data_rows, effect_link, link, policy_link,
                       reason_html, receipt_link, shown, when, when_text)
-from .display import dumps, dumps_html, has_hidden, hidden_fields, reveal, reveal_html, warning
+from .display import dumps, dumps_html, has_hidden, hidden_fields, is_blank, reveal, reveal_html, warning
 from .errors import CTRLRunError
 from .identity import same_person
 from .models import Approval, EffectRecord, Event, PolicyDocument, Receipt
@@ -618,6 +618,13 @@ class ResolveForm(forms.Form):
     reason = forms.CharField(widget=forms.Textarea(attrs={"rows": 3, "cols": 60}),
                              help_text=_("Required: what you checked, e.g. what the remote's dashboard shows."))
     attempt = forms.IntegerField(widget=forms.HiddenInput)
+
+    def clean_reason(self) -> str:
+        reason = self.cleaned_data["reason"]
+        if is_blank(reason):  # as the resolve command: invisible characters say nothing either
+            raise forms.ValidationError(_("a reason is required: say what you checked, e.g. what the remote's "
+                                          "dashboard shows"))
+        return reason
 
 
 _HEX = "hex:"

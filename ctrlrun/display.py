@@ -35,7 +35,7 @@ import unicodedata
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-__all__ = ["WARNING", "HIDDEN_CLASS", "is_hidden", "has_hidden", "value_has_hidden", "hidden_fields", "warning",
+__all__ = ["WARNING", "HIDDEN_CLASS", "is_hidden", "has_hidden", "value_has_hidden", "hidden_fields", "is_blank", "warning",
            "escape", "describe", "reveal", "reveal_html", "dumps", "dumps_html"]
 
 _WARNING_END = ("Each is shown escaped (like \\u202e) instead of being rendered, and what is shown escaped is "
@@ -117,6 +117,12 @@ def hidden_fields(action: Mapping[str, Any], effect_key: str | None = None) -> l
         ("effect key", effect_key),
     ]
     return [name for name, value in parts if value_has_hidden(value)]
+
+
+def is_blank(text: str) -> bool:
+    """Nothing a person could read: empty, or only spaces and invisible characters (a reason or a
+    note made of these says nothing)."""
+    return all(char.isspace() or is_hidden(char, multiline=True) for char in text)
 
 
 def warning(fields: list[str], *, subject: str = "This action") -> str:

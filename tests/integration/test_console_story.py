@@ -295,3 +295,15 @@ def test_the_console_works_on_another_admin_site(refund, remote, client):
                            {"outcome": "failed", "reason": "not there", "attempt": 1}, follow=True)
     assert response.redirect_chain == [(f"/ops/ctrlrun/effectrecord/{quote(key)}/change/", 302)]
     assert EffectRecord.objects.get(pk=key).state == "failed"
+
+
+def test_a_reason_of_invisible_characters_is_no_reason(refund, remote, client):
+    """As the resolve command: a reason made only of spaces and invisible characters is refused; nothing moves."""
+    key = make_ambiguous(refund, remote, "txn_1")
+    client.force_login(make_user("resolver", "rita"))
+    for blank in ("\u200b", " \u2066\u2069 ", "\ufeff\n"):
+        response = client.post(url("ctrlrun_effectrecord_resolve", key),
+                               {"outcome": "failed", "reason": blank, "attempt": 1}, follow=True)
+        [message] = shown_messages(response)
+        assert message.startswith("not resolved: reason: a reason is required"), message
+    assert EffectRecord.objects.get(pk=key).state == "ambiguous"

@@ -6,15 +6,10 @@ from typing import Any
 from django.db import Error as DatabaseError
 
 from ... import store
-from ...display import is_hidden, reveal
+from ...display import is_blank, reveal
 from ...errors import InvalidArgument
 from ...states import EffectState
 from ..base import CtrlrunCommand, Error, default_person, positive_int
-
-
-def _blank(text: str) -> bool:
-    """Nothing a person could read: empty, or only spaces and invisible characters."""
-    return all(char.isspace() or is_hidden(char, multiline=True) for char in text)
 
 
 class Command(CtrlrunCommand):
@@ -38,7 +33,7 @@ class Command(CtrlrunCommand):
             attempt: int | None, **_: Any) -> None:
         if committed == failed:
             raise Error("say which it was: exactly one of --committed or --failed", returncode=2)
-        if _blank(reason):  # as the console, whose resolve form requires a reason
+        if is_blank(reason):  # as the console, whose resolve form requires a reason
             raise Error("a reason is required: say what you checked, e.g. what the remote's dashboard shows "
                         "(--reason TEXT)", returncode=2)
         outcome = "committed" if committed else "failed"
