@@ -11,10 +11,10 @@ that is kept *outside* the database, so such a row cannot be made to verify. The
 - every effect record it writes (state, holder, attempt, lease, resolver), checked before a
   ``failed`` record is retried, a lapsed lease is swept, or an ambiguous record is resolved.
 
-The key, in order: ``settings.CTRLRUN_SIGNING_KEY`` or ``$CTRLRUN_SIGNING_KEY``; inside a Django
-project, a key derived from ``SECRET_KEY``; otherwise a key file (``settings.CTRLRUN_SIGNING_KEY_FILE``
-or ``$CTRLRUN_SIGNING_KEY_FILE``, else ``signing.key`` beside a SQLite store, or in ``.ctrlrun/``
-beside the policy for PostgreSQL), created on first use with mode 0600. Every process writing to
+The key, in order: ``settings.CTRLRUN_SIGNING_KEY`` or ``$CTRLRUN_SIGNING_KEY``; the key file
+named by ``settings.CTRLRUN_SIGNING_KEY_FILE`` or ``$CTRLRUN_SIGNING_KEY_FILE``; inside a Django
+project, a key derived from ``SECRET_KEY``; otherwise the key file ``signing.key`` beside a SQLite
+store, or in ``.ctrlrun/`` beside the policy for PostgreSQL, created on first use with mode 0600. Every process writing to
 one store must use the same key: the store records the key's id on its chain head and a process
 with another key is refused before it acts.
 
@@ -86,9 +86,13 @@ def _derived_key() -> tuple[bytes, str] | None:
     return derived, "derived from settings.SECRET_KEY"
 
 
+def _named_key_file() -> str | None:
+    return _setting("CTRLRUN_SIGNING_KEY_FILE") or os.environ.get("CTRLRUN_SIGNING_KEY_FILE") or None
+
+
 def key_file_path() -> Path:
     """Where the key file is read from (and created, if missing)."""
-    configured = _setting("CTRLRUN_SIGNING_KEY_FILE") or os.environ.get("CTRLRUN_SIGNING_KEY_FILE")
+    configured = _named_key_file()
     if configured:
         return Path(str(configured)).expanduser().absolute()
     from django.db import connections
@@ -128,7 +132,9 @@ def _resolve() -> tuple[bytes, str, str]:
     if _cached is None:
         with _lock:
             if _cached is None:
-                key, where = _explicit_key() or _derived_key() or _file_key()
+                # A key file someone named is as explicit as a key: it wins over the derived one.
+                key, where = _explicit_key() or (_file_key() if _named_key_file() else None) or _derived_key() \
+                    or _file_key()
                 identity = hmac.new(key, b"ctrlrun.key-id/v1", hashlib.sha256).hexdigest()[:16]
                 _cached = (key, identity, where)
     return _cached

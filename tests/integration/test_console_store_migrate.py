@@ -243,3 +243,17 @@ def test_manage_py_reads_a_scripts_store_without_a_secret_key(tmp_path):
     ok(run([sys.executable, "manage.py", "migrate", "--no-input"], REPO, env))
     verified = ok(run([sys.executable, "manage.py", "receipts", "--verify-chain"], REPO, env))
     assert "the chain is intact" in verified.stdout
+
+
+@pytest.mark.slow
+def test_a_named_key_file_wins_over_the_key_derived_from_secret_key(tmp_path):
+    """CTRLRUN_SIGNING_KEY_FILE, when given, is the key even inside a project with a SECRET_KEY: the
+    console opens a script's store with the path of its key file, no copying of the secret."""
+    folder = script_folder(tmp_path)
+    ok(run([sys.executable, "agent.py"], folder, clean_env()))
+    store_file = folder / ".ctrlrun" / "state.db"
+    env = clean_env(DATABASE_URL=f"sqlite:///{store_file}", CTRLRUN_SIGNING_KEY_FILE=str(folder / ".ctrlrun" / "signing.key"),
+                    SECRET_KEY="a-console-secret-key-not-the-signing-key", DEBUG="1")
+    ok(run([sys.executable, "manage.py", "migrate", "-v", "0"], REPO, env))
+    checked = run([sys.executable, "manage.py", "receipts", "--verify-chain"], REPO, env)
+    assert checked.returncode == 0 and "the chain is intact" in checked.stdout, checked.stdout + checked.stderr
