@@ -1032,3 +1032,16 @@ def test_policy_source_help_text_is_shown_not_read_as_a_tag(refund, as_role, cli
     assert "<string>" not in raw
     assert "a file&#x27;s path, or &lt;string&gt; for text given directly" in raw or \
         "a file's path, or &lt;string&gt; for text given directly" in raw
+
+
+def test_verify_page_incremental_button_checks_what_was_added(refund, as_role, client):
+    """The second button runs an incremental check from the last intact one, and records it."""
+    pay(refund, "txn_1")
+    as_role("auditor")
+    client.post(url("ctrlrun_receipt_verify"))
+    pay(refund, "txn_2")
+    page = client.post(url("ctrlrun_receipt_verify"), {"mode": "incremental"})
+    assert "The chain is intact" in text(page) and "Incremental check (after receipt 1 and event" in text(page)
+    assert "1 of 1 new receipts verified" in text(page)
+    assert [(c.mode, c.from_receipt_seq, c.receipt_seq) for c in ChainCheck.objects.order_by("id")] == [
+        ("full", 0, 1), ("incremental", 1, 2)]
