@@ -23,6 +23,7 @@ __all__ = [
     "database_alias",
     "hook_modules",
     "reconcile_backoff",
+    "chain_check_max_age",
     "now",
     "clock_overridden",
     "set_clock",
@@ -100,6 +101,16 @@ def reconcile_backoff() -> tuple[dt.timedelta, dt.timedelta]:
         _positive_seconds("CTRLRUN_RECONCILE_BACKOFF_SECONDS", DEFAULT_BACKOFF_SECONDS),
         _positive_seconds("CTRLRUN_RECONCILE_BACKOFF_MAX_SECONDS", DEFAULT_BACKOFF_MAX_SECONDS),
     )
+
+
+#: A day: the front page turns the chain tile to a warning when the last recorded check is older.
+#: Long enough for a nightly full check, short enough that a check job that stopped shows the next day.
+DEFAULT_CHAIN_CHECK_MAX_AGE_SECONDS = 86400
+
+
+def chain_check_max_age() -> dt.timedelta:
+    """``CTRLRUN_CHAIN_CHECK_MAX_AGE_SECONDS``: how old the last chain check may be before the console warns."""
+    return _positive_seconds("CTRLRUN_CHAIN_CHECK_MAX_AGE_SECONDS", DEFAULT_CHAIN_CHECK_MAX_AGE_SECONDS)
 
 
 _alias: str | None = None

@@ -1,7 +1,7 @@
 """What the database itself refuses, whoever connects: ctrlrun's invariants as triggers.
 
-- **Evidence is append-only.** Receipts, events and policy documents are never updated or
-  deleted (nor truncated, on PostgreSQL). On SQLite an ``INSERT OR REPLACE`` / ``REPLACE`` deletes
+- **Evidence is append-only.** Receipts, events, policy documents and the record of chain checks
+  are never updated or deleted (nor truncated, on PostgreSQL). On SQLite an ``INSERT OR REPLACE`` / ``REPLACE`` deletes
   the row it collides with *without* firing DELETE triggers, so an insert that would collide with
   an existing row is refused before it happens (and an upsert's ``DO UPDATE`` is an update).
 - **Effect records move only along the state table** (``states.TRANSITIONS``), in the style of
@@ -31,10 +31,10 @@ from .states import INITIAL_STATE, RENEWALS, TRANSITIONS, EffectState as S
 __all__ = ["install", "remove", "APPEND_ONLY_MESSAGE"]
 
 APPEND_ONLY_MESSAGE = "ctrlrun evidence is append-only: receipts and events are never updated or deleted"
-EVIDENCE_TABLES = ("ctrlrun_receipt", "ctrlrun_event", "ctrlrun_policydocument")
+EVIDENCE_TABLES = ("ctrlrun_receipt", "ctrlrun_event", "ctrlrun_policydocument", "ctrlrun_chaincheck")
 #: Columns an insert may collide on (primary key and unique columns), per evidence table.
 _UNIQUE = {"ctrlrun_receipt": ("receipt_id", "seq"), "ctrlrun_event": ("id", "seq"),
-           "ctrlrun_policydocument": ("hash",)}
+           "ctrlrun_policydocument": ("hash",), "ctrlrun_chaincheck": ("id",)}
 #: What the person deciding read; an approval keeps it for life.
 _APPROVAL_FIXED = ("approval_id", "action", "action_id", "action_hash", "action_json", "agent", "user",
                    "effect_key", "policy_hash", "decision_reason", "created_at", "expires_at")
@@ -84,8 +84,8 @@ _INSERT_OK = f"NEW.state = '{INITIAL_STATE.value}' AND NEW.attempt = 1"
 # --------------------------------------------------------------------------- SQLite
 
 
-def _sqlite_statements() -> list[tuple[str, str]]:
-    """(trigger name, CREATE statement) pairs."""
+def _sqlite_statements(present: Any = None) -> list[tuple[str, str]]:
+    """(trigger name, CREATE statement) pairs; with ``present``, only for evidence tables in it."""
     out: list[tuple[str, str]] = []
 
     def add(name: str, timing: str, table: str, message: str, *, condition: str | None = None,
@@ -94,7 +94,7 @@ def _sqlite_statements() -> list[tuple[str, str]]:
         clause = f" WHEN {condition}" if condition else ""
         out.append((name, f'CREATE TRIGGER "{name}" {timing} ON "{table}"{clause} BEGIN SELECT {action}; END'))
 
-    for table in EVIDENCE_TABLES:
+    for table in _evidence_tables(present):
         add(f"{table}_no_update", "BEFORE UPDATE", table, APPEND_ONLY_MESSAGE)
         add(f"{table}_no_delete", "BEFORE DELETE", table, APPEND_ONLY_MESSAGE)
         collide = " OR ".join(f'"{c}" = NEW."{c}"' for c in _UNIQUE[table])
@@ -144,7 +144,13 @@ def _pg_raise(message: str) -> str:
     return f"RAISE EXCEPTION '{message} (% on %)', TG_OP, TG_TABLE_NAME USING ERRCODE = 'insufficient_privilege';"
 
 
-def _postgresql_statements() -> list[str]:
+def _evidence_tables(present: Any) -> tuple[str, ...]:
+    """The evidence tables to guard: all of them, or (an install part-way through the migrations, e.g.
+    0008's, before 0009 made the table of chain checks) those that exist yet."""
+    return EVIDENCE_TABLES if present is None else tuple(t for t in EVIDENCE_TABLES if t in present)
+
+
+def _postgresql_statements(present: Any = None) -> list[str]:
     statements = [
         _pg_function("ctrlrun_refuse_evidence_change", _pg_raise(APPEND_ONLY_MESSAGE)),
         _pg_function("ctrlrun_guard_effectrecord", "\n".join([
@@ -173,7 +179,7 @@ def _postgresql_statements() -> list[str]:
             "RETURN NEW;",
         ])),
     ]
-    for table in EVIDENCE_TABLES:
+    for table in _evidence_tables(present):
         statements += [
             f'CREATE TRIGGER "{table}_append_only" BEFORE UPDATE OR DELETE ON "{table}" '
             f"FOR EACH ROW EXECUTE FUNCTION ctrlrun_refuse_evidence_change()",
@@ -216,10 +222,11 @@ def _run(connection: Any, statements: list[str]) -> None:
 def install(connection: Any) -> None:
     """Put the whole guard in place (replacing any earlier version of it)."""
     remove(connection)
+    present = set(connection.introspection.table_names())
     if connection.vendor == "sqlite":
-        _run(connection, [statement for _, statement in _sqlite_statements()])
+        _run(connection, [statement for _, statement in _sqlite_statements(present)])
     elif connection.vendor == "postgresql":
-        _run(connection, _postgresql_statements())
+        _run(connection, _postgresql_statements(present))
 
 
 def remove(connection: Any) -> None:

@@ -22,6 +22,11 @@
 - ``Approval``: a human's answer to an ``approve`` decision, bound to the action hash of the
   exact call the human read (``action_json`` keeps that call whole). It moves pending ->
   granted | denied | expired, and granted -> consumed (once) | expired; only the store moves it.
+- ``ChainCheck``: one row per verification of the evidence (``receipts --verify-chain``, the
+  console's button): when (the store's clock), full or incremental, the receipt and event
+  positions and hashes it verified up to, the result. Append-only and signed like the evidence,
+  so an incremental check can start from the last intact one, and the front page can show the
+  last result without re-hashing anything.
 - ``PolicyDocument``: every policy text that decided an action, by hash, so a receipt's
   ``policy_hash`` can always be traced back to the exact rules that applied.
 
@@ -78,7 +83,9 @@ def dumps_json(value: object) -> str:
 class PolicyDocument(models.Model):
     hash = models.CharField(primary_key=True, max_length=HASH_LENGTH)
     schema = models.CharField(max_length=40)
-    source = models.TextField(help_text="Where the text was read from (a path, or <string>).")
+    # The admin shows help text as HTML: written so that nothing in it reads as a tag.
+    source = models.TextField(help_text="Where the text was read from: a file's path, or &lt;string&gt; "
+                                        "for text given directly.")
     text = models.TextField()
     environment = models.CharField(max_length=100)
     first_seen = models.DateTimeField()
@@ -147,6 +154,10 @@ class Event(models.Model):
 
     class Meta:
         ordering = ["id"]
+        # Partial: most events name no approval, and cost this index nothing. An incremental chain
+        # check reads the whole story of the approvals it checks through it.
+        indexes = [models.Index(fields=["approval_id"], condition=Q(approval_id__isnull=False),
+                                name="ctrlrun_event_approval_idx")]
 
     def __str__(self) -> str:
         return f"{self.id} {self.type}"
@@ -226,3 +237,34 @@ class Approval(models.Model):
 
     def __str__(self) -> str:
         return f"{self.approval_id} {self.action} ({self.status})"
+
+
+class ChainCheck(models.Model):
+    FULL, INCREMENTAL = "full", "incremental"
+
+    id = models.BigAutoField(primary_key=True)
+    checked_at = models.DateTimeField(help_text="When the check started (the store's clock).")
+    mode = models.CharField(max_length=12, choices=[(FULL, FULL), (INCREMENTAL, INCREMENTAL)])
+    from_receipt_seq = models.BigIntegerField(default=0, help_text="The receipt seq it started after (0: all).")
+    receipt_seq = models.BigIntegerField(help_text="The receipt seq it verified up to (the head's).")
+    receipt_hash = models.CharField(max_length=HASH_LENGTH)
+    from_event_seq = models.BigIntegerField(default=0)
+    event_seq = models.BigIntegerField()
+    event_hash = models.CharField(max_length=HASH_LENGTH)
+    ok = models.BooleanField()
+    breaks = models.PositiveIntegerField(default=0)
+    receipts_checked = models.BigIntegerField(default=0)
+    events_checked = models.BigIntegerField(default=0)
+    signatures_checked = models.BigIntegerField(default=0)
+    summary = models.TextField(help_text="The verdict, and the first breaks found.")
+    duration_seconds = models.FloatField()
+    ran_by = models.CharField(max_length=200, help_text="Who or what ran it.")
+    mac = models.CharField(max_length=MAC_LENGTH, null=True, blank=True,
+                           help_text="ctrlrun's signature of the result and the positions.")
+
+    class Meta:
+        ordering = ["-id"]
+        indexes = [models.Index(fields=["ok", "id"], name="ctrlrun_chaincheck_ok_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.mode} check {self.id} ({'intact' if self.ok else 'broken'})"

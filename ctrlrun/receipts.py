@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import datetime as _datetime
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,7 +36,13 @@ __all__ = [
     "event_hash",
     "StoredEvent",
     "verify_events",
+    "ReceiptWalk",
+    "EventWalk",
+    "PROGRESS_EVERY",
 ]
+
+#: How many rows a walk re-hashes between two progress reports (``progress`` callbacks).
+PROGRESS_EVERY = 100_000
 
 RECEIPT_SCHEMA = "ctrlrun.receipt/v7"
 
@@ -101,7 +107,7 @@ class ChainBreak:
 
     ``kind`` says which evidence: ``receipt`` (``seq`` is the receipt's), ``event`` (``seq`` is the
     event chain's), ``head`` (the chain head row), ``approval`` or ``effect`` (a signed row, named
-    by ``subject``). ``name`` is one of missing, content_altered, hash_missing, link_broken,
+    by ``subject``), ``check`` (a recorded chain check an incremental one would start from). ``name`` is one of missing, content_altered, hash_missing, link_broken,
     head_mismatch, unchained, reordered, duplicate, signature_invalid, rewound (a signed row put back
     from before what the event chain records).
     """
@@ -132,6 +138,12 @@ class ChainReport:
     event_head_hash: str = GENESIS_HASH
     #: Signed rows checked (the head, approvals, effect records); None when nothing was checked.
     signatures_checked: int | None = None
+    #: ``full`` (everything, from the genesis) or ``incremental`` (after the last intact check's
+    #: position: ``from_seq``/``from_event_seq``, recorded by check ``from_check``).
+    mode: str = "full"
+    from_seq: int = 0
+    from_event_seq: int = 0
+    from_check: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -154,6 +166,9 @@ class ChainReport:
                 "head_hash": self.event_head_hash,
             },
             "signatures_checked": self.signatures_checked,
+            **({"mode": self.mode, "from": {"check": self.from_check, "seq": self.from_seq,
+                                            "event_seq": self.from_event_seq}}
+               if self.mode != "full" else {}),
         }
 
 
@@ -173,7 +188,8 @@ def _documented(doc: dict[str, Any], column: str) -> Any:
     return doc.get(_COLUMN_FIELD.get(column, column))
 
 
-def verify_chain(rows: Iterable[StoredReceipt], head_seq: int, head_hash: str) -> ChainReport:
+def verify_chain(rows: Iterable[StoredReceipt], head_seq: int, head_hash: str, *,
+                 progress: Callable[[int], None] | None = None) -> ChainReport:
     """Walk receipts in ``seq`` order and name every break.
 
     ``rows`` may come in any order. Each row's document is re-hashed and compared with its
@@ -181,29 +197,52 @@ def verify_chain(rows: Iterable[StoredReceipt], head_seq: int, head_hash: str) -
     edit is caught even when the editor also rewrote the stored hash.
     """
     report = ChainReport(head_seq=head_seq, head_hash=head_hash)
+    walk = ReceiptWalk(report)
     chained: list[StoredReceipt] = []
     for row in rows:
         if row.seq is None:
-            report.unchained += 1
-            report.breaks.append(
-                ChainBreak("unchained", None, f"receipt {row.receipt_id} has no seq: it was never linked into the chain")
-            )
+            walk.unchained(row)
         else:
             chained.append(row)
     chained.sort(key=lambda r: r.seq)  # type: ignore[arg-type, return-value]
-    report.chained = len(chained)
+    for done, row in enumerate(chained, 1):
+        walk.add(row)
+        if progress is not None and done % PROGRESS_EVERY == 0:
+            progress(done)
+    walk.finish(head_seq, head_hash)
+    return report
 
-    expected_seq = 1
-    previous_hash = GENESIS_HASH  # the recomputed hash of the row before, as far as we know
-    for row in chained:
+
+class ReceiptWalk:
+    """The receipt walk of :func:`verify_chain`, fed one row at a time in ``seq`` order, so a long
+    chain can be read in batches; ``start_seq``/``start_hash`` begin it after a position already
+    verified (an incremental check) instead of at the genesis."""
+
+    def __init__(self, report: ChainReport, start_seq: int = 0, start_hash: str = GENESIS_HASH) -> None:
+        self.report = report
+        self.expected_seq = start_seq + 1
+        self.previous_hash = start_hash  # the recomputed hash of the row before, as far as we know
+        self.start_seq, self.start_hash = start_seq, start_hash
+        self.last_seq: int | None = None
+
+    def unchained(self, row: StoredReceipt) -> None:
+        self.report.unchained += 1
+        self.report.breaks.append(
+            ChainBreak("unchained", None, f"receipt {row.receipt_id} has no seq: it was never linked into the chain")
+        )
+
+    def add(self, row: StoredReceipt) -> None:
+        report = self.report
+        report.chained += 1
         seq = row.seq
         assert seq is not None
-        if seq != expected_seq:
+        self.last_seq = seq
+        if seq != self.expected_seq:
             report.breaks.append(
                 ChainBreak(
                     "missing",
-                    expected_seq,
-                    f"seq {expected_seq} is not here; the next receipt says it is seq {seq}. "
+                    self.expected_seq,
+                    f"seq {self.expected_seq} is not here; the next receipt says it is seq {seq}. "
                     f"The walk resynchronises at seq {seq}",
                 )
             )
@@ -217,9 +256,9 @@ def verify_chain(rows: Iterable[StoredReceipt], head_seq: int, head_hash: str) -
             report.breaks.append(
                 ChainBreak("content_altered", seq, f"this row could not be read ({type(exc).__name__})")
             )
-            previous_hash = row.hash or ""
-            expected_seq = seq + 1
-            continue
+            self.previous_hash = row.hash or ""
+            self.expected_seq = seq + 1
+            return
         if row.hash is None or row.hash == "":
             row_ok = False
             report.breaks.append(
@@ -254,31 +293,34 @@ def verify_chain(rows: Iterable[StoredReceipt], head_seq: int, head_hash: str) -
                     "the row's seq/prev_hash columns disagree with the document it stores",
                 )
             )
-        if row.prev_hash != previous_hash:
+        if row.prev_hash != self.previous_hash:
             row_ok = False
             report.breaks.append(
                 ChainBreak(
                     "link_broken",
                     seq,
-                    f"prev_hash is {_short(row.prev_hash)}, and the receipt before it hashes to {previous_hash}",
+                    f"prev_hash is {_short(row.prev_hash)}, and the receipt before it hashes to {self.previous_hash}",
                 )
             )
         if row_ok:
             report.verified += 1
-        previous_hash = recomputed
-        expected_seq = seq + 1
+        self.previous_hash = recomputed
+        self.expected_seq = seq + 1
 
-    last_seq = chained[-1].seq if chained else 0
-    if last_seq != head_seq or (chained and previous_hash != head_hash) or (not chained and head_hash != GENESIS_HASH):
-        report.breaks.append(
-            ChainBreak(
-                "head_mismatch",
-                head_seq,
-                f"the chain head says seq {head_seq} with hash {head_hash}, but the last receipt "
-                f"is seq {last_seq} hashing to {previous_hash}",
+    def finish(self, head_seq: int, head_hash: str) -> None:
+        walked = self.last_seq is not None
+        last_seq = self.last_seq if walked else self.start_seq
+        previous_hash = self.previous_hash
+        if last_seq != head_seq or (walked and previous_hash != head_hash) or (
+                not walked and head_hash != self.start_hash):
+            self.report.breaks.append(
+                ChainBreak(
+                    "head_mismatch",
+                    head_seq,
+                    f"the chain head says seq {head_seq} with hash {head_hash}, but the last receipt "
+                    f"is seq {last_seq} hashing to {previous_hash}",
+                )
             )
-        )
-    return report
 
 
 # --------------------------------------------------------------------------- events
@@ -331,36 +373,60 @@ class StoredEvent:
     data: str
 
 
-def verify_events(rows: Iterable[StoredEvent], head_seq: int, head_hash: str, report: ChainReport) -> None:
+def verify_events(rows: Iterable[StoredEvent], head_seq: int, head_hash: str, report: ChainReport, *,
+                  progress: Callable[[int], None] | None = None) -> None:
     """Walk the events in ``seq`` order, re-hash each from its columns, record breaks in ``report``.
 
     Beyond the receipt checks, event ids must rise with ``seq``: the console and ``inspect`` list
     events by id, so an event moved to another place in that order is named ``reordered``.
     """
     report.event_head_seq, report.event_head_hash = head_seq, head_hash
+    walk = EventWalk(report)
     chained: list[StoredEvent] = []
     for row in rows:
         if row.seq is None:
-            report.events_unchained += 1
-            report.breaks.append(ChainBreak("unchained", None, f"event {row.id} ({row.type}) has no seq: it was "
-                                            f"never linked into the event chain", kind="event", subject=str(row.id)))
+            walk.unchained(row)
         else:
             chained.append(row)
     chained.sort(key=lambda r: (r.seq, r.id))  # type: ignore[arg-type, return-value]
-    report.events_chained = len(chained)
-    expected_seq, previous_hash, previous_id = 1, GENESIS_HASH, None
-    for row in chained:
+    for done, row in enumerate(chained, 1):
+        walk.add(row)
+        if progress is not None and done % PROGRESS_EVERY == 0:
+            progress(done)
+    walk.finish(head_seq, head_hash)
+
+
+class EventWalk:
+    """The event walk of :func:`verify_events`, fed one row at a time in ``(seq, id)`` order;
+    ``start_seq``/``start_hash``/``start_id`` begin it after a verified position."""
+
+    def __init__(self, report: ChainReport, start_seq: int = 0, start_hash: str = GENESIS_HASH,
+                 start_id: int | None = None) -> None:
+        self.report = report
+        self.expected_seq, self.previous_hash, self.previous_id = start_seq + 1, start_hash, start_id
+        self.start_seq, self.start_hash = start_seq, start_hash
+        self.last_seq: int | None = None
+
+    def unchained(self, row: StoredEvent) -> None:
+        self.report.events_unchained += 1
+        self.report.breaks.append(ChainBreak("unchained", None, f"event {row.id} ({row.type}) has no seq: it was "
+                                             f"never linked into the event chain", kind="event", subject=str(row.id)))
+
+    def add(self, row: StoredEvent) -> None:
+        report = self.report
+        report.events_chained += 1
         seq = row.seq
         assert seq is not None
-        if seq < expected_seq:  # a second row claiming a position already walked: it is not the chain's
+        self.last_seq = seq
+        if seq < self.expected_seq:  # a second row claiming a position already walked: it is not the chain's
             report.breaks.append(ChainBreak(
                 "duplicate", seq, f"event {row.id} ({row.type}) claims seq {seq}, which another event holds: it was "
                 f"added outside ctrlrun", kind="event", subject=str(row.id)))
-            continue
-        if seq != expected_seq:
+            return
+        if seq != self.expected_seq:
             report.breaks.append(ChainBreak(
-                "missing", expected_seq, f"event seq {expected_seq} is not here; the next event says it is seq "
-                f"{seq}. The walk resynchronises at seq {seq}", kind="event"))
+                "missing", self.expected_seq, f"event seq {self.expected_seq} is not here; the next event says it is "
+                f"seq {seq}. The walk resynchronises at seq {seq}", kind="event"))
         ok = True
         try:
             recomputed = event_hash(event_document(seq, row.prev_hash or "", event_time(row.ts), row.type,
@@ -368,8 +434,8 @@ def verify_events(rows: Iterable[StoredEvent], head_seq: int, head_hash: str, re
         except Exception as exc:  # an unreadable row is a named break, never a crash
             report.breaks.append(ChainBreak("content_altered", seq, f"event {row.id} could not be read "
                                             f"({type(exc).__name__})", kind="event", subject=str(row.id)))
-            previous_hash, expected_seq, previous_id = row.hash or "", seq + 1, row.id
-            continue
+            self.previous_hash, self.expected_seq, self.previous_id = row.hash or "", seq + 1, row.id
+            return
         if not row.hash:
             ok = False
             report.breaks.append(ChainBreak("hash_missing", seq, f"event {row.id}'s stored hash is gone, so nothing "
@@ -379,21 +445,25 @@ def verify_events(rows: Iterable[StoredEvent], head_seq: int, head_hash: str, re
             report.breaks.append(ChainBreak(
                 "content_altered", seq, f"event {row.id} ({row.type}) recomputes to {recomputed}, not the stored "
                 f"{row.hash}: a column was changed after it was written", kind="event", subject=str(row.id)))
-        if row.prev_hash != previous_hash:
+        if row.prev_hash != self.previous_hash:
             ok = False
             report.breaks.append(ChainBreak(
                 "link_broken", seq, f"event {row.id}'s prev_hash is {_short(row.prev_hash)}, and the event before it "
-                f"hashes to {previous_hash}", kind="event", subject=str(row.id)))
-        if previous_id is not None and row.id <= previous_id:
+                f"hashes to {self.previous_hash}", kind="event", subject=str(row.id)))
+        if self.previous_id is not None and row.id <= self.previous_id:
             ok = False
             report.breaks.append(ChainBreak(
-                "reordered", seq, f"event {row.id} is at seq {seq} but its id places it before event {previous_id}",
-                kind="event", subject=str(row.id)))
+                "reordered", seq, f"event {row.id} is at seq {seq} but its id places it before event "
+                f"{self.previous_id}", kind="event", subject=str(row.id)))
         if ok:
             report.events_verified += 1
-        previous_hash, expected_seq, previous_id = recomputed, seq + 1, row.id
-    last_seq = chained[-1].seq if chained else 0
-    if last_seq != head_seq or (chained and previous_hash != head_hash) or (not chained and head_hash != GENESIS_HASH):
-        report.breaks.append(ChainBreak(
-            "head_mismatch", head_seq, f"the chain head says event seq {head_seq} with hash {head_hash}, but the last "
-            f"event is seq {last_seq} hashing to {previous_hash}", kind="event"))
+        self.previous_hash, self.expected_seq, self.previous_id = recomputed, seq + 1, row.id
+
+    def finish(self, head_seq: int, head_hash: str) -> None:
+        walked = self.last_seq is not None
+        last_seq = self.last_seq if walked else self.start_seq
+        if last_seq != head_seq or (walked and self.previous_hash != head_hash) or (
+                not walked and head_hash != self.start_hash):
+            self.report.breaks.append(ChainBreak(
+                "head_mismatch", head_seq, f"the chain head says event seq {head_seq} with hash {head_hash}, but the "
+                f"last event is seq {last_seq} hashing to {self.previous_hash}", kind="event"))

@@ -39,6 +39,8 @@ def _where(item: ChainBreak) -> str:
         return f"event seq {item.seq if item.seq is not None else '-'}"
     if item.kind == "head":
         return "the chain head"
+    if item.kind == "check":
+        return f"chain check {item.subject}"
     if item.kind in ("approval", "effect"):
         return f"{'approval' if item.kind == 'approval' else 'effect'} {item.subject}"
     return f"seq {item.seq if item.seq is not None else '-'}"
@@ -48,14 +50,23 @@ def chain_lines(report: ChainReport) -> list[str]:
     total = report.chained + report.unchained
     lines = [f"chain: {report.verified} of {total} receipts verified",
              f"events: {report.events_verified} of {report.events_chained + report.events_unchained} events verified"]
+    if report.mode == "incremental":
+        since = (f"after receipt seq {report.from_seq} and event seq {report.from_event_seq}, where intact check "
+                 f"{report.from_check} stopped" if report.from_check is not None
+                 else "from the genesis: no intact check was recorded yet")
+        lines = [f"incremental check, {since}",
+                 f"chain: {report.verified} of {total} new receipts verified (head at seq {report.head_seq})",
+                 f"events: {report.events_verified} of {report.events_chained + report.events_unchained} new events "
+                 f"verified (head at seq {report.event_head_seq})"]
     if report.signatures_checked is not None:
         bad = sum(1 for b in report.breaks if b.name == "signature_invalid")
         lines.append(f"signatures: {report.signatures_checked - bad} of {report.signatures_checked} signed rows "
-                     f"verify (the chain head, approvals, effect records)")
+                     f"verify (the chain head, approvals, effect records"
+                     + (" that moved since, or that new events name)" if report.mode == "incremental" else ")"))
     if report.ok:
         lines.append("the chain is intact")
     else:
-        preposition = {"approval": "on", "effect": "on", "head": "at"}
+        preposition = {"approval": "on", "effect": "on", "head": "at", "check": "on"}
         lines += [f"  {b.name} {preposition.get(b.kind, 'at')} {_where(b)}: {b.detail}" for b in report.breaks]
         lines.append(f"the chain is broken: {len(report.breaks)} break(s)")
     return lines

@@ -10,6 +10,6 @@ register = template.Library()
 
 @register.inclusion_tag("admin/ctrlrun/overview.html")
 def ctrlrun_overview() -> dict[str, Any]:
-    from ..admin import overview_context
+    from ..frontpage import overview_context
 
     return overview_context()

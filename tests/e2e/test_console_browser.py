@@ -91,8 +91,10 @@ def test_approver_approves_and_the_agents_retry_runs_once(console, refund, remot
     console.open("/admin/ctrlrun/receipt/")
     console.click(console.by_id("ctrlrun-verify-link"))
     console.shot("verify")
+    console.click(console.by_id("ctrlrun-run-check"))
+    console.shot("verify-checked")
     assert console.by_id("ctrlrun-chain").text.startswith("The chain is intact")
-    assert len(console.shots) == 11
+    assert len(console.shots) == 12
 
 
 def test_auditor_sees_no_buttons(console, refund, remote):
@@ -138,6 +140,8 @@ def test_auditor_sees_no_buttons(console, refund, remote):
     console.shot("receipt-list")
     console.click(console.by_id("ctrlrun-verify-link"))
     console.shot("verify")
+    console.click(console.by_id("ctrlrun-run-check"))
+    console.shot("verify-checked")
     assert console.by_id("ctrlrun-chain").text.startswith("The chain is intact")
 
     assert Approval.objects.get(pk=request_id).status == "pending"
@@ -192,22 +196,36 @@ def test_resolver_marks_ambiguous_committed_and_the_retry_is_a_duplicate(console
     console.click(console.driver.find_element(By.LINK_TEXT, "Receipts"))
     console.click(console.by_id("ctrlrun-verify-link"))
     console.shot("verify")
+    console.click(console.by_id("ctrlrun-run-check"))
+    console.shot("verify-checked")
     assert console.by_id("ctrlrun-chain").text.startswith("The chain is intact")
 
 
 def test_chain_page_reports_a_tampered_row(console, refund):
-    """After a receipt row is edited in SQL, the index says broken and the chain page names content_altered at that seq."""
+    """The front page shows the last recorded check, never re-hashing: 'unchecked', then intact after the chain
+    page's button ran a full check; after a receipt row is edited in SQL it still shows that check until the button
+    runs another, which names content_altered at that seq, and the front page then says broken."""
     make_user("auditor", "otto")
     with ctrlrun.context(agent="support-agent"):
         for n in range(3):
             refund(payment_id=f"txn_{n}", amount=100)
 
     console.login("otto")
-    assert tile(console, "receipt/verify").text.split()[0] == "intact"
-    console.shot("index-intact")
-    console.click(tile(console, "receipt/verify"))
+    chain = tile(console, "receipt/verify")
+    assert chain.text.split()[0] == "unchecked" and "attention" in chain.get_attribute("class")
+    console.shot("index-unchecked")
+    console.click(chain)
+    console.shot("verify-unchecked")
+    assert console.by_id("ctrlrun-last-check").text.startswith("The chain has never been checked")
+    console.click(console.by_id("ctrlrun-run-check"))
     console.shot("verify-intact")
     assert console.by_id("ctrlrun-chain").text.startswith("The chain is intact")
+    console.open("/admin/")
+    chain = tile(console, "receipt/verify")
+    assert chain.text.split("\n") == ["intact", "receipt chain intact, checked just now (full, up to receipt 3); "
+                                                 "0 receipts written since"]
+    assert chain.get_attribute("class") == "tile chain "
+    console.shot("index-intact")
 
     tampered = Receipt.objects.get(seq=2)
     with evidence_unguarded(), connection.cursor() as cursor:  # as someone who can drop the triggers
@@ -215,17 +233,53 @@ def test_chain_page_reports_a_tampered_row(console, refund):
                        [tampered.document.replace('"amount":100', '"amount":100000')])
 
     console.open("/admin/")
-    chain = tile(console, "receipt/verify")
-    assert chain.text.split()[0] == "broken"
-    console.shot("index")
-    console.click(chain)
+    assert tile(console, "receipt/verify").text.split()[0] == "intact"  # the last check's result: no re-hash
+    console.click(tile(console, "receipt/verify"))
+    assert console.by_id("ctrlrun-last-check").text.startswith("Last check: intact")
+    console.click(console.by_id("ctrlrun-run-check"))
     console.shot("verify")
     assert console.by_id("ctrlrun-chain").text.startswith("The chain is broken: 2 breaks")
     breaks = [[cell.text for cell in row.find_elements(By.TAG_NAME, "td")][:2]
               for row in console.driver.find_elements(By.CSS_SELECTOR, "#ctrlrun-breaks tbody tr")]
     assert breaks == [["content_altered", "2"], ["link_broken", "3"]]
-    console.click(console.driver.find_element(By.LINK_TEXT, "Receipts"))
+    console.open("/admin/")
+    chain = tile(console, "receipt/verify")
+    assert chain.text.split()[0] == "broken" and "alert" in chain.get_attribute("class")
+    assert "(full, up to receipt 3): 2 breaks" in chain.text
+    console.shot("index")
+    console.open("/admin/ctrlrun/receipt/")
     console.shot("receipt-list")
     console.click(row_link(console, tampered.receipt_id))
     console.shot("receipt-detail")
     assert shown_json(console)["arguments"]["amount"] == 100000
+
+
+def test_front_page_shows_the_last_checks_result_and_age(console, refund, clock):
+    """After an incremental check from the command, the front page shows intact, its age, its mode and position and
+    what was written since, styled by the tag's own stylesheet; once older than the threshold it turns to warning."""
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    make_user("auditor", "otto")
+    with ctrlrun.context(agent="support-agent"):
+        for n in range(2):
+            refund(payment_id=f"txn_{n}", amount=100)
+    call_command("receipts", "--verify-chain", "--incremental", stdout=StringIO())
+    clock.advance(minutes=4)
+    with ctrlrun.context(agent="support-agent"):
+        refund(payment_id="txn_9", amount=100)
+
+    console.login("otto")
+    chain = tile(console, "receipt/verify")
+    assert chain.text.split("\n") == ["intact", "receipt chain intact, checked 4 minutes ago (incremental, up to "
+                                                 "receipt 2); 1 receipt written since"]
+    green = chain.value_of_css_property("border-left-color")
+    assert chain.value_of_css_property("border-left-width") == "6px"  # overview.css, linked by the tag itself
+    console.shot("index")
+    clock.advance(days=2)
+    console.open("/admin/")
+    chain = tile(console, "receipt/verify")
+    assert "older than 1 day" in chain.text and "attention" in chain.get_attribute("class")
+    assert chain.value_of_css_property("border-left-color") != green
+    console.shot("index-stale")

@@ -9,12 +9,14 @@ import html
 import json
 import re
 from html.parser import HTMLParser
+from io import StringIO
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
 from django.contrib.admin.models import CHANGE, LogEntry
 from django.contrib.admin.utils import quote
 from django.contrib.auth.models import Group
+from django.core.management import CommandError
 from django.db import connection
 from django.test import Client
 from django.urls import reverse
@@ -22,7 +24,7 @@ from django.urls import reverse
 import ctrlrun
 from ctrlrun import store
 from ctrlrun.canonical import idempotency_token_for
-from ctrlrun.models import Approval, EffectRecord, Event, PolicyDocument, Receipt
+from ctrlrun.models import Approval, ChainCheck, EffectRecord, Event, PolicyDocument, Receipt
 from tests.support import Hook, Remote, evidence_unguarded, hold_key, make_ambiguous, make_user, protected_refund
 
 pytestmark = pytest.mark.usefixtures("hook_registry", "store_db", "console_groups")
@@ -764,24 +766,27 @@ def tamper(seq: int, document: str) -> None:
 
 
 def test_verify_page_intact_then_names_the_altered_row(refund, as_role, client):
-    """The chain page says intact; after a receipt's document is edited in SQL it names content_altered at that seq."""
+    """The chain page's button runs a full check: intact; after a receipt's document is edited in SQL it names
+    content_altered at that seq, and the front page shows each recorded result."""
     for n in range(3):
         pay(refund, f"txn_{n}")
     as_role("auditor")
-    page = client.get(url("ctrlrun_receipt_verify"))
+    page = client.post(url("ctrlrun_receipt_verify"))
     assert "The chain is intact" in text(page) and "3 of 3 receipts verified" in text(page)
     assert not has_id(page, "ctrlrun-breaks")
-    assert "intact" in overview_tiles(client)["chain"]
+    assert overview_tiles(client)["chain"].startswith("intact receipt chain intact, checked just now (full, up to "
+                                                      "receipt 3); 0 receipts written since")
 
     row = Receipt.objects.get(seq=2)
     tamper(2, row.document.replace('"amount":100', '"amount":100000'))
-    page = client.get(url("ctrlrun_receipt_verify"))
+    page = client.post(url("ctrlrun_receipt_verify"))
     shown = text(page)
     assert "The chain is broken: 2 breaks" in shown and has_id(page, "ctrlrun-breaks")
     breaks = re.findall(r"<tr><td><strong>(\w+)</strong></td><td>([\d-]+)</td>",
                         re.search(r'id="ctrlrun-breaks">(.*?)</table>', shown, re.S).group(1))
     assert breaks == [("content_altered", "2"), ("link_broken", "3")]  # seq 3 still names the old hash
-    assert "broken" in overview_tiles(client)["chain"]
+    assert overview_tiles(client)["chain"].startswith("broken receipt chain broken, checked just now (full, up to "
+                                                      "receipt 3): 2 breaks")
     detail = client.get(receipt_url(row.receipt_id))
     assert pre_json(detail)["arguments"]["amount"] == 100000
 
@@ -794,7 +799,7 @@ def test_receipt_that_is_not_json_is_shown_as_altered(refund, as_role, client):
     as_role("auditor")
     page = client.get(receipt_url(row.receipt_id))
     assert page.status_code == 200 and "This document is not valid JSON: the row was altered" in text(page)
-    assert "content_altered" in text(client.get(url("ctrlrun_receipt_verify")))
+    assert "content_altered" in text(client.post(url("ctrlrun_receipt_verify")))
 
 
 # --------------------------------------------------------------------------- the overview and the ordering
@@ -832,7 +837,8 @@ def test_index_overview_counts_and_links(refund, remote, as_role, client, clock)
         "approvals": f"2 approvals waiting -> {approvals_url}?status=pending",
         "ambiguous": f"1 ambiguous effect -> {effects_url}?attention=ambiguous",
         "lapsed": f"1 lapsed lease -> {effects_url}?attention=lapsed",
-        "chain": f"intact receipt chain (2 receipts) -> {url('ctrlrun_receipt_verify')}",
+        "chain": f"unchecked receipt chain never checked (2 receipts): run receipts --verify-chain -> "
+                 f"{url('ctrlrun_receipt_verify')}",
     }
     assert listed(client.get(approvals_url, {"status": "pending"})) == waiting
     assert listed(client.get(effects_url, {"attention": "ambiguous"})) == [lost]
@@ -946,3 +952,111 @@ def test_posts_without_csrf_token_are_refused(refund, remote):
     token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page).group(1)
     response = browser.post(approval_url(approval_id, "approve"), {"note": "x", "csrfmiddlewaretoken": token})
     assert response.status_code == 302 and status(approval_id) == "granted"
+
+
+# --------------------------------------------------------------------------- the recorded chain check (issue 9)
+
+
+def chain_tile_class(client) -> str:
+    page = text(client.get(url("index")))
+    return re.search(r'<a class="tile chain ?([^"]*)" href="' + re.escape(url("ctrlrun_receipt_verify")), page).group(1)
+
+
+def test_front_page_never_rehashes_the_chain(refund, as_role, client, monkeypatch):
+    """Loading the index runs no chain check at all (it shows the last recorded one): 'never checked', warning."""
+    pay(refund, "txn_1")
+
+    def refused(*args, **kwargs):
+        raise AssertionError("the front page re-hashed the chain")
+
+    monkeypatch.setattr(store, "verify", refused)
+    monkeypatch.setattr(store, "verify_incremental", refused)
+    as_role("auditor")
+    assert overview_tiles(client)["chain"].startswith("unchecked receipt chain never checked (1 receipt)")
+    assert chain_tile_class(client) == "attention"
+
+
+def test_chain_tile_shows_the_last_check_its_age_what_came_since_and_warns_when_old(refund, as_role, client, clock,
+                                                                                   settings):
+    """After an incremental check: intact, its age, mode and position, receipts written since; a warning once older
+    than CTRLRUN_CHAIN_CHECK_MAX_AGE_SECONDS; an alert when the last check failed."""
+    from django.core.management import call_command
+
+    pay(refund, "txn_1")
+    pay(refund, "txn_2")
+    call_command("receipts", "--verify-chain", "--incremental", stdout=StringIO())
+    clock.advance(minutes=4)
+    pay(refund, "txn_3")
+    as_role("auditor")
+    assert overview_tiles(client)["chain"] == (
+        "intact receipt chain intact, checked 4\xa0minutes ago (incremental, up to receipt 2); 1 receipt written "
+        f"since -> {url('ctrlrun_receipt_verify')}")
+    assert chain_tile_class(client) == ""
+    clock.advance(hours=25)
+    assert "older than 1\xa0day: run receipts --verify-chain --incremental" in overview_tiles(client)["chain"]
+    assert chain_tile_class(client) == "attention"
+    settings.CTRLRUN_CHAIN_CHECK_MAX_AGE_SECONDS = 7 * 86400
+    assert chain_tile_class(client) == ""
+
+    tamper(3, Receipt.objects.get(seq=3).document.replace('"amount":100', '"amount":7'))
+    with pytest.raises(CommandError):
+        call_command("receipts", "--verify-chain", "--incremental", stdout=StringIO(), stderr=StringIO())
+    assert overview_tiles(client)["chain"].startswith(
+        "broken receipt chain broken, checked just now (incremental, up to receipt 3): 2 breaks")
+    assert chain_tile_class(client) == "alert"
+
+
+def test_verify_page_shows_the_last_check_and_runs_a_full_one_only_on_post(refund, as_role, client):
+    """GET shows the last recorded check and records nothing; the button (POST) runs a full check and records it."""
+    pay(refund, "txn_1")
+    user = as_role("auditor")
+    page = client.get(url("ctrlrun_receipt_verify"))
+    assert "The chain has never been checked" in text(page) and has_id(page, "ctrlrun-run-check")
+    assert not has_id(page, "ctrlrun-chain") and not ChainCheck.objects.exists()
+    page = client.post(url("ctrlrun_receipt_verify"))
+    assert "The chain is intact" in text(page) and "Full check, just now, recorded" in text(page)
+    [row] = ChainCheck.objects.all()
+    assert (row.mode, row.ok, row.receipt_seq, row.ran_by) == ("full", True, 1, f"console: {user.username}")
+    page = client.get(url("ctrlrun_receipt_verify"))
+    assert "Last check: intact" in text(page) and f"console: {user.username}" in text(page)
+    assert ChainCheck.objects.count() == 1
+
+
+def test_verify_button_needs_the_csrf_token_and_the_view_permission(refund, as_role):
+    """A POST without the CSRF token, or by staff who may not read receipts, runs and records nothing."""
+    pay(refund, "txn_1")
+    strict = Client(enforce_csrf_checks=True)
+    strict.force_login(make_user("auditor"))
+    assert strict.post(url("ctrlrun_receipt_verify")).status_code == 403
+    staff = Client()
+    staff.force_login(make_user("staff"))
+    assert staff.post(url("ctrlrun_receipt_verify")).status_code == 403
+    assert not ChainCheck.objects.exists()
+    page = strict.get(url("ctrlrun_receipt_verify"))
+    token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.content.decode()).group(1)
+    assert strict.post(url("ctrlrun_receipt_verify"), {"csrfmiddlewaretoken": token}).status_code == 200
+    assert ChainCheck.objects.count() == 1
+
+
+def test_policy_source_help_text_is_shown_not_read_as_a_tag(refund, as_role, client):
+    """The policy document page shows the source's help text with <string> as text (it was an HTML tag)."""
+    pay(refund, "txn_1")
+    as_role("superuser")
+    page = client.get(url("ctrlrun_policydocument_change", quote(PolicyDocument.objects.get().hash)))
+    raw = page.content.decode()
+    assert "<string>" not in raw
+    assert "a file&#x27;s path, or &lt;string&gt; for text given directly" in raw or \
+        "a file's path, or &lt;string&gt; for text given directly" in raw
+
+
+def test_verify_page_incremental_button_checks_what_was_added(refund, as_role, client):
+    """The second button runs an incremental check from the last intact one, and records it."""
+    pay(refund, "txn_1")
+    as_role("auditor")
+    client.post(url("ctrlrun_receipt_verify"))
+    pay(refund, "txn_2")
+    page = client.post(url("ctrlrun_receipt_verify"), {"mode": "incremental"})
+    assert "The chain is intact" in text(page) and "Incremental check (after receipt 1 and event" in text(page)
+    assert "1 of 1 new receipts verified" in text(page)
+    assert [(c.mode, c.from_receipt_seq, c.receipt_seq) for c in ChainCheck.objects.order_by("id")] == [
+        ("full", 0, 1), ("incremental", 1, 2)]

@@ -1,0 +1,230 @@
+#!/usr/bin/env python3
+"""The console's front page and the chain checks on a large store (issue 9).
+
+    python bench/front_page.py                       # 1,000,000 receipts, SQLite and PostgreSQL
+    python bench/front_page.py --receipts 100000 --backends sqlite
+    BENCH_PG_URL=postgresql://postgres@127.0.0.1:5432/postgres python bench/front_page.py
+
+For each backend, in a scratch store (a SQLite file in a temporary folder; a PostgreSQL database
+this script creates and drops, on the server of ``BENCH_PG_URL``), it:
+
+1. migrates, makes one real protected call (its receipt is the template), then appends
+   ``--receipts`` - 1 receipts with bulk INSERTs: a *valid* chain, each document hashed with
+   ctrlrun's own ``receipt_hash`` and linked to the one before, the head moved and signed;
+2. times the front page (``GET /admin/`` with Django's test client, logged-in superuser; median
+   of ``--loads``) with no check recorded, and the ``COUNT(*)`` the old overview paid per load;
+3. times the first ``--incremental`` check (nothing recorded yet, so it walks the whole chain in
+   batches, and records an intact check at the head);
+4. makes 1,000 more real protected calls (``ctrlrun.protect``: events, effect records and all)
+   and times the incremental check of them;
+5. times a full check (``store.verify()``, as ``receipts --verify-chain`` and the console's button
+   run it), unless ``--skip-full``; and the front page again, now showing the last check.
+
+It prints a table (and, with ``--json``, the numbers). Nothing here is part of the test suite.
+Each backend runs in a child process of this script (Django is set up once per process).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+POLICY = """\
+schema: ctrlrun.policy/v2
+actions:
+  bench.note:
+    decision: allow
+  bench.send:
+    effect: "send:{n}"
+    decision: allow
+"""
+
+
+def _child(backend: str, receipts: int, loads: int, skip_full: bool) -> dict:
+    sys.path.insert(0, str(REPO))
+    folder = Path(tempfile.mkdtemp(prefix=f"ctrlrun-bench-front-{backend}-"))
+    (folder / "ctrlrun.yaml").write_text(POLICY)
+    os.environ["CTRLRUN_POLICY"] = str(folder / "ctrlrun.yaml")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
+    import django
+
+    django.setup()
+    from django.conf import settings
+
+    settings.CTRLRUN_POLICY = str(folder / "ctrlrun.yaml")
+    settings.ALLOWED_HOSTS = ["*"]
+    from django.contrib.auth import get_user_model
+    from django.core.management import call_command
+    from django.db import connection, transaction
+    from django.test import Client
+    from django.test.utils import setup_test_environment
+
+    import ctrlrun
+    from ctrlrun import signing, store
+    from ctrlrun.canonical import evidence_time, new_id
+    from ctrlrun.models import ChainHead, Receipt
+    from ctrlrun.receipts import dump_receipt, receipt_hash
+
+    setup_test_environment()
+    call_command("migrate", verbosity=0)
+    out: dict = {"backend": backend, "receipts": receipts}
+
+    @ctrlrun.protect("bench.note")
+    def note(n: int) -> int:
+        return n
+
+    @ctrlrun.protect("bench.send")
+    def send(n: int) -> int:
+        return n
+
+    with ctrlrun.context(agent="bench-agent"):
+        note(n=0)
+    template = json.loads(Receipt.objects.get(seq=1).document)
+    head = ChainHead.objects.get(pk=1)
+    prev, started = head.hash, time.perf_counter()
+    adapt = store._time_param(connection)
+    import datetime as dt
+
+    base = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
+    insert = ('INSERT INTO "ctrlrun_receipt" ("receipt_id","seq","action_id","action","agent","decision","result",'
+              '"effect_key","ts","document","prev_hash","hash") VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)')
+    chunk: list[tuple] = []
+    for seq in range(2, receipts + 1):
+        moment = base + dt.timedelta(microseconds=seq * 1000)
+        doc = dict(template)
+        doc.update(receipt_id=new_id("ctr_"), action_id=new_id("act_"), arguments={"n": seq},
+                   started_at=evidence_time(moment), finished_at=evidence_time(moment), seq=seq, prev_hash=prev)
+        digest = receipt_hash(doc, trusted=True)
+        chunk.append((doc["receipt_id"], seq, doc["action_id"], doc["action"], doc["principal"]["agent"],
+                      doc["decision"], doc["result"], None, adapt(moment), dump_receipt(doc), prev, digest))
+        prev = digest
+        if len(chunk) == 5000 or seq == receipts:
+            with transaction.atomic(), connection.cursor() as cursor:
+                cursor.executemany(insert, chunk)
+            chunk = []
+    head = ChainHead.objects.get(pk=1)
+    with transaction.atomic(), connection.cursor() as cursor:
+        mac = signing.sign(store.HEAD_DOMAIN, store._head_document(receipts, prev, head.event_seq, head.event_hash,
+                                                                   signing.key_id()))
+        cursor.execute('UPDATE "ctrlrun_chainhead" SET "seq" = %s, "hash" = %s, "mac" = %s, "key_id" = %s '
+                       'WHERE "id" = 1', [receipts, prev, mac, signing.key_id()])
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("VACUUM ANALYZE")
+    out["fill_s"] = time.perf_counter() - started
+
+    user = get_user_model().objects.create_superuser("bench", "bench@example.com", "bench-password")
+    client = Client()
+    client.force_login(user)
+
+    def front_page() -> float:
+        times = []
+        for _ in range(loads + 1):
+            begin = time.perf_counter()
+            response = client.get("/admin/")
+            times.append(time.perf_counter() - begin)
+            assert response.status_code == 200 and b"ctrlrun-overview" in response.content, response.status_code
+        return statistics.median(times[1:])  # the first load warms caches and connections
+
+    out["front_unchecked_s"] = front_page()
+    begin = time.perf_counter()
+    Receipt.objects.count()
+    out["count_s"] = time.perf_counter() - begin
+
+    def timed_check(incremental: bool) -> tuple[float, bool]:
+        begin, clock = time.perf_counter(), time.monotonic()
+        checked_at = store.now()
+        report = store.verify_incremental() if incremental else store.verify()
+        store.record_check(report, started=checked_at, duration=time.monotonic() - clock, ran_by="bench")
+        return time.perf_counter() - begin, report.ok
+
+    out["first_incremental_s"], ok = timed_check(True)
+    assert ok
+    with ctrlrun.context(agent="bench-agent"):
+        for n in range(1000):
+            send(n=n)
+    out["incremental_1000_s"], ok = timed_check(True)
+    assert ok
+    if not skip_full:
+        out["full_s"], ok = timed_check(False)
+        assert ok
+    out["front_checked_s"] = front_page()
+    page = client.get("/admin/").content.decode()
+    out["tile"] = " ".join(page.split('class="tile chain')[1].split("</a>")[0].split(">", 1)[1].split())
+    return out
+
+
+def _pg_database(url: str, name: str, create: bool) -> None:
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
+        if create:
+            conn.execute(f'CREATE DATABASE "{name}"')
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--receipts", type=int, default=1_000_000)
+    parser.add_argument("--loads", type=int, default=5, help="front page loads timed (median)")
+    parser.add_argument("--backends", default="sqlite,postgresql")
+    parser.add_argument("--skip-full", action="store_true", help="no full check (it holds the store in memory)")
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(_child(args.child, args.receipts, args.loads, args.skip_full)))
+        return 0
+    results = []
+    for backend in args.backends.split(","):
+        env = {**os.environ, "CTRLRUN_SIGNING_KEY": "bench-only-signing-key-0123456789abcdef"}
+        scratch = None
+        if backend == "postgresql":
+            server = os.environ.get("BENCH_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+            scratch = f"ctrlrun_bench_front_{os.getpid()}"
+            _pg_database(server, scratch, create=True)
+            env["DATABASE_URL"] = server.rsplit("/", 1)[0] + "/" + scratch
+        else:
+            env.pop("DATABASE_URL", None)
+        try:
+            command = [sys.executable, __file__, "--child", backend, "--receipts", str(args.receipts),
+                       "--loads", str(args.loads)] + (["--skip-full"] if args.skip_full else [])
+            done = subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True)
+            if done.returncode != 0:
+                print(f"Error: the {backend} run failed: {done.stderr.strip().splitlines()[-1:]}", file=sys.stderr)
+                return 1
+            results.append(json.loads(done.stdout.strip().splitlines()[-1]))
+        finally:
+            if scratch:
+                _pg_database(server, scratch, create=False)
+    if args.json:
+        print(json.dumps(results, indent=2))
+    rows = [("fill (bulk INSERT, valid chain)", "fill_s"), ("front page, never checked (median)", "front_unchecked_s"),
+            ("front page, last check shown (median)", "front_checked_s"),
+            ("COUNT(*) of receipts (the old overview's, per load)", "count_s"),
+            ("first --incremental (no check yet: the whole chain, in batches)", "first_incremental_s"),
+            ("--incremental after 1,000 more calls", "incremental_1000_s"), ("full check (store.verify)", "full_s")]
+    print(f"{'with ' + format(args.receipts, ',') + ' receipts':<66}" + "".join(f"{r['backend']:>14}" for r in results))
+    for label, key in rows:
+        cells = "".join(f"{_seconds(r.get(key)):>14}" for r in results)
+        print(f"{label:<66}{cells}")
+    for r in results:
+        print(f"{r['backend']} tile: {r['tile']}")
+    return 0
+
+
+def _seconds(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value * 1000:.1f} ms" if value < 1 else f"{value:.1f} s"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

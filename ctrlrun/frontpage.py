@@ -1,0 +1,55 @@
+"""The console's front page: what needs a person now, read in a few indexed queries.
+
+The front page never re-hashes evidence: the receipt chain's tile shows the last *recorded* check
+(``receipts --verify-chain [--incremental]``, or the button on the chain page), its age and how
+much evidence was written since. It warns when that check is older than
+``CTRLRUN_CHAIN_CHECK_MAX_AGE_SECONDS`` (or there is none) and alerts when it failed, or when its
+record does not carry ctrlrun's signature.
+"""
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from django.utils import timezone
+from django.utils.timesince import timesince
+
+from . import conf, store
+
+
+def _age(then: dt.datetime, now: dt.datetime) -> str:
+    if now - then < dt.timedelta(minutes=1):
+        return "just now"
+    return f"{timesince(then, now, depth=1)} ago"
+
+
+def chain_status(check: store.ChainCheckView | None, head_seq: int, now: dt.datetime,
+                 max_age: dt.timedelta) -> dict[str, Any]:
+    """The chain tile: ``status`` (its big word), ``level`` ("" ok, ``attention``, ``alert``) and ``label``."""
+    if check is None:
+        written = f"{head_seq:,} receipt{'s' if head_seq != 1 else ''}"
+        return {"status": "unchecked", "level": "attention",
+                "label": f"receipt chain never checked ({written}): run receipts --verify-chain"}
+    if not check.signature_ok:
+        return {"status": "untrusted", "level": "alert",
+                "label": f"the last chain check on record (#{check.id}) does not carry ctrlrun's signature: it was "
+                         f"written outside ctrlrun. Run a full check"}
+    since = max(head_seq - check.receipt_seq, 0)
+    label = (f"receipt chain {'intact' if check.ok else 'broken'}, checked {_age(check.checked_at, now)} "
+             f"({check.mode}, up to receipt {check.receipt_seq:,})")
+    if not check.ok:
+        label += f": {check.breaks} break{'s' if check.breaks != 1 else ''}"
+    label += f"; {since:,} receipt{'s' if since != 1 else ''} written since"
+    stale = now - check.checked_at > max_age
+    if stale:
+        label += f"; older than {timesince(now - max_age, now, depth=1)}: run receipts --verify-chain --incremental"
+    return {"status": "intact" if check.ok else "broken", "level": "alert" if not check.ok else (
+        "attention" if stale else ""), "label": label, "stale": stale, "check": check}
+
+
+def overview_context() -> dict[str, Any]:
+    """The front page's counts and the last chain check: a few indexed reads, whatever the store's size."""
+    counts = store.overview()
+    now = store.now()
+    chain = chain_status(store.last_check(), counts.receipts, now, conf.chain_check_max_age())
+    return {"overview": counts, "chain": chain, "chain_status": chain["status"], "now": timezone.now()}
