@@ -1053,17 +1053,32 @@ class ReceiptAdmin(EvidenceAdmin):
             store.record_check(report, started=started, duration=time.monotonic() - clock,
                                ran_by=f"console: {request.user.get_username()}")
         check = store.last_check()
-        context = {
-            **self.admin_site.each_context(request),
-            "title": "Receipt chain",
-            "opts": self.model._meta,
+        return self.console_page(request, "admin/ctrlrun/receipt/verify.html", {
+            "title": _g("Receipt chain"),
             "report": report,
+            "breaks": [{"name": b.name, "where": self._break_link(b), "detail": b.detail}
+                       for b in (report.breaks if report else [])],
             "lines": chain_lines(report) if report else [],
             "total": (report.chained + report.unchained) if report else 0,
             "check": check,
+            "checked_at": when(check.checked_at) if check else None,
             "chain": chain_status(check, store.head_position()[0], store.now(), conf.chain_check_max_age()),
-        }
-        return TemplateResponse(request, "admin/ctrlrun/receipt/verify.html", context)
+        })
+
+    def _break_link(self, item: Any) -> SafeString:
+        """Where a break is, as a link to what it names: the receipt or event at that seq, the signed row."""
+        from .console import changelist_url
+
+        if item.kind in ("receipt", "event") and item.seq is not None:
+            model = "receipt" if item.kind == "receipt" else "event"
+            return link(changelist_url(self.site, model, seq=item.seq), f"{_g(model)} {item.seq}")
+        if item.kind == "approval" and item.subject:
+            return approval_link(self.site, item.subject, short=None)
+        if item.kind == "effect" and item.subject:
+            return effect_link(self.site, item.subject)
+        if item.kind == "head":
+            return format_html("{}", _g("the chain head"))
+        return format_html("{}", f"{item.kind} {item.seq if item.seq is not None else ''}".strip())
 
 
 class EmittedTypeFilter(admin.ChoicesFieldListFilter):
@@ -1190,7 +1205,9 @@ class PolicyDocumentAdmin(EvidenceAdmin):
 
     @admin.display(description=_("source"), ordering="source")
     def shown_source(self, obj: PolicyDocument) -> SafeString:
-        return _shown(obj.source)
+        # The field's help text (already HTML, as Django takes help texts) under the escaped value.
+        return format_html('{}<div class="help">{}</div>', _shown(obj.source),
+                           mark_safe(PolicyDocument._meta.get_field("source").help_text))
 
     @admin.display(description=_("in force here"))
     def in_force(self, obj: PolicyDocument) -> str:

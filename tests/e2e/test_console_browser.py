@@ -241,7 +241,10 @@ def test_chain_page_reports_a_tampered_row(console, refund):
     assert console.by_id("ctrlrun-chain").text.startswith("The chain is broken: 2 breaks")
     breaks = [[cell.text for cell in row.find_elements(By.TAG_NAME, "td")][:2]
               for row in console.driver.find_elements(By.CSS_SELECTOR, "#ctrlrun-breaks tbody tr")]
-    assert breaks == [["content_altered", "2"], ["link_broken", "3"]]
+    assert breaks == [["content_altered", "receipt 2"], ["link_broken", "receipt 3"]]
+    console.click(console.driver.find_element(By.LINK_TEXT, "receipt 2"))  # the break names it: a link
+    console.shot("break-receipt")
+    assert [r.text.split()[0] for r in console.driver.find_elements(By.CSS_SELECTOR, "#result_list tbody tr")] == ["2"]
     console.open("/admin/")
     chain = tile(console, "receipt/verify")
     assert chain.text.split()[0] == "broken" and "alert" in chain.get_attribute("class")

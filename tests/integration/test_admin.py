@@ -782,9 +782,12 @@ def test_verify_page_intact_then_names_the_altered_row(refund, as_role, client):
     page = client.post(url("ctrlrun_receipt_verify"))
     shown = text(page)
     assert "The chain is broken: 2 breaks" in shown and has_id(page, "ctrlrun-breaks")
-    breaks = re.findall(r"<tr><td><strong>(\w+)</strong></td><td>([\d-]+)</td>",
+    breaks = re.findall(r'<tr><td><strong>(\w+)</strong></td><td><a href="([^"]+)"[^>]*>receipt (\d+)</a></td>',
                         re.search(r'id="ctrlrun-breaks">(.*?)</table>', shown, re.S).group(1))
-    assert breaks == [("content_altered", "2"), ("link_broken", "3")]  # seq 3 still names the old hash
+    listing = url("ctrlrun_receipt_changelist")  # each break links to the receipt it names
+    assert breaks == [("content_altered", f"{listing}?seq=2", "2"),
+                      ("link_broken", f"{listing}?seq=3", "3")]  # seq 3 still names the old hash
+    assert [r.seq for r in client.get(f"{listing}?seq=2").context["cl"].result_list] == [2]
     assert overview_tiles(client)["chain"].startswith("broken receipt chain broken, checked just now (full, up to "
                                                       "receipt 3): 2 breaks")
     detail = client.get(receipt_url(row.receipt_id))
