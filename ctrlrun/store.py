@@ -50,7 +50,7 @@ import datetime as dt
 import hashlib
 import json
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -444,12 +444,18 @@ def _sign_approval(row: Approval) -> None:
     row.mac = signing.sign(APPROVAL_DOMAIN, _approval_document(row))
 
 
-def _approval_ok(row: Approval) -> bool:
+def _signed_ok(domain: str, document: Callable[[Any], Any], row: Any) -> bool:
+    """Whether ``row`` carries ctrlrun's signature over ``document(row)``; a row too damaged to build
+    its document from does not."""
     try:
-        document = _approval_document(row)
+        fields = document(row)
     except (TypeError, ValueError, AttributeError):
         return False
-    return signing.is_valid(APPROVAL_DOMAIN, document, row.mac)
+    return signing.is_valid(domain, fields, row.mac)
+
+
+def _approval_ok(row: Approval) -> bool:
+    return _signed_ok(APPROVAL_DOMAIN, _approval_document, row)
 
 
 def _head_document(seq: int, hash_: str, event_seq: int, event_hash_: str, key_id: str | None) -> tuple:
@@ -1906,11 +1912,7 @@ def _check_document(row: ChainCheck) -> tuple:
 
 
 def _check_ok(row: ChainCheck) -> bool:
-    try:
-        document = _check_document(row)
-    except (TypeError, ValueError, AttributeError):
-        return False
-    return signing.is_valid(CHECK_DOMAIN, document, row.mac)
+    return _signed_ok(CHECK_DOMAIN, _check_document, row)
 
 
 def _check_view(row: ChainCheck) -> ChainCheckView:
