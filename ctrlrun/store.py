@@ -830,6 +830,13 @@ def _open_reservation(effect_key: str, when: dt.datetime | None) -> tuple[dt.dat
     postgres = connection.vendor == "postgresql"
     with _cursor() as cursor:
         row = cursor.execute(_OPEN_POSTGRESQL if postgres else _OPEN_SQLITE, [effect_key]).fetchone()
+        # No head, but evidence: either it was removed, or (a brand-new store's first writers) another
+        # writer's head and evidence committed after this statement's snapshot, PostgreSQL reading
+        # each statement afresh. Evidence is looked for first: a head commits with its evidence, so
+        # evidence seen means its head is there too; the statement is then read again, head and all.
+        if row[1 if postgres else 0] is None and (_q(Receipt).exists() or _q(Event).exists()) \
+                and _q(ChainHead).filter(pk=1).exists():
+            row = cursor.execute(_OPEN_POSTGRESQL if postgres else _OPEN_SQLITE, [effect_key]).fetchone()
     if postgres:
         now_, row = row[0], row[1:]
         when = when or now_
