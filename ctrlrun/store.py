@@ -2107,6 +2107,19 @@ def verify_incremental(progress: Any = None) -> ChainReport:
                 f"not carry ctrlrun's signature: it was written outside ctrlrun, so this check starts from the "
                 f"genesis", kind="check", subject=str(base.id)))
             base = None
+        # A break a check found stays until a full check comes back intact: an incremental check starts
+        # from the last intact one and never re-reads what a later check found broken.
+        found_broken = _q(ChainCheck).filter(ok=False)
+        if base is not None:
+            found_broken = found_broken.filter(id__gt=base.id)
+        latest_broken = found_broken.order_by("-id").first()
+        if latest_broken is not None:
+            breaks.append(ChainBreak(
+                "unresolved", None, f"chain check {latest_broken.id} ({latest_broken.mode}, "
+                f"{evidence_time(latest_broken.checked_at)}) found {latest_broken.breaks} break(s), and no full "
+                f"check has come back intact since; an incremental check does not re-read them. Restore the "
+                f"store, then run a full check (receipts --verify-chain)", kind="check",
+                subject=str(latest_broken.id)))
         r_from, r_hash, e_from, e_hash = ((base.receipt_seq, base.receipt_hash, base.event_seq, base.event_hash)
                                           if base is not None else (0, GENESIS_HASH, 0, GENESIS_HASH))
         report.from_seq, report.from_event_seq = r_from, e_from

@@ -137,6 +137,28 @@ def test_what_incremental_does_not_cover_a_full_check_does(refund):
     assert error is not None and any(line.startswith("  content_altered at seq 2") for line in lines)
 
 
+def test_a_break_a_full_check_found_stays_until_a_full_check_is_intact(refund):
+    """Tampered old receipt -> a full check finds it -> more calls -> an incremental check (which starts
+    after the old intact check and never re-reads the row) must not record "intact": the front page reads
+    the last check, and cron's incremental checks would otherwise wipe the break off it."""
+    pay(refund, 2)
+    check()
+    row = Receipt.objects.get(seq=1)
+    sql('UPDATE "ctrlrun_receipt" SET "document" = %s WHERE "seq" = 1',
+        row.document.replace('"amount":100', '"amount":100000'))
+    assert check()[2] is not None
+    broken = last()
+    pay(refund, 1, start=2)
+    lines, _, error = check("--incremental")
+    assert error is not None and not last().ok
+    assert any(line.startswith(f"  unresolved") and f"chain check {broken.id}" in line for line in lines), lines
+    assert check("--incremental")[2] is not None  # and again: still not cleared
+    sql('UPDATE "ctrlrun_receipt" SET "document" = %s WHERE "seq" = 1', row.document)  # restored
+    assert check("--incremental")[2] is not None  # an incremental check cannot tell: only a full one clears
+    assert check()[2] is None and last().ok
+    assert check("--incremental")[2] is None
+
+
 def test_a_forged_intact_check_is_not_a_starting_point(refund):
     """A check row written around ctrlrun (no valid signature) claiming intact at the head is named, and the
     incremental check walks from the genesis instead, finding the edited receipt."""
