@@ -47,6 +47,7 @@ from .display import dumps, dumps_html, has_hidden, hidden_fields, is_blank, rev
 from .errors import CTRLRunError
 from .identity import same_person
 from .models import Approval, EffectRecord, Event, PolicyDocument, Receipt
+from .receipts import INDEXED_COLUMNS, row_problem
 from .report import chain_lines
 from .states import EMITTED_EVENT_TYPES, ApprovalStatus, EffectState, EventType
 
@@ -206,10 +207,33 @@ class EvidenceAdmin(admin.ModelAdmin):
         return super().get_changelist_instance(request)
 
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> Any:
+        _clock.value = None  # this page's times are read afresh (a page after a POST shows the change)
+        unknown = self._unknown_filter_values(request)
+        if unknown:  # said, and dropped: never the whole list silently, as if the filter applied
+            self.message_user(request, _g("Unknown filter value %(values)s: showing the list without it.") % {
+                "values": ", ".join(f"{k}={reveal(v)!r}" for k, v in unknown)}, messages.WARNING)
+            query = request.GET.copy()
+            for key, _value in unknown:
+                query.pop(key, None)
+            return HttpResponseRedirect(f"{request.path}?{query.urlencode()}" if query else request.path)
         return super().changelist_view(request, {**self.console_context, **(extra_context or {})})
+
+    def _unknown_filter_values(self, request: HttpRequest) -> list[tuple[str, str]]:
+        """The values of ctrlrun's own list filters in the query string that name none of their choices."""
+        unknown = []
+        for spec in self.list_filter:
+            if isinstance(spec, type) and issubclass(spec, admin.SimpleListFilter):
+                value = request.GET.get(spec.parameter_name)
+                if value is None:
+                    continue
+                choices = {str(k) for k, _label in spec(request, {}, self.model, self).lookup_choices}
+                if value not in choices:
+                    unknown.append((spec.parameter_name, value))
+        return unknown
 
     def changeform_view(self, request: HttpRequest, object_id: str | None = None, form_url: str = "",
                         extra_context: dict[str, Any] | None = None) -> Any:
+        _clock.value = None
         return super().changeform_view(request, object_id, form_url, {**self.console_context, **(extra_context or {})})
 
     def render_change_form(self, request: HttpRequest, context: dict[str, Any], add: bool = False,
@@ -230,6 +254,7 @@ class EvidenceAdmin(admin.ModelAdmin):
     def console_page(self, request: HttpRequest, template: str, context: dict[str, Any]) -> TemplateResponse:
         """One of ctrlrun's own pages, rendered as the admin renders its own (site context, current app)."""
         request.current_app = self.site
+        _clock.value = None
         return TemplateResponse(request, template, {
             **self.admin_site.each_context(request), **self.console_context, "opts": self.model._meta, **context})
 
@@ -291,15 +316,16 @@ def _approval_fields(approval: Any) -> list[str]:
 
 
 def effective_status(status: str, expires_at: dt.datetime, now: dt.datetime) -> str:
-    """What a request is now: a pending request past its expiry is expired, whether or not its row
-    has been moved to ``expired`` yet (the store moves it when someone next tries to use it)."""
-    if status == ApprovalStatus.PENDING and expires_at <= now:
+    """What a request is now: a pending or granted (unused) request past its expiry is expired,
+    whether or not its row has been moved to ``expired`` yet (the store moves it when someone next
+    tries to answer or use it, and then refuses)."""
+    if status in (ApprovalStatus.PENDING, ApprovalStatus.GRANTED) and expires_at <= now:
         return ApprovalStatus.EXPIRED
     return status
 
 
 class DecisionForm(forms.Form):
-    note = forms.CharField(label=_("Note"), required=False, widget=forms.Textarea(attrs={"rows": 3, "cols": 60}),
+    note = forms.CharField(label=_("Note"), required=False, max_length=4000, widget=forms.Textarea(attrs={"rows": 3, "cols": 60}),
                            help_text=_("Optional: why, kept with the answer and in the event."))
 
 
@@ -328,8 +354,10 @@ class ApprovalStatusFilter(admin.SimpleListFilter):
             return queryset.filter(status=ApprovalStatus.PENDING, expires_at__gt=now)
         if value == "expired":
             return queryset.filter(Q(status=ApprovalStatus.EXPIRED)
-                                   | Q(status=ApprovalStatus.PENDING, expires_at__lte=now))
-        if value in ("granted", "consumed", "denied"):
+                                   | Q(status__in=[ApprovalStatus.PENDING, ApprovalStatus.GRANTED], expires_at__lte=now))
+        if value == "granted":
+            return queryset.filter(status=ApprovalStatus.GRANTED, expires_at__gt=now)
+        if value in ("consumed", "denied"):
             return queryset.filter(status=value)
         return queryset
 
@@ -390,10 +418,16 @@ class ApprovalAdmin(EvidenceAdmin):
 
     @admin.display(description=_("status"), ordering="status")
     def shown_status(self, obj: Approval) -> SafeString:
+        if not store.approval_signature_ok(obj):
+            return format_html('<span class="ctrlrun-badge alert" title="{}">{}</span>',
+                               _g("this row does not carry ctrlrun's signature: nobody can answer or use it"),
+                               _g("changed outside ctrlrun"))
         now = _now()
         status = effective_status(obj.status, obj.expires_at, now)
         if status == ApprovalStatus.EXPIRED and obj.status == ApprovalStatus.PENDING:
             return badge(status, title=_g("not answered before %(at)s") % {"at": when_text(obj.expires_at)})
+        if status == ApprovalStatus.EXPIRED and obj.status == ApprovalStatus.GRANTED:
+            return badge(status, title=_g("granted, but not used before %(at)s") % {"at": when_text(obj.expires_at)})
         return badge(status)
 
     @admin.display(description=_("action"), ordering="action")
@@ -513,11 +547,11 @@ class ApprovalAdmin(EvidenceAdmin):
         if approval is not None:
             now = _now()
             status = effective_status(approval.status, approval.expires_at, now)
-            pending = status == ApprovalStatus.PENDING
+            tampered = not approval.signature_ok
+            pending = status == ApprovalStatus.PENDING and not tampered
             # The same person however the name is written (case, spaces, invisible characters, look-alikes).
             own = same_person(approval.user, request.user.get_username())
             hidden = _approval_fields(approval)
-            tampered = not approval.signature_ok
             receipts = store.receipts_for_action(approval.consumed_by) if approval.consumed_by else []
             context = {
                 "can_decide": pending and self.has_decide_permission(request) and not own and not tampered,
@@ -545,6 +579,7 @@ class ApprovalAdmin(EvidenceAdmin):
         if not self.has_decide_permission(request):
             raise PermissionDenied(_g("deciding approvals needs the ctrlrun.decide_approval permission"))
         request.current_app = self.site
+        _clock.value = None  # expiry is judged on the clock of this request, never a second-old one
         object_id = _object_key(object_id)
         if self.get_object(request, object_id) is None:
             raise Http404(_g("no approval request %(id)s") % {"id": reveal(object_id)})
@@ -615,7 +650,7 @@ class ResolveForm(forms.Form):
     outcome = forms.ChoiceField(choices=[("committed", _("committed: the remote did act")),
                                          ("failed", _("failed: the remote did not act"))],
                                 widget=forms.RadioSelect)
-    reason = forms.CharField(widget=forms.Textarea(attrs={"rows": 3, "cols": 60}),
+    reason = forms.CharField(max_length=4000, widget=forms.Textarea(attrs={"rows": 3, "cols": 60}),
                              help_text=_("Required: what you checked, e.g. what the remote's dashboard shows."))
     attempt = forms.IntegerField(widget=forms.HiddenInput)
 
@@ -706,7 +741,9 @@ class EffectRecordAdmin(EvidenceAdmin):
     def response_action(self, request: HttpRequest, queryset: Any) -> Any:
         if ACTION_CHECKBOX_NAME in request.POST:
             data = request.POST.copy()
-            data.setlist(ACTION_CHECKBOX_NAME, [_selected_key(v) for v in data.getlist(ACTION_CHECKBOX_NAME)])
+            keys = (_selected_key(v) for v in data.getlist(ACTION_CHECKBOX_NAME))
+            # A NUL is in no key (PostgreSQL cannot even be asked about one): such a value selects nothing.
+            data.setlist(ACTION_CHECKBOX_NAME, [k for k in keys if "\x00" not in k])
             request.POST = data
         return super().response_action(request, queryset)
 
@@ -724,6 +761,10 @@ class EffectRecordAdmin(EvidenceAdmin):
 
     @admin.display(description=_("state"), ordering="state")
     def shown_state(self, obj: EffectRecord) -> SafeString:
+        if not store.effect_signature_ok(obj):
+            return format_html('<span class="ctrlrun-badge alert" title="{}">{}</span>',
+                               _g("this row does not carry ctrlrun's signature: ctrlrun will not retry, sweep or "
+                                  "resolve it"), _g("changed outside ctrlrun"))
         if obj.state in HELD and obj.lease_expires_at is not None and obj.lease_expires_at <= _now():
             return format_html("{} {}", badge(obj.state), badge("lapsed", _g("lease lapsed")))
         return badge(obj.state)
@@ -871,6 +912,11 @@ class EffectRecordAdmin(EvidenceAdmin):
             self.message_user(request, reveal(str(exc)), messages.ERROR)
             return HttpResponseRedirect(change)
         level = messages.SUCCESS if line.outcome in ("committed", "failed") else messages.WARNING
+        if line.outcome == "needs_human":  # the line's own text is for the command line (--import)
+            self.message_user(request, reveal(_g("%(key)s is ambiguous. No reconcile hook for %(action)s is registered "
+                                                 "in this server: check the remote yourself and record what happened "
+                                                 "below.") % {"key": key, "action": line.action}), level)
+            return HttpResponseRedirect(change)
         self.message_user(request, reveal(f"asked the remote about {key}: {line.outcome} ({line.detail})"), level)
         self.log_change(request, self.get_object(request, key), f"asked the remote: {line.outcome}")
         return HttpResponseRedirect(change)
@@ -961,7 +1007,13 @@ class ReceiptAdmin(EvidenceAdmin):
 
     @admin.display(description=_("effect key"), ordering="effect_key")
     def shown_key(self, obj: Receipt) -> SafeString:
-        return effect_link(self.site, obj.effect_key) if obj.effect_key else _shown(None)
+        if not obj.effect_key:
+            return _shown(None)
+        # Rows come from get_queryset, which reads each key's record state beside it.
+        if hasattr(obj, "effect_state") and obj.effect_state is None:  # refused before taking the key
+            return format_html('<span title="{}">{}</span>', _g("no effect record: the call never took this key"),
+                               _shown(obj.effect_key))
+        return effect_link(self.site, obj.effect_key)
 
     @admin.display(description=_("written"), ordering="ts")
     def finished(self, obj: Receipt) -> SafeString:
@@ -971,8 +1023,16 @@ class ReceiptAdmin(EvidenceAdmin):
     def receipt(self, obj: Receipt) -> SafeString:
         return format_html('<span title="{}">{}…</span>', obj.receipt_id, obj.receipt_id[:12])
 
+    @staticmethod
+    def _problem(obj: Receipt) -> str | None:
+        return row_problem(obj.document, obj.hash, {c: getattr(obj, c) for c in INDEXED_COLUMNS})
+
     @admin.display(description=_("decision → result"), ordering="result")
     def outcome(self, obj: Receipt) -> SafeString:
+        problem = self._problem(obj)
+        if problem:
+            return format_html('<span class="ctrlrun-badge alert" title="{}">{}</span>', problem,
+                               _g("changed outside ctrlrun"))
         shown_result = format_html("{} → {}", obj.decision, badge(obj.result))
         since = _since(obj.result, getattr(obj, "effect_state", None))
         if since:
@@ -1028,6 +1088,9 @@ class ReceiptAdmin(EvidenceAdmin):
                     extra_context: dict[str, Any] | None = None) -> HttpResponse:
         context: dict[str, Any] = dict(extra_context or {})
         obj = self.get_object(request, _object_key(object_id))
+        if obj is not None:
+            context["row_problem"] = self._problem(obj)
+            context["verify_url"] = reverse(f"{self.site}:ctrlrun_receipt_verify", current_app=self.site)
         if obj is not None and obj.result == "ambiguous" and obj.effect_key:
             effect = store.get_effect(obj.effect_key)
             if effect is not None and _since(obj.result, effect.state):
@@ -1162,8 +1225,10 @@ class EventAdmin(EvidenceAdmin):
         name = (proposed or {}).get("name") or (receipts[0].action if receipts else "")
         keys = sorted({e.effect_key for e in events if e.effect_key} | {r.effect_key for r in receipts if r.effect_key})
         alias = conf.database_alias()
-        approvals = Approval.objects.using(alias).filter(Q(action_id=action_id) | Q(consumed_by=action_id)).order_by(
-            "created_at")
+        approvals = list(Approval.objects.using(alias).filter(Q(action_id=action_id) | Q(consumed_by=action_id))
+                         .order_by("created_at"))
+        if policy_hash is None:  # a call that asked for a person and wrote no receipt: its request names it
+            policy_hash = next((a.policy_hash for a in approvals if a.action_id == action_id and a.policy_hash), None)
         now = _now()
         return self.console_page(request, "admin/ctrlrun/call.html", {
             "title": _g("Call %(id)s") % {"id": action_id},
@@ -1172,7 +1237,8 @@ class EventAdmin(EvidenceAdmin):
             "decision": badge(evaluated.get("decision")) if evaluated else None,
             "reason": reason_html(_policy_document(policy_hash), name, evaluated.get("reason")) if evaluated else None,
             "policy": policy_link(self.site, policy_hash) if policy_hash else None,
-            "effects": [{"key": effect_link(self.site, k), "state": badge(e.state) if e else _shown(None)}
+            "effects": [{"key": effect_link(self.site, k) if e else _shown(k),
+                         "state": badge(e.state) if e else _g("no record: the call never took this key")}
                         for k in keys for e in [store.get_effect(k)]],
             "approvals": [{"id": approval_link(self.site, a.approval_id, short=None),
                            "role": _g("asked for") if a.action_id == action_id else _g("used"),
@@ -1192,7 +1258,7 @@ def _readable(receipt: Any) -> bool:
 
 @admin.register(PolicyDocument)
 class PolicyDocumentAdmin(EvidenceAdmin):
-    list_display = ("short_hash", "schema", "shown_source", "environment", "at_first_seen", "in_force")
+    list_display = ("short_hash", "schema", "listed_source", "environment", "at_first_seen", "in_force")
     search_fields = ("hash", "source")
     fields = ("hash", "schema", "shown_source", "environment", "at_first_seen", "in_force", "pretty_text")
     readonly_fields = ("shown_source", "at_first_seen", "in_force", "pretty_text")
@@ -1202,6 +1268,10 @@ class PolicyDocumentAdmin(EvidenceAdmin):
     @admin.display(description=_("hash"), ordering="hash")
     def short_hash(self, obj: PolicyDocument) -> SafeString:
         return format_html('<span title="{}">{}…</span>', obj.hash, obj.hash[:19])
+
+    @admin.display(description=_("source"), ordering="source")
+    def listed_source(self, obj: PolicyDocument) -> SafeString:
+        return _shown(obj.source)
 
     @admin.display(description=_("source"), ordering="source")
     def shown_source(self, obj: PolicyDocument) -> SafeString:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .canonical import GENESIS_HASH, canonical_bytes, sha256_hash, trusted_canonical_bytes
+from .errors import CTRLRunError
 
 __all__ = [
     "RECEIPT_SCHEMA",
@@ -186,6 +187,29 @@ def _documented(doc: dict[str, Any], column: str) -> Any:
         principal = doc.get("principal")
         return principal.get("agent") if isinstance(principal, dict) else None
     return doc.get(_COLUMN_FIELD.get(column, column))
+
+
+#: The index columns a receipt row repeats from its hashed document (what lists filter and show).
+INDEXED_COLUMNS = ("receipt_id", "action_id", "action", "agent", "decision", "result", "effect_key")
+
+
+def row_problem(document: str, stored_hash: str | None, columns: dict[str, Any]) -> str | None:
+    """Why one stored receipt row is not what ctrlrun wrote, or None: its document does not
+    re-hash to its stored hash, or a column beside it says something else than the document.
+    (The chain check says the same and more; this is for showing one row.)"""
+    try:
+        doc = json.loads(document)
+        if not isinstance(doc, dict):
+            raise ValueError("not an object")
+        recomputed = receipt_hash(doc)
+    except (ValueError, TypeError, CTRLRunError) as exc:
+        return f"its document cannot be read ({type(exc).__name__})"
+    if recomputed != stored_hash:
+        return "its document does not re-hash to its stored hash"
+    changed = [c for c in INDEXED_COLUMNS if c in columns and columns[c] != _documented(doc, c)]
+    if changed:
+        return f"its {', '.join(changed)} column{'s' if len(changed) > 1 else ''} disagree{'' if len(changed) > 1 else 's'} with its hashed document"
+    return None
 
 
 def verify_chain(rows: Iterable[StoredReceipt], head_seq: int, head_hash: str, *,

@@ -458,6 +458,16 @@ def _approval_ok(row: Approval) -> bool:
     return _signed_ok(APPROVAL_DOMAIN, _approval_document, row)
 
 
+def approval_signature_ok(row: Approval) -> bool:
+    """Whether an approval row (as read by the ORM) carries ctrlrun's signature."""
+    return _approval_ok(row)
+
+
+def effect_signature_ok(row: EffectRecord) -> bool:
+    """Whether an effect record (as read by the ORM) carries ctrlrun's signature."""
+    return _effect_ok(row)
+
+
 def _head_document(seq: int, hash_: str, event_seq: int, event_hash_: str, key_id: str | None) -> tuple:
     return (seq, hash_, event_seq, event_hash_, key_id)
 
@@ -1942,7 +1952,8 @@ def _summary(report: ChainReport) -> str:
     if report.ok:
         return f"intact: {walked}"
     shown = [f"{b.name} ({b.kind}{'' if b.seq is None else f' seq {b.seq}'}"
-             f"{'' if b.subject is None else f' {b.subject}'})" for b in report.breaks[:10]]
+             f"{'' if b.subject is None or b.kind in ('receipt', 'event') else f' {b.subject}'})"
+             for b in report.breaks[:10]]
     more = f"; and {len(report.breaks) - 10} more" if len(report.breaks) > 10 else ""
     return f"broken: {len(report.breaks)} break(s): {'; '.join(shown)}{more}. Checked {walked}"
 
@@ -2231,13 +2242,19 @@ class Overview:
     ambiguous_effects: int
     lapsed_leases: int
     receipts: int
+    #: Waiting requests whose row does not carry ctrlrun's signature: nobody can answer them.
+    tampered_approvals: int = 0
 
 
 def overview() -> Overview:
     with _reading():
         cutoff = _clock()
+        # Each waiting request's signature is checked (an HMAC each: few are ever waiting at once).
+        waiting = [_approval_ok(row) for row in _q(Approval).filter(
+            status=ApprovalStatus.PENDING, expires_at__gt=cutoff).iterator()]
         return Overview(
-            pending_approvals=_q(Approval).filter(status=ApprovalStatus.PENDING, expires_at__gt=cutoff).count(),
+            pending_approvals=sum(waiting),
+            tampered_approvals=len(waiting) - sum(waiting),
             ambiguous_effects=_q(EffectRecord).filter(state=S.AMBIGUOUS).count(),
             lapsed_leases=_q(EffectRecord).filter(state__in=[S.RESERVED, S.EXECUTING],
                                                   lease_expires_at__lte=cutoff).count(),

@@ -13,3 +13,11 @@ def ctrlrun_overview() -> dict[str, Any]:
     from ..frontpage import overview_context
 
     return overview_context()
+
+
+@register.filter
+def console_time(moment: Any) -> Any:
+    """A time in the console's one format (``2026-12-01 07:53:12 UTC``, exact time on hover)."""
+    from ..console import when
+
+    return when(moment)

@@ -585,9 +585,9 @@ def test_ask_on_a_lapsed_lease_marks_it_ambiguous(as_role, client, clock):
     assert "The worker holding this effect let its lease lapse" in text(page)
     assert "Mark ambiguous (the worker is gone)" in text(page) and not has_id(page, "ctrlrun-resolve-form")
     response = client.post(effect_url("refund:txn_5", "ask"), follow=True)
-    assert shown_messages(response) == [
-        "asked the remote about refund:txn_5: needs_human (no reconcile hook is registered for stripe.refund "
-        "(import the module that protects it with --import MODULE), or resolve it by hand)"]
+    assert shown_messages(response) == [  # for a person at the console, not a command line's --import
+        "refund:txn_5 is ambiguous. No reconcile hook for stripe.refund is registered in this server: check the "
+        "remote yourself and record what happened below."]
     assert EffectRecord.objects.get(pk="refund:txn_5").state == "ambiguous"
     assert has_id(response, "ctrlrun-resolve-form")
 

@@ -307,3 +307,122 @@ def test_a_reason_of_invisible_characters_is_no_reason(refund, remote, client):
         [message] = shown_messages(response)
         assert message.startswith("not resolved: reason: a reason is required"), message
     assert EffectRecord.objects.get(pk=key).state == "ambiguous"
+
+
+# --------------------------------------------------------------------------- found by an operator's review
+
+
+def owner_sql(statement: str, *params) -> None:
+    """As the database's owner could: the guard's triggers off for one statement."""
+    from django.db import connection
+
+    from tests.support import evidence_unguarded
+
+    with evidence_unguarded(), connection.cursor() as cursor:
+        cursor.execute(statement, list(params))
+
+
+def test_a_granted_request_past_its_expiry_is_expired_not_granted(refund, client, clock):
+    approval_id = ask(refund, "txn_1")
+    store.answer_approval(approval_id, True, by="bob")
+    clock.advance(minutes=16)
+    client.force_login(make_user("auditor", "otto"))
+    listing = url("ctrlrun_approval_changelist")
+    assert [a.pk for a in client.get(listing, {"status": "granted"}).context["cl"].result_list] == []
+    assert [a.pk for a in client.get(listing, {"status": "expired"}).context["cl"].result_list] == [approval_id]
+    assert re.search(r'ctrlrun-badge muted"[^>]*>expired<', text(client.get(listing)))
+    page = text(client.get(url("ctrlrun_approval_change", approval_id)))
+    assert "This request is expired (answered by bob)" in page and "may run once" not in page
+    assert "It was not used before" in page
+
+
+def test_a_nul_in_a_bulk_selection_selects_nothing(remote, client):
+    refund = protected_refund(remote, reconcile=Hook("committed"))
+    key = make_ambiguous(refund, remote, "txn_1")
+    client.force_login(make_user("resolver", "rita"))
+    for value in ("hex:00", "a\x00b", "hex:" + "a\x00".encode().hex()):
+        response = client.post(url("ctrlrun_effectrecord_changelist"),
+                               {"action": "ask_selected", "_selected_action": [value], "index": 0}, follow=True)
+        assert response.status_code == 200
+    assert EffectRecord.objects.get(pk=key).state == "ambiguous"
+
+
+def test_rows_changed_outside_ctrlrun_are_marked_in_the_lists_and_the_front_page(refund, remote, client):
+    """A receipt whose columns no longer match its hashed document, an approval and an effect record without
+    ctrlrun's signature: marked in their lists (not shown as normal), the receipt's page says so, the front
+    page does not count the request as one a person can answer."""
+    with ctrlrun.context(agent="support-agent"), pytest.raises(ctrlrun.ActionDenied):
+        refund(payment_id="txn_big", amount=5_000_000)
+    denied = Receipt.objects.get(effect_key="refund:txn_big")
+    owner_sql('UPDATE "ctrlrun_receipt" SET "result" = %s, "decision" = %s WHERE "receipt_id" = %s',
+              "committed", "allow", denied.receipt_id)
+    approval_id = ask(refund, "txn_2")
+    owner_sql('UPDATE "ctrlrun_approval" SET "agent" = %s WHERE "approval_id" = %s', "trusted-agent", approval_id)
+    key = make_ambiguous(refund, remote, "txn_3")
+    owner_sql('UPDATE "ctrlrun_effectrecord" SET "state" = %s WHERE "effect_key" = %s', "failed", key)
+    client.force_login(make_user("auditor", "otto"))
+
+    receipts = text(client.get(url("ctrlrun_receipt_changelist")))
+    row = next(r for r in re.findall(r"<tr>(.*?)</tr>", receipts, re.S) if denied.receipt_id[:12] in r)
+    assert "changed outside ctrlrun" in row and "allow → " not in row
+    page = client.get(url("ctrlrun_receipt_change", denied.receipt_id))
+    assert has_id(page, "ctrlrun-tampered") and "disagree with its hashed document" in text(page)
+    approvals = text(client.get(url("ctrlrun_approval_changelist")))
+    assert "changed outside ctrlrun" in approvals.split('id="result_list"')[1]
+    effects = text(client.get(url("ctrlrun_effectrecord_changelist")))
+    assert "changed outside ctrlrun" in effects.split('id="result_list"')[1]
+    effect_page = text(client.get(url("ctrlrun_effectrecord_change", key)))
+    assert "A retry may run" not in effect_page and "cannot be trusted" in effect_page
+    approval_page = text(client.get(url("ctrlrun_approval_change", approval_id)))
+    assert "Approving authorises exactly the action below" not in approval_page
+    front = text(client.get(url("index")))
+    assert "0 approvals waiting" in " ".join(re.sub(r"<[^>]+>", " ", front).split())
+    assert "1 more changed outside ctrlrun" in front
+
+
+def test_the_page_of_the_call_that_asked_shows_the_rule_and_policy(refund, client):
+    approval_id = ask(refund, "txn_1")
+    asked_by = Approval.objects.get(pk=approval_id).action_id
+    client.force_login(make_user("auditor", "otto"))
+    page = text(client.get(url("ctrlrun_call", asked_by)))
+    assert "when amount_gte: 0, amount_lte: 1000000 → approve" in page
+    assert url("ctrlrun_policydocument_change", Approval.objects.get(pk=approval_id).policy_hash) in page
+
+
+def test_a_key_no_record_was_made_for_is_not_a_link_to_nothing(refund, client):
+    with ctrlrun.context(agent="support-agent"), pytest.raises(ctrlrun.ActionDenied):
+        refund(payment_id="txn_big", amount=5_000_000)
+    receipt = Receipt.objects.get(effect_key="refund:txn_big")
+    client.force_login(make_user("auditor", "otto"))
+    for page in (url("ctrlrun_receipt_changelist"), url("ctrlrun_receipt_change", receipt.receipt_id),
+                 url("ctrlrun_call", receipt.action_id)):
+        assert url("ctrlrun_effectrecord_change", "refund:txn_big") not in text(client.get(page)), page
+
+
+def test_the_history_page_uses_the_console_time_format(refund, client):
+    approval_id = ask(refund, "txn_1")
+    client.force_login(make_user("approver", "ana"))
+    client.post(url("ctrlrun_approval_decide", approval_id, "deny"), {"note": "no"})
+    page = text(client.get(url("ctrlrun_approval_history", approval_id)))
+    assert re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", page) and not re.search(r"\b(a\.m\.|p\.m\.)", page)
+
+
+def test_an_unknown_filter_value_is_said_and_dropped(refund, client):
+    pay(refund, "txn_1")
+    client.force_login(make_user("auditor", "otto"))
+    for model, query in (("approval", "status=bogus"), ("effectrecord", "attention=bogus"),
+                         ("receipt", "result=bogus")):
+        response = client.get(f"{url(f'ctrlrun_{model}_changelist')}?{query}", follow=True)
+        assert response.redirect_chain[0][0] == url(f"ctrlrun_{model}_changelist")
+        [message] = shown_messages(response)
+        assert message.startswith("Unknown filter value") and "bogus" in message
+
+
+def test_the_policy_list_does_not_repeat_the_help_text_and_notes_are_bounded(refund, client):
+    pay(refund, "txn_1")
+    client.force_login(make_user("approver", "ana"))
+    assert "Where the text was read from" not in text(client.get(url("ctrlrun_policydocument_changelist")))
+    approval_id = ask(refund, "txn_2")
+    response = client.post(url("ctrlrun_approval_decide", approval_id, "approve"), {"note": "x" * 200_000})
+    assert response.status_code == 200 and status(approval_id) == "pending"  # the form says it is too long
+    assert "Ensure this value has at most 4000 characters" in text(response)
