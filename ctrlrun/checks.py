@@ -59,3 +59,16 @@ def check_database(app_configs: Any = None, databases: Any = None, **kwargs: Any
                              hint="point settings.CTRLRUN_DATABASE at a SQLite or PostgreSQL database",
                              id="ctrlrun.E004")]
     return []
+
+
+@checks.register()
+def check_durations(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """The duration settings are positive numbers of seconds (a bad one is named at start, not on a page)."""
+    problems = []
+    for read in (conf.lease, conf.approval_ttl, conf.chain_check_max_age):
+        try:
+            read()
+        except CTRLRunError as exc:
+            problems.append(checks.Error(str(exc), hint="set it to a number of seconds greater than 0",
+                                         id="ctrlrun.E005"))
+    return problems

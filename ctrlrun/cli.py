@@ -25,7 +25,7 @@ VERSION = f"ctrlrun, version {__version__}"
 
 #: command -> (creates the store if missing?, one-line summary)
 COMMANDS: dict[str, tuple[bool, str]] = {
-    "receipts": (False, "list receipts, or verify their hash chain (--verify-chain)"),
+    "receipts": (False, "list receipts, or verify their hash chain (--verify-chain [--incremental])"),
     "effects": (False, "list effect records and their states"),
     "inspect": (False, "show one action's decision, effect, receipts and events"),
     "resolve": (False, "say what happened to an AMBIGUOUS effect (--committed or --failed)"),

@@ -15,6 +15,7 @@ from django.utils import timezone
 from django.utils.timesince import timesince
 
 from . import conf, store
+from .errors import CTRLRunError
 
 
 def _age(then: dt.datetime, now: dt.datetime) -> str:
@@ -51,5 +52,10 @@ def overview_context() -> dict[str, Any]:
     """The front page's counts and the last chain check: a few indexed reads, whatever the store's size."""
     counts = store.overview()
     now = store.now()
-    chain = chain_status(store.last_check(), counts.receipts, now, conf.chain_check_max_age())
+    try:
+        max_age = conf.chain_check_max_age()
+    except CTRLRunError as exc:  # a bad setting: said on the tile (and by manage.py check), not a 500
+        return {"overview": counts, "chain": {"status": "unknown", "level": "alert", "label": str(exc)},
+                "chain_status": "unknown", "now": timezone.now()}
+    chain = chain_status(store.last_check(), counts.receipts, now, max_age)
     return {"overview": counts, "chain": chain, "chain_status": chain["status"], "now": timezone.now()}

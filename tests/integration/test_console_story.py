@@ -426,3 +426,16 @@ def test_the_policy_list_does_not_repeat_the_help_text_and_notes_are_bounded(ref
     response = client.post(url("ctrlrun_approval_decide", approval_id, "approve"), {"note": "x" * 200_000})
     assert response.status_code == 200 and status(approval_id) == "pending"  # the form says it is too long
     assert "Ensure this value has at most 4000 characters" in text(response)
+
+
+def test_a_bad_chain_check_age_setting_is_named_not_a_500(client, settings):
+    from django.core.management import call_command
+    from django.core.management.base import SystemCheckError
+
+    settings.CTRLRUN_CHAIN_CHECK_MAX_AGE_SECONDS = "a day"
+    client.force_login(make_user("auditor", "otto"))
+    page = client.get(url("index"))
+    assert page.status_code == 200
+    assert "CTRLRUN_CHAIN_CHECK_MAX_AGE_SECONDS must be a positive number of seconds" in text(page)
+    with pytest.raises(SystemCheckError, match="CTRLRUN_CHAIN_CHECK_MAX_AGE_SECONDS"):
+        call_command("check")
