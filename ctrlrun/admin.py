@@ -15,6 +15,7 @@ site serving the page (``self.admin_site.name``), so the console works on a cust
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 import threading
 import time
@@ -25,7 +26,7 @@ from django.contrib import admin, messages
 from django.contrib.admin.models import CHANGE, LogEntry
 from django.contrib.admin.options import IncorrectLookupParameters, get_content_type_for_model
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
-from django.contrib.admin.utils import quote, unquote
+from django.contrib.admin.utils import unquote
 from django.core.exceptions import PermissionDenied
 from django.db.models import Case, F, IntegerField, Model, OuterRef, Q, Subquery, Value, When
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
@@ -40,9 +41,9 @@ from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
 from . import conf, reconcile, store
-from .canonical import evidence_time, idempotency_token_for
-from .console import (approval_link, badge, call_link, change_url, data_rows, effect_link, link, policy_link,
-                      reason_html, receipt_link, shown, when, when_text)
+from .canonical import idempotency_token_for
+from .console import (approval_link, badge, call_link, change_url, changelist_url, data_rows, effect_link, link,
+                      policy_link, reason_html, receipt_link, shown, tampered_badge, when, when_text)
 from .display import dumps, dumps_html, has_hidden, hidden_fields, is_blank, reveal, reveal_html, warning
 from .errors import CTRLRunError
 from .identity import same_person
@@ -79,8 +80,6 @@ HELD = (EffectState.RESERVED, EffectState.EXECUTING)
 # (``console.shown``): invisible and direction-changing characters become highlighted escapes,
 # never raw text, and the pages that show an action to decide on warn when it holds any.
 
-_shown = shown
-
 
 def _pre(value: Any) -> SafeString:
     return format_html('<pre class="ctrlrun-json">{}</pre>', mark_safe(dumps_html(value, indent=2, sort_keys=True)))
@@ -88,8 +87,8 @@ def _pre(value: Any) -> SafeString:
 
 def _principal_html(agent: str, user: str | None) -> SafeString:
     if user:
-        return format_html("{} ({} {})", _shown(agent), _g("user"), _shown(user))
-    return _shown(agent)
+        return format_html("{} ({} {})", shown(agent), _g("user"), shown(user))
+    return shown(agent)
 
 
 def _object_key(object_id: str) -> str:
@@ -128,11 +127,11 @@ def _action_summary(action: dict[str, Any] | None) -> dict[str, Any] | None:
         return None
     principal = action.get("principal") or {}
     return {
-        "name": _shown(action.get("name")),
+        "name": shown(action.get("name")),
         "arguments": _pre(action.get("arguments", {})),
         "principal": _principal_html(str(principal.get("agent", "-")), principal.get("user")),
-        "resource": _shown(action.get("resource")),
-        "environment": _shown(action.get("environment")),
+        "resource": shown(action.get("resource")),
+        "environment": shown(action.get("environment")),
         "hash": action.get("action_hash"),
     }
 
@@ -160,7 +159,7 @@ def _timeline(site: str, events: list[Any]) -> list[dict[str, Any]]:
 def _receipt_rows(site: str, receipts: list[Any]) -> list[dict[str, Any]]:
     return [{"seq": r.seq, "receipt": receipt_link(site, r.receipt_id), "ts": when(r.ts),
              "decision": badge(r.decision), "result": badge(r.result), "call": call_link(site, r.action_id),
-             "agent": _shown(r.agent)} for r in receipts]
+             "agent": shown(r.agent)} for r in receipts]
 
 
 class RevealedValuesFilter(admin.AllValuesFieldListFilter):
@@ -419,9 +418,7 @@ class ApprovalAdmin(EvidenceAdmin):
     @admin.display(description=_("status"), ordering="status")
     def shown_status(self, obj: Approval) -> SafeString:
         if not store.approval_signature_ok(obj):
-            return format_html('<span class="ctrlrun-badge alert" title="{}">{}</span>',
-                               _g("this row does not carry ctrlrun's signature: nobody can answer or use it"),
-                               _g("changed outside ctrlrun"))
+            return tampered_badge(_g("this row does not carry ctrlrun's signature: nobody can answer or use it"))
         now = _now()
         status = effective_status(obj.status, obj.expires_at, now)
         if status == ApprovalStatus.EXPIRED and obj.status == ApprovalStatus.PENDING:
@@ -432,19 +429,19 @@ class ApprovalAdmin(EvidenceAdmin):
 
     @admin.display(description=_("action"), ordering="action")
     def shown_action(self, obj: Approval) -> SafeString:
-        return _shown(obj.action)
+        return shown(obj.action)
 
     @admin.display(description=_("effect key"))
     def shown_effect_key(self, obj: Approval) -> SafeString:
-        return effect_link(self.site, obj.effect_key) if obj.effect_key else _shown(None)
+        return effect_link(self.site, obj.effect_key) if obj.effect_key else shown(None)
 
     @admin.display(description=_("approver"))
     def shown_approver(self, obj: Approval) -> SafeString:
-        return _shown(obj.approver)
+        return shown(obj.approver)
 
     @admin.display(description=_("note"))
     def shown_note(self, obj: Approval) -> SafeString:
-        return _shown(obj.note, multiline=True)
+        return shown(obj.note, multiline=True)
 
     @admin.display(description=_("policy decision"))
     def shown_reason(self, obj: Approval) -> SafeString:
@@ -475,7 +472,7 @@ class ApprovalAdmin(EvidenceAdmin):
                     pieces.append(format_html("{}", plain[:57]))
                 pieces.append(mark_safe("…"))
                 break
-            pieces.append(format_html("{}{}={}", separator, _shown(k), mark_safe(dumps_html(v))))
+            pieces.append(format_html("{}{}={}", separator, shown(k), mark_safe(dumps_html(v))))
             plain_length += len(separator) + len(plain)
         text = mark_safe("".join(pieces))
         hidden = _approval_fields(obj)
@@ -512,11 +509,11 @@ class ApprovalAdmin(EvidenceAdmin):
 
     @admin.display(description=_("resource"))
     def resource(self, obj: Approval) -> SafeString:
-        return _shown(json.loads(obj.action_json).get("resource"))
+        return shown(json.loads(obj.action_json).get("resource"))
 
     @admin.display(description=_("environment"))
     def environment(self, obj: Approval) -> SafeString:
-        return _shown(json.loads(obj.action_json).get("environment"))
+        return shown(json.loads(obj.action_json).get("environment"))
 
     def get_urls(self) -> list[Any]:
         decide = self.admin_site.admin_view(self.decide_view)
@@ -554,7 +551,7 @@ class ApprovalAdmin(EvidenceAdmin):
             hidden = _approval_fields(approval)
             receipts = store.receipts_for_action(approval.consumed_by) if approval.consumed_by else []
             context = {
-                "can_decide": pending and self.has_decide_permission(request) and not own and not tampered,
+                "can_decide": pending and self.has_decide_permission(request) and not own,  # pending: not tampered
                 "tampered": tampered,
                 "own_request": own,
                 "is_pending": pending,
@@ -563,8 +560,8 @@ class ApprovalAdmin(EvidenceAdmin):
                 "expired_at": when(approval.expires_at),
                 "expires_in": timeuntil(approval.expires_at, now) if approval.expires_at > now else None,
                 "hidden_warning": warning(hidden) if hidden else None,
-                "shown_user": _shown(approval.user),
-                "shown_approver": _shown(approval.approver),
+                "shown_user": shown(approval.user),
+                "shown_approver": shown(approval.approver),
                 "asked_by": call_link(self.site, approval.action_id, short=None),
                 "used_by": call_link(self.site, approval.consumed_by, short=None) if approval.consumed_by else None,
                 "used_receipts": _receipt_rows(self.site, receipts),
@@ -614,12 +611,12 @@ class ApprovalAdmin(EvidenceAdmin):
             "title": f"{_g('Approve') if answer == 'approve' else _g('Deny')} {reveal(approval.action)}?",
             "approval": approval,
             "shown": {
-                "action": _shown(approval.action),
+                "action": shown(approval.action),
                 "arguments": mark_safe(dumps_html(approval.arguments, indent=2, sort_keys=True)),
                 "principal": _principal_html(approval.agent, approval.user),
-                "effect_key": _shown(approval.effect_key),
-                "resource": _shown(action.get("resource")),
-                "environment": _shown(action.get("environment")),
+                "effect_key": shown(approval.effect_key),
+                "resource": shown(action.get("resource")),
+                "environment": shown(action.get("environment")),
                 "reason": reason_html(_policy_document(approval.policy_hash), approval.action,
                                       approval.decision_reason),
                 "expires_at": when(approval.expires_at),
@@ -753,18 +750,17 @@ class EffectRecordAdmin(EvidenceAdmin):
 
     @admin.display(description=_("effect key"), ordering="effect_key")
     def shown_key(self, obj: EffectRecord) -> SafeString:
-        return _shown(obj.effect_key)
+        return shown(obj.effect_key)
 
     @admin.display(description=_("action"), ordering="action")
     def shown_action(self, obj: EffectRecord) -> SafeString:
-        return _shown(obj.action)
+        return shown(obj.action)
 
     @admin.display(description=_("state"), ordering="state")
     def shown_state(self, obj: EffectRecord) -> SafeString:
         if not store.effect_signature_ok(obj):
-            return format_html('<span class="ctrlrun-badge alert" title="{}">{}</span>',
-                               _g("this row does not carry ctrlrun's signature: ctrlrun will not retry, sweep or "
-                                  "resolve it"), _g("changed outside ctrlrun"))
+            return tampered_badge(_g("this row does not carry ctrlrun's signature: ctrlrun will not retry, sweep or "
+                                     "resolve it"))
         if obj.state in HELD and obj.lease_expires_at is not None and obj.lease_expires_at <= _now():
             return format_html("{} {}", badge(obj.state), badge("lapsed", _g("lease lapsed")))
         return badge(obj.state)
@@ -775,18 +771,18 @@ class EffectRecordAdmin(EvidenceAdmin):
 
     @admin.display(description=_("error"))
     def shown_error(self, obj: EffectRecord) -> SafeString:
-        return _shown(obj.error, multiline=True)
+        return shown(obj.error, multiline=True)
 
     @admin.display(description=_("resolved by"))
     def shown_resolved_by(self, obj: EffectRecord) -> SafeString:
-        return _shown(obj.resolved_by)
+        return shown(obj.resolved_by)
 
     @admin.display(description=_("last error"))
     def last_error(self, obj: EffectRecord) -> SafeString:
         if not obj.error:
             return format_html("{}", "-")
         short = obj.error if len(obj.error) <= 40 else obj.error[:39] + "…"
-        return format_html('<span title="{}">{}</span>', reveal(obj.error), _shown(short))
+        return format_html('<span title="{}">{}</span>', reveal(obj.error), shown(short))
 
     @admin.display(description=_("reconcile hook"))
     def hook(self, obj: EffectRecord) -> str:
@@ -876,8 +872,8 @@ class EffectRecordAdmin(EvidenceAdmin):
                 "effect_receipts": _receipt_rows(self.site, store.receipts_for_effect(key)),
                 "proposed": _action_summary(_proposed(current) or _proposed(events)),
                 "holder": call_link(self.site, effect.action_id, short=None),
-                "shown_key": _shown(key),
-                "shown_action": _shown(effect.action),
+                "shown_key": shown(key),
+                "shown_action": shown(effect.action),
                 "hidden_warning": warning(hidden, subject=_g("This effect record")) if hidden else None,
                 "tampered": not effect.signature_ok,
                 "can_ask": may_resolve and askable and (has_hook or lapsed) and effect.signature_ok,
@@ -990,29 +986,33 @@ class ReceiptAdmin(EvidenceAdmin):
         effect = EffectRecord.objects.filter(pk=OuterRef("effect_key")).values("state")[:1]
         return super().get_queryset(request).annotate(effect_state=Subquery(effect))
 
-    def _doc(self, obj: Receipt) -> dict[str, Any]:
-        try:
-            doc = json.loads(obj.document)
-        except ValueError:
-            return {}
-        return doc if isinstance(doc, dict) else {}
+    @staticmethod
+    def _doc(obj: Receipt) -> dict[str, Any]:
+        """The row's document, parsed once per row and page (several fields read it)."""
+        if "_ctrlrun_doc" not in obj.__dict__:
+            try:
+                doc = json.loads(obj.document)
+            except ValueError:
+                doc = {}
+            obj.__dict__["_ctrlrun_doc"] = doc if isinstance(doc, dict) else {}
+        return obj.__dict__["_ctrlrun_doc"]
 
     @admin.display(description=_("action"), ordering="action")
     def shown_action(self, obj: Receipt) -> SafeString:
-        return _shown(obj.action)
+        return shown(obj.action)
 
     @admin.display(description=_("agent"), ordering="agent")
     def shown_agent(self, obj: Receipt) -> SafeString:
-        return _shown(obj.agent)
+        return shown(obj.agent)
 
     @admin.display(description=_("effect key"), ordering="effect_key")
     def shown_key(self, obj: Receipt) -> SafeString:
         if not obj.effect_key:
-            return _shown(None)
+            return shown(None)
         # Rows come from get_queryset, which reads each key's record state beside it.
         if hasattr(obj, "effect_state") and obj.effect_state is None:  # refused before taking the key
             return format_html('<span title="{}">{}</span>', _g("no effect record: the call never took this key"),
-                               _shown(obj.effect_key))
+                               shown(obj.effect_key))
         return effect_link(self.site, obj.effect_key)
 
     @admin.display(description=_("written"), ordering="ts")
@@ -1025,14 +1025,17 @@ class ReceiptAdmin(EvidenceAdmin):
 
     @staticmethod
     def _problem(obj: Receipt) -> str | None:
-        return row_problem(obj.document, obj.hash, {c: getattr(obj, c) for c in INDEXED_COLUMNS})
+        """Why the row is not what ctrlrun wrote (re-hashed once per row and page), or None."""
+        if "_ctrlrun_problem" not in obj.__dict__:
+            obj.__dict__["_ctrlrun_problem"] = row_problem(obj.document, obj.hash,
+                                                           {c: getattr(obj, c) for c in INDEXED_COLUMNS})
+        return obj.__dict__["_ctrlrun_problem"]
 
     @admin.display(description=_("decision → result"), ordering="result")
     def outcome(self, obj: Receipt) -> SafeString:
         problem = self._problem(obj)
         if problem:
-            return format_html('<span class="ctrlrun-badge alert" title="{}">{}</span>', problem,
-                               _g("changed outside ctrlrun"))
+            return tampered_badge(problem)
         shown_result = format_html("{} → {}", obj.decision, badge(obj.result))
         since = _since(obj.result, getattr(obj, "effect_state", None))
         if since:
@@ -1056,10 +1059,10 @@ class ReceiptAdmin(EvidenceAdmin):
         doc = self._doc(obj)
         approval_id = doc.get("approval_id")
         if not approval_id:
-            return _shown(None)
+            return shown(None)
         approver = doc.get("approver")
         return format_html("{}{}", approval_link(self.site, str(approval_id), short=None),
-                           format_html(" ({} {})", _g("approved by"), _shown(str(approver))) if approver else "")
+                           format_html(" ({} {})", _g("approved by"), shown(str(approver))) if approver else "")
 
     @admin.display(description=_("policy document"))
     def shown_policy(self, obj: Receipt) -> SafeString:
@@ -1081,7 +1084,7 @@ class ReceiptAdmin(EvidenceAdmin):
             return _pre(json.loads(obj.document))
         except ValueError:
             return format_html('<pre class="ctrlrun-json">{}</pre><p class="errornote">{}</p>',
-                               _shown(obj.document, multiline=True),
+                               shown(obj.document, multiline=True),
                                _g("This document is not valid JSON: the row was altered. Run the chain check."))
 
     def change_view(self, request: HttpRequest, object_id: str, form_url: str = "",
@@ -1094,7 +1097,7 @@ class ReceiptAdmin(EvidenceAdmin):
         if obj is not None and obj.result == "ambiguous" and obj.effect_key:
             effect = store.get_effect(obj.effect_key)
             if effect is not None and _since(obj.result, effect.state):
-                context["resolved_since"] = {"state": effect.state, "by": _shown(effect.resolved_by),
+                context["resolved_since"] = {"state": effect.state, "by": shown(effect.resolved_by),
                                              "at": when(effect.updated_at), "effect": effect_link(self.site, effect.effect_key)}
         return super().change_view(request, object_id, form_url, context)
 
@@ -1111,10 +1114,11 @@ class ReceiptAdmin(EvidenceAdmin):
 
         report = None
         if request.method == "POST":
-            started, clock = store.now(), time.monotonic()
-            report = store.verify_incremental() if request.POST.get("mode") == "incremental" else store.verify()
-            store.record_check(report, started=started, duration=time.monotonic() - clock,
-                               ran_by=f"console: {request.user.get_username()}")
+            report, unrecorded = store.run_check(incremental=request.POST.get("mode") == "incremental",
+                                                 ran_by=f"console: {request.user.get_username()}")
+            if unrecorded is not None:
+                self.message_user(request, reveal(f"the check ran, but its result could not be recorded: {unrecorded}"),
+                                  messages.ERROR)
         check = store.last_check()
         return self.console_page(request, "admin/ctrlrun/receipt/verify.html", {
             "title": _g("Receipt chain"),
@@ -1130,8 +1134,6 @@ class ReceiptAdmin(EvidenceAdmin):
 
     def _break_link(self, item: Any) -> SafeString:
         """Where a break is, as a link to what it names: the receipt or event at that seq, the signed row."""
-        from .console import changelist_url
-
         if item.kind in ("receipt", "event") and item.seq is not None:
             model = "receipt" if item.kind == "receipt" else "event"
             return link(changelist_url(self.site, model, seq=item.seq), f"{_g(model)} {item.seq}")
@@ -1172,7 +1174,7 @@ class EventAdmin(EvidenceAdmin):
 
     @admin.display(description=_("effect key"), ordering="effect_key")
     def shown_key(self, obj: Event) -> SafeString:
-        return effect_link(self.site, obj.effect_key) if obj.effect_key else _shown(None)
+        return effect_link(self.site, obj.effect_key) if obj.effect_key else shown(None)
 
     @admin.display(description=_("call"), ordering="action_id")
     def call(self, obj: Event) -> SafeString:
@@ -1188,7 +1190,7 @@ class EventAdmin(EvidenceAdmin):
         parts = [effect_link(self.site, obj.effect_key)] if obj.effect_key else []
         if obj.approval_id:
             parts.append(approval_link(self.site, obj.approval_id, short=12))
-        return format_html("{}", mark_safe("<br>".join(parts))) if parts else _shown(None)
+        return format_html("{}", mark_safe("<br>".join(parts))) if parts else shown(None)
 
     @admin.display(description=_("written"), ordering="ts")
     def written(self, obj: Event) -> SafeString:
@@ -1225,6 +1227,7 @@ class EventAdmin(EvidenceAdmin):
         name = (proposed or {}).get("name") or (receipts[0].action if receipts else "")
         keys = sorted({e.effect_key for e in events if e.effect_key} | {r.effect_key for r in receipts if r.effect_key})
         alias = conf.database_alias()
+        states = dict(EffectRecord.objects.using(alias).filter(pk__in=keys).values_list("effect_key", "state"))
         approvals = list(Approval.objects.using(alias).filter(Q(action_id=action_id) | Q(consumed_by=action_id))
                          .order_by("created_at"))
         if policy_hash is None:  # a call that asked for a person and wrote no receipt: its request names it
@@ -1237,13 +1240,13 @@ class EventAdmin(EvidenceAdmin):
             "decision": badge(evaluated.get("decision")) if evaluated else None,
             "reason": reason_html(_policy_document(policy_hash), name, evaluated.get("reason")) if evaluated else None,
             "policy": policy_link(self.site, policy_hash) if policy_hash else None,
-            "effects": [{"key": effect_link(self.site, k) if e else _shown(k),
-                         "state": badge(e.state) if e else _g("no record: the call never took this key")}
-                        for k in keys for e in [store.get_effect(k)]],
+            "effects": [{"key": effect_link(self.site, k) if k in states else shown(k),
+                         "state": badge(states[k]) if k in states else _g("no record: the call never took this key")}
+                        for k in keys],
             "approvals": [{"id": approval_link(self.site, a.approval_id, short=None),
                            "role": _g("asked for") if a.action_id == action_id else _g("used"),
                            "status": badge(effective_status(a.status, a.expires_at, now)),
-                           "approver": _shown(a.approver)} for a in approvals],
+                           "approver": shown(a.approver)} for a in approvals],
             "receipts": _receipt_rows(self.site, receipts),
             "events": _timeline(self.site, events),
         })
@@ -1271,12 +1274,12 @@ class PolicyDocumentAdmin(EvidenceAdmin):
 
     @admin.display(description=_("source"), ordering="source")
     def listed_source(self, obj: PolicyDocument) -> SafeString:
-        return _shown(obj.source)
+        return shown(obj.source)
 
     @admin.display(description=_("source"), ordering="source")
     def shown_source(self, obj: PolicyDocument) -> SafeString:
         # The field's help text (already HTML, as Django takes help texts) under the escaped value.
-        return format_html('{}<div class="help">{}</div>', _shown(obj.source),
+        return format_html('{}<div class="help">{}</div>', shown(obj.source),
                            mark_safe(PolicyDocument._meta.get_field("source").help_text))
 
     @admin.display(description=_("in force here"))
@@ -1293,16 +1296,21 @@ class PolicyDocumentAdmin(EvidenceAdmin):
 
 
 def _current_policy_hash() -> str | None:
+    """The hash of the policy this server reads, loaded again only when its file changed (the policy
+    list shows it on every row)."""
+    try:
+        path, environment = conf.policy_path(), conf.environment()
+        stat = path.stat()
+    except (CTRLRunError, OSError):
+        return None
+    return _policy_hash_of(str(path), stat.st_mtime_ns, stat.st_size, environment)
+
+
+@functools.lru_cache(maxsize=8)
+def _policy_hash_of(path: str, mtime_ns: int, size: int, environment: str) -> str | None:
     from .policy import load_policy
 
     try:
-        return load_policy(conf.policy_path(), environment=conf.environment()).hash
+        return load_policy(path, environment=environment).hash
     except CTRLRunError:
         return None
-
-
-def overview_context() -> dict[str, Any]:
-    """The console front page's context (``ctrlrun.frontpage``): the last recorded chain check, never a re-hash."""
-    from .frontpage import overview_context as context
-
-    return context()

@@ -79,6 +79,11 @@ def badge(value: str | None, label: str | None = None, *, title: str | None = No
     return format_html('<span class="ctrlrun-badge {}">{}</span>', tone, label or value)
 
 
+def tampered_badge(why: str) -> SafeString:
+    """The red badge of a row ctrlrun did not write as it is, ``why`` on hover."""
+    return format_html('<span class="ctrlrun-badge alert" title="{}">{}</span>', why, _g("changed outside ctrlrun"))
+
+
 # --------------------------------------------------------------------------- links
 
 

@@ -221,20 +221,26 @@ def verify_chain(rows: Iterable[StoredReceipt], head_seq: int, head_hash: str, *
     edit is caught even when the editor also rewrote the stored hash.
     """
     report = ChainReport(head_seq=head_seq, head_hash=head_hash)
-    walk = ReceiptWalk(report)
-    chained: list[StoredReceipt] = []
+    _walk_all(ReceiptWalk(report), rows, lambda r: r.seq, head_seq, head_hash, progress)
+    return report
+
+
+def _walk_all(walk: Any, rows: Iterable[Any], order: Callable[[Any], Any], head_seq: int, head_hash: str,
+              progress: Callable[[int], None] | None) -> None:
+    """Feed ``walk`` (a ReceiptWalk or an EventWalk) every row: those with no seq first, as unchained,
+    then the rest in ``order``; then finish it at the head."""
+    chained = []
     for row in rows:
         if row.seq is None:
             walk.unchained(row)
         else:
             chained.append(row)
-    chained.sort(key=lambda r: r.seq)  # type: ignore[arg-type, return-value]
+    chained.sort(key=order)
     for done, row in enumerate(chained, 1):
         walk.add(row)
         if progress is not None and done % PROGRESS_EVERY == 0:
             progress(done)
     walk.finish(head_seq, head_hash)
-    return report
 
 
 class ReceiptWalk:
@@ -405,19 +411,7 @@ def verify_events(rows: Iterable[StoredEvent], head_seq: int, head_hash: str, re
     events by id, so an event moved to another place in that order is named ``reordered``.
     """
     report.event_head_seq, report.event_head_hash = head_seq, head_hash
-    walk = EventWalk(report)
-    chained: list[StoredEvent] = []
-    for row in rows:
-        if row.seq is None:
-            walk.unchained(row)
-        else:
-            chained.append(row)
-    chained.sort(key=lambda r: (r.seq, r.id))  # type: ignore[arg-type, return-value]
-    for done, row in enumerate(chained, 1):
-        walk.add(row)
-        if progress is not None and done % PROGRESS_EVERY == 0:
-            progress(done)
-    walk.finish(head_seq, head_hash)
+    _walk_all(EventWalk(report), rows, lambda r: (r.seq, r.id), head_seq, head_hash, progress)
 
 
 class EventWalk:

@@ -47,15 +47,18 @@ from __future__ import annotations
 import collections
 import contextlib
 import datetime as dt
+import functools
 import hashlib
 import json
 import logging
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from django.db import Error as DjangoDatabaseError
 from django.db import connections, transaction
+from django.db.models import Q
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
@@ -71,10 +74,14 @@ from .errors import (
     InvalidArgument,
     StoreUnavailable,
 )
-from .models import Approval, ChainHead, EffectRecord, Event, PolicyDocument, Receipt, dumps_json
+from .models import Approval, ChainCheck, ChainHead, EffectRecord, Event, PolicyDocument, Receipt, dumps_json
 from .receipts import (
+    INDEXED_COLUMNS,
+    PROGRESS_EVERY,
     ChainBreak,
     ChainReport,
+    EventWalk,
+    ReceiptWalk,
     StoredEvent,
     StoredReceipt,
     build_receipt,
@@ -264,7 +271,7 @@ class ReceiptView:
     ts: dt.datetime
     document: str
 
-    @property
+    @functools.cached_property
     def doc(self) -> dict[str, Any]:
         return json.loads(self.document)
 
@@ -416,22 +423,23 @@ def _as_datetime(value: Any, connection: Any) -> dt.datetime | None:
 # --------------------------------------------------------------------------- signatures
 
 
+def _effect_fields(key: str, action: str, state: str, action_id: str, attempt: int, lease: dt.datetime | None,
+                   resolved_by: str | None, pending: str | None) -> tuple[Any, ...]:
+    """What decides a record's fate, as signed, the action included: its name chooses the reconcile
+    hook whose answer may license a retry. One order, for signing and for checking."""
+    return (key, action, str(state), action_id, attempt, _iso(lease), resolved_by, _digest(pending))
+
+
 def _effect_mac(key: str, action: str, state: str, action_id: str, attempt: int, lease: dt.datetime | None,
                 resolved_by: str | None, pending: str | None) -> str:
-    """The signature of what decides a record's fate, the action included: its name chooses the
-    reconcile hook whose answer may license a retry."""
-    return signing.sign(EFFECT_DOMAIN, (key, action, str(state), action_id, attempt, _iso(lease), resolved_by,
-                                        _digest(pending)))
+    return signing.sign(EFFECT_DOMAIN, _effect_fields(key, action, state, action_id, attempt, lease, resolved_by,
+                                                      pending))
 
 
 def _effect_ok(row: Any) -> bool:
     """Whether an effect record (model or peek) carries ctrlrun's signature of its deciding fields."""
-    try:
-        fields = (row.effect_key, row.action, str(row.state), row.action_id, row.attempt,
-                  _iso(row.lease_expires_at), row.resolved_by, _digest(row.pending))
-    except (TypeError, ValueError, AttributeError):
-        return False
-    return signing.is_valid(EFFECT_DOMAIN, fields, row.mac)
+    return _signed_ok(EFFECT_DOMAIN, lambda r: _effect_fields(
+        r.effect_key, r.action, r.state, r.action_id, r.attempt, r.lease_expires_at, r.resolved_by, r.pending), row)
 
 
 def _approval_document(row: Approval) -> tuple:
@@ -707,8 +715,7 @@ def ensure_policy(policy_hash: str, schema: str, source: str, text: str, environ
             defaults={"schema": schema, "source": source, "text": text, "environment": environment,
                       "first_seen": when},
         )
-        head = _q(ChainHead).filter(pk=1).values_list("seq", "hash", "event_seq", "event_hash", "mac",
-                                                      "key_id").first()
+        head = _q(ChainHead).filter(pk=1).values_list(*_HEAD_FIELDS).first()
         problem = _head_problem(*head) if head is not None else None
         if problem is not None:
             raise EvidenceTampered(f"ctrlrun refuses to act: {problem}. Nothing ran")
@@ -1704,7 +1711,7 @@ def receipts_for_effect(effect_key: str) -> list[ReceiptView]:
 
 #: Receipt columns that repeat a field of the hashed document (``agent`` is principal.agent,
 #: ``ts`` is finished_at): lists, filters and the date hierarchy read them, so each is checked.
-_RECEIPT_COLUMNS = ("receipt_id", "action_id", "action", "agent", "decision", "result", "effect_key", "ts")
+_RECEIPT_COLUMNS = (*INDEXED_COLUMNS, "ts")
 _EVENT_FIELDS = ("id", "seq", "prev_hash", "hash", "ts", "type", "action_id", "effect_key", "approval_id")
 
 
@@ -1722,38 +1729,18 @@ def _read_time(value: Any, connection: Any) -> dt.datetime | None:
 
 
 def _stored_receipts(after: int | None = None, upto: int | None = None) -> list[StoredReceipt]:
-    connection = connections[_db()]
-    columns = ",".join(f'"{c}"' for c in _RECEIPT_COLUMNS[:-1])
-    sql = (f'SELECT "receipt_id","seq","prev_hash","hash","document",{columns},{_time_column(connection)} '
-           f'FROM "ctrlrun_receipt"')
-    params: list[Any] = []
-    if after is not None:
-        sql += ' WHERE "seq" > %s AND "seq" <= %s'
-        params = [after, upto]
-    with _cursor() as cursor:
-        rows = cursor.execute(sql, params).fetchall()
-    out = []
-    for receipt_id, seq, prev, digest, document, *values in rows:
-        moment = _read_time(values[-1], connection)
-        values[-1] = evidence_time(moment) if moment is not None else values[-1]  # unreadable: never equal
-        out.append(StoredReceipt(receipt_id, seq, prev, digest, document, tuple(zip(_RECEIPT_COLUMNS, values))))
-    return out
+    """Receipt rows as stored (all, or those with ``after < seq <= upto``), in no particular order."""
+    if after is None:
+        return _stored_receipts_where("1 = 1", [])
+    return _stored_receipts_where('"seq" > %s AND "seq" <= %s', [after, upto])
 
 
 def _stored_events(after: int | None = None, upto: int | None = None) -> list[StoredEvent]:
     """Event rows as stored, ``data`` as the column's exact text (a row altered into invalid JSON is
     a named break, not a crash); optionally only those with ``after < seq <= upto``."""
-    connection = connections[_db()]
-    fields = ",".join(_time_column(connection) if f == "ts" else f'"{f}"' for f in _EVENT_FIELDS)
-    sql = f'SELECT {fields},"data" FROM "ctrlrun_event"'
-    params: list[Any] = []
-    if after is not None:
-        sql += ' WHERE "seq" > %s AND "seq" <= %s'
-        params = [after, upto]
-    with _cursor() as cursor:
-        rows = cursor.execute(sql, params).fetchall()
-    return [StoredEvent(id_, seq, prev, digest, _read_time(ts, connection), type_, action_id, key, approval_id,
-                        data) for id_, seq, prev, digest, ts, type_, action_id, key, approval_id, data in rows]
+    if after is None:
+        return _stored_events_where("1 = 1", [])
+    return _stored_events_where('"seq" > %s AND "seq" <= %s', [after, upto])
 
 
 def _chain_facts(events: list[StoredEvent]) -> tuple[dict[str, int], set[str], dict[str, set[str]]]:
@@ -1832,12 +1819,7 @@ def verify(progress: Any = None) -> ChainReport:
     with _reading():
         receipts = _stored_receipts()
         events = _stored_events()
-        head = _q(ChainHead).filter(pk=1).first()
-        if head is None:
-            seq, hash_, event_seq, event_hash_, mac, key_id = 0, GENESIS_HASH, 0, GENESIS_HASH, None, None
-        else:
-            seq, hash_, event_seq, event_hash_, mac, key_id = (head.seq, head.hash, head.event_seq, head.event_hash,
-                                                               head.mac, head.key_id)
+        seq, hash_, event_seq, event_hash_, mac, key_id = _read_head()
         seen = max((r.seq for r in receipts if r.seq is not None), default=0)
         if seq > seen:
             receipts += _stored_receipts(seen, seq)
@@ -1871,11 +1853,6 @@ def verify(progress: Any = None) -> ChainReport:
 # Each verification is recorded (``ChainCheck``, append-only and signed), so the console can show
 # the last result without re-hashing anything, and an incremental check can start where the last
 # intact one stopped.
-
-from django.db.models import Q  # noqa: E402
-
-from .models import ChainCheck  # noqa: E402
-from .receipts import PROGRESS_EVERY, EventWalk, ReceiptWalk  # noqa: E402
 
 CHECK_DOMAIN = "ctrlrun.check/v1"
 #: How far before the last intact check an incremental one still re-reads signed rows by their
@@ -1974,11 +1951,32 @@ def record_check(report: ChainReport, *, started: dt.datetime, duration: float, 
     return _check_view(row)
 
 
+def run_check(*, incremental: bool, ran_by: str, progress: Any = None) -> tuple[ChainReport, CTRLRunError | None]:
+    """Run a full (or incremental) check, timed on the store's clock, and record it. Returns the
+    report and, when the result could not be recorded, why (the report stands either way)."""
+    started, clock = now(), time.monotonic()
+    report = verify_incremental(progress) if incremental else verify(progress)
+    try:
+        record_check(report, started=started, duration=time.monotonic() - clock, ran_by=ran_by)
+    except CTRLRunError as exc:
+        return report, exc
+    return report, None
+
+
 def last_check() -> ChainCheckView | None:
     """The newest recorded verification, or None (never checked)."""
     with _reading():
         row = _q(ChainCheck).order_by("-id").first()
         return _check_view(row) if row else None
+
+
+_HEAD_FIELDS = ("seq", "hash", "event_seq", "event_hash", "mac", "key_id")
+
+
+def _read_head() -> tuple[Any, ...]:
+    """The chain head as (seq, hash, event seq, event hash, mac, key id); the genesis when there is none."""
+    row = _q(ChainHead).filter(pk=1).values_list(*_HEAD_FIELDS).first()
+    return tuple(row) if row is not None else (0, GENESIS_HASH, 0, GENESIS_HASH, None, None)
 
 
 def head_position() -> tuple[int, int]:
@@ -2175,12 +2173,7 @@ def verify_incremental(progress: Any = None) -> ChainReport:
                     report.events_chained - len(batch)) // PROGRESS_EVERY:
                 say(f"{report.events_chained:,} events re-hashed")
 
-        head = _q(ChainHead).filter(pk=1).first()
-        if head is None:
-            seq, hash_, event_seq, event_hash_, mac, key_id = 0, GENESIS_HASH, 0, GENESIS_HASH, None, None
-        else:
-            seq, hash_, event_seq, event_hash_, mac, key_id = (head.seq, head.hash, head.event_seq, head.event_hash,
-                                                               head.mac, head.key_id)
+        seq, hash_, event_seq, event_hash_, mac, key_id = _read_head()
         # Written while the walk ran: every row up to the head is committed now (as in verify()).
         while seq > seen:
             batch = _receipts_after(seen, seq)

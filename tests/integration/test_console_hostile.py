@@ -31,6 +31,7 @@ from django.urls import reverse
 
 import ctrlrun
 from ctrlrun.models import Approval, EffectRecord, Event, Receipt
+from tests.conftest import REFUND_POLICY
 from tests.support import REPO, make_ambiguous, make_user
 
 APPROVED_AMOUNT = 60000  # in the approve band of the refund policy
@@ -42,18 +43,7 @@ WARNING_ID = 'id="ctrlrun-hidden-warning"'
 #: The refund policy, plus an approve-only action whose effect key and resource carry what its argument hides.
 #: (The policy itself refuses hidden characters in action names; rows written before, or by another
 #: writer, may still hold them: the name is tested on model instances below.)
-HOSTILE_POLICY = """\
-schema: ctrlrun.policy/v2
-
-actions:
-  stripe.refund:
-    effect: "refund:{payment_id}"
-    rules:
-      - when: { amount_gte: 0, amount_lte: 50000 }
-        decision: allow
-      - when: { amount_gte: 0, amount_lte: 1000000 }
-        decision: approve
-      - decision: deny
+HOSTILE_POLICY = REFUND_POLICY + """\
   ops.tag:
     effect: "tag:{target}"
     resource: "res:{target}"

@@ -3,12 +3,10 @@ from __future__ import annotations
 import json
 import os
 import socket
-import time
 from argparse import ArgumentParser
 from typing import Any
 
 from ... import report, store
-from ...errors import CTRLRunError
 from ..base import CtrlrunCommand, Error, default_person, positive_int
 
 
@@ -49,21 +47,17 @@ class Command(CtrlrunCommand):
         self.stderr.flush()
 
     def _verify(self, *, as_json: bool, incremental: bool, quiet: bool) -> None:
-        started, clock = store.now(), time.monotonic()
-        progress = None if quiet else self._progress
-        result = store.verify_incremental(progress) if incremental else store.verify(progress)
-        duration = time.monotonic() - clock
+        argv = "receipts --verify-chain" + (" --incremental" if incremental else "")
+        result, unrecorded = store.run_check(
+            incremental=incremental, progress=None if quiet else self._progress,
+            ran_by=f"{argv} by {default_person()}@{socket.gethostname()} (pid {os.getpid()})")
         if as_json:
             self.stdout.write(json.dumps(result.as_dict(), ensure_ascii=False))
         else:
             for line in report.chain_lines(result):
                 self.stdout.write(line)
-        argv = "receipts --verify-chain" + (" --incremental" if incremental else "")
-        try:
-            store.record_check(result, started=started, duration=duration,
-                               ran_by=f"{argv} by {default_person()}@{socket.gethostname()} (pid {os.getpid()})")
-        except CTRLRunError as exc:
+        if unrecorded is not None:
             raise Error(f"the check ran ({'intact' if result.ok else 'broken'}), but its result could not be "
-                        f"recorded: {exc}") from None
+                        f"recorded: {unrecorded}")
         if not result.ok:
             raise Error(f"the receipt chain has {len(result.breaks)} break(s); see above")
