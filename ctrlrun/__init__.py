@@ -29,6 +29,7 @@ from .errors import (
     PolicyError,
     StoreUnavailable,
 )
+from .control import Control
 from .protect import context, idempotency_token, protect, with_approval
 
 
@@ -47,6 +48,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "protect",
+    "Control",
     "setup",
     "context",
     "with_approval",

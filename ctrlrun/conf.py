@@ -7,9 +7,11 @@ script and a Django project read the same knobs. Nothing else in ctrlrun touches
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +97,20 @@ def approval_poll() -> dt.timedelta:
     return _positive_seconds("CTRLRUN_APPROVAL_POLL_SECONDS", DEFAULT_APPROVAL_POLL_SECONDS)
 
 
+#: Threads that run the store's phases for async calls. Each holds one database connection, so this
+#: bounds the connections an event loop full of protected calls opens; a phase is a millisecond or
+#: two, so a few threads keep hundreds of concurrent calls moving.
+DEFAULT_ASYNC_THREADS = 4
+
+
+def async_threads() -> int:
+    value = _setting("CTRLRUN_ASYNC_THREADS", DEFAULT_ASYNC_THREADS)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidArgument(f"settings.CTRLRUN_ASYNC_THREADS must be a whole number of threads (1 or more), "
+                              f"got {value!r}")
+    return value
+
+
 def reconcile_backoff() -> tuple[dt.timedelta, dt.timedelta]:
     """(first delay, cap) for asking a hook again after it answered unknown or raised."""
     return (
@@ -114,17 +130,37 @@ def chain_check_max_age() -> dt.timedelta:
 
 
 _alias: str | None = None
+#: The alias and clock of the ``Control`` whose call is running in this context (``Control.scope``):
+#: several Controls in one process each reach their own database, on their own clock.
+_scoped_alias: ContextVar[str | None] = ContextVar("ctrlrun_database_alias", default=None)
+_scoped_clock: ContextVar[Callable[[], dt.datetime] | None] = ContextVar("ctrlrun_clock", default=None)
 
 
 def database_alias() -> str:
-    """Which ``DATABASES`` entry holds ctrlrun's tables (``default`` unless told otherwise).
+    """Which ``DATABASES`` entry holds ctrlrun's tables: the running Control's, else
+    ``CTRLRUN_DATABASE``, else ``default``.
 
-    Read on every store call, so it is cached; a changed setting (tests) clears the cache.
+    Read on every store call, so the setting is cached; a changed setting (tests) clears the cache.
     """
+    scoped = _scoped_alias.get()
+    if scoped is not None:
+        return scoped
     global _alias
     if _alias is None:
         _alias = _setting("CTRLRUN_DATABASE", "default")
     return _alias
+
+
+@contextlib.contextmanager
+def scoped(alias: str | None, clock: Callable[[], dt.datetime] | None) -> Iterator[None]:
+    """Inside the block, the store uses ``alias`` and ``clock`` (None: the process-wide ones)."""
+    alias_token = _scoped_alias.set(alias)
+    clock_token = _scoped_clock.set(clock)
+    try:
+        yield
+    finally:
+        _scoped_clock.reset(clock_token)
+        _scoped_alias.reset(alias_token)
 
 
 def forget_cached_settings(**_: Any) -> None:
@@ -156,12 +192,13 @@ def now() -> dt.datetime:
     (``store.now()``: the database's on PostgreSQL), so one host's clock running fast or slow
     cannot lapse a live lease or misdate evidence. A clock set here replaces both.
     """
-    return _clock()
+    scoped = _scoped_clock.get()
+    return scoped() if scoped is not None else _clock()
 
 
 def clock_overridden() -> bool:
     """Whether a test clock replaces the system's (and so the database's) clock."""
-    return _clock is not _system_now
+    return _clock is not _system_now or _scoped_clock.get() is not None
 
 
 def set_clock(clock: Callable[[], dt.datetime] | None) -> None:

@@ -62,7 +62,7 @@ from django.db.models import Q
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from . import conf, signing
+from . import conf, observers, signing
 from .canonical import GENESIS_HASH, Action, Principal, evidence_text, evidence_time, new_id
 from .errors import (
     ActionDenied,
@@ -642,9 +642,13 @@ def _seal(events: Sequence[EventRow], receipts: Sequence[_ReceiptSpec], when: dt
             docs = [_receipt_doc(spec, when) for spec in receipts]
             assert (len(events), len(receipts)) == sizes, "a builder made other than it announced"
         event_params: list[Any] = []
+        listening = observers.wanted() is not None
+        observed: list[tuple[Any, ...]] = []
         position = event_seq - len(events)
         for ts, type_, action_id, effect_key, approval_id, data, *known in events:
             position += 1
+            if listening:
+                observed.append((position, ts, type_, action_id, effect_key, approval_id, data))
             text = known[0] if known else dumps_json(data)
             digest = event_hash(event_document(position, event_prev, event_time(ts), type_, action_id,
                                                effect_key, approval_id, text))
@@ -677,6 +681,8 @@ def _seal(events: Sequence[EventRow], receipts: Sequence[_ReceiptSpec], when: dt
                 cursor.execute(receipt_sql, receipt_params)
             cursor.execute(_HEAD_MOVE, head_params)
     _trusted_heads.append((seq, prev, event_seq, event_prev, head_mac, signing.key_id()))
+    if listening:
+        observers.after_commit(_db(), observed, docs)
     return docs
 
 

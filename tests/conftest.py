@@ -55,6 +55,9 @@ def _evidence_guard_lifted_for_flush(request):
     request.getfixturevalue("transactional_db")
     evidence_guard().install(connection)
     yield
+    from ctrlrun.testing import close_store_threads
+
+    close_store_threads()  # async calls' store threads close their connections before the flush
     evidence_guard().remove(connection)
 
 
@@ -89,27 +92,13 @@ def agent():
         yield principal
 
 
-class Clock:
-    """A clock the tests move by hand, so leases lapse without sleeping."""
-
-    def __init__(self) -> None:
-        self.now = dt.datetime(2026, 11, 29, 12, 0, tzinfo=dt.timezone.utc)
-
-    def __call__(self) -> dt.datetime:
-        return self.now
-
-    def advance(self, **kwargs: float) -> None:
-        self.now += dt.timedelta(**kwargs)
-
-
 @pytest.fixture
 def clock():
-    from ctrlrun import conf
+    """A clock the tests move by hand (``ctrlrun.testing.Clock``), so leases lapse without sleeping."""
+    from ctrlrun.testing import Clock, use_clock
 
-    fake = Clock()
-    conf.set_clock(fake)
-    yield fake
-    conf.set_clock(None)
+    with use_clock(Clock(dt.datetime(2026, 11, 29, 12, 0, tzinfo=dt.timezone.utc))) as fake:
+        yield fake
 
 
 @pytest.fixture
@@ -142,13 +131,10 @@ def refund(remote):
 def hook_registry():
     """Each test registers its own reconcile hooks (none from another test); the process-wide registry
     is restored afterwards."""
-    from ctrlrun.protect import _hooks  # the registry of reconcile hooks, by action name
+    from ctrlrun.testing import isolated_hooks
 
-    saved = dict(_hooks)
-    _hooks.clear()
-    yield _hooks
-    _hooks.clear()
-    _hooks.update(saved)
+    with isolated_hooks() as hooks:
+        yield hooks
 
 
 @pytest.fixture

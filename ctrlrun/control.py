@@ -1,0 +1,309 @@
+"""``Control``: everything one protected call is decided and recorded with, as one explicit object.
+
+A Control composes a policy, the database alias of its store, a clock, an approval provider, a
+lease, an approval lifetime and observers. ``ctrlrun.protect(...)`` without ``control=`` uses the
+*default* Control, built on first use from settings (``CTRLRUN_POLICY``, ``CTRLRUN_DATABASE``,
+...); a program that needs more than one - one per tenant or per policy file, a test with a
+scripted approver - builds its own and passes ``control=``, or calls it directly with a tool's
+name and JSON arguments (``call`` / ``acall``), the entry an agent framework or gateway needs.
+
+What is per Control: the policy (and its stored row, per database), the reconcile hooks
+registered for its actions, the database alias and clock its store phases run with
+(``scope()``), its approval provider and observers. What is per process: Django's settings and
+connections, the lease-renewal thread, and the store threads of async calls.
+"""
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import inspect
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from . import conf
+from .canonical import Principal
+from .errors import InvalidArgument
+from .kernel import drive
+from .kernel.steps import call_steps
+from .policy import Evaluation, Policy, load_policy
+
+__all__ = ["Control", "default_control", "reset_default"]
+
+
+def _timedelta(value: Any, what: str) -> dt.timedelta | None:
+    if value is None:
+        return None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        value = dt.timedelta(seconds=value)
+    if not isinstance(value, dt.timedelta) or value <= dt.timedelta(0):
+        raise InvalidArgument(f"Control({what}=...) must be a positive timedelta (or seconds), got {value!r}")
+    return value
+
+
+class Control:
+    """The explicit composition a protected call runs under.
+
+    ``policy``: a loaded ``Policy``, or a path to a policy file (read now), or None to read
+    ``CTRLRUN_POLICY`` (or ``./ctrlrun.yaml``) on first use. ``database``: the ``DATABASES`` alias
+    holding ctrlrun's tables (default: ``CTRLRUN_DATABASE``). ``clock``: a function returning an
+    aware UTC datetime, replacing the store's clock for this Control's calls (tests; see
+    ``ctrlrun.testing.Clock``). ``approvals``: an approval provider (default: the database's,
+    ``LocalApprovalProvider``). ``observers``: objects with ``on_event(event)`` and/or
+    ``on_receipt(receipt)``, told what this Control's calls wrote, after each commit.
+    """
+
+    def __init__(self, policy: Policy | str | Path | None = None, *, database: str | None = None,
+                 clock: Callable[[], dt.datetime] | None = None, approvals: Any = None,
+                 observers: Sequence[Any] = (), lease: dt.timedelta | float | None = None,
+                 approval_ttl: dt.timedelta | float | None = None, environment: str | None = None) -> None:
+        if isinstance(policy, (str, Path)):
+            policy = load_policy(policy, environment=environment or _environment())
+        elif policy is not None and not isinstance(policy, Policy):
+            raise InvalidArgument(f"Control(policy=...) must be a Policy or a path to a policy file, not "
+                                  f"{type(policy).__name__}")
+        if database is not None and (not isinstance(database, str) or not database.strip()):
+            raise InvalidArgument("Control(database=...) must name an entry of settings.DATABASES")
+        if clock is not None and not callable(clock):
+            raise InvalidArgument("Control(clock=...) must be a function returning the current time")
+        for observer in observers:
+            if not (callable(getattr(observer, "on_event", None)) or callable(getattr(observer, "on_receipt", None))):
+                raise InvalidArgument(f"Control(observers=...): {observer!r} has neither on_event() nor on_receipt()")
+        self._policy: Policy | None = policy
+        self._environment = environment
+        self._database = database
+        self._clock = clock
+        self._approvals = approvals
+        self._observers = tuple(observers)
+        self._lease = _timedelta(lease, "lease")
+        self._approval_ttl = _timedelta(approval_ttl, "approval_ttl")
+        self._stored: set[str] = set()  # database aliases holding this policy's row
+        self._lock = threading.Lock()
+        #: Reconcile hooks of this Control's actions, by action name.
+        self.hooks: dict[str, Callable[[str], Any]] = {}
+
+    @classmethod
+    def from_file(cls, path: str | Path | None = None, *, environment: str | None = None, **options: Any) -> Control:
+        """A Control whose policy is read from ``path`` (default: ``CTRLRUN_POLICY``, else
+        ``./ctrlrun.yaml``) now, so a broken file fails here, before any call."""
+        if path is None:
+            from . import standalone
+
+            standalone.configure_settings()
+            path = conf.policy_path()
+        return cls(Path(path), environment=environment, **options)
+
+    def __repr__(self) -> str:
+        source = self._policy.source if self._policy is not None else "settings"
+        return f"<Control policy={source!r} database={self.database!r}>"
+
+    # ------------------------------------------------------------------ composition
+
+    @property
+    def store(self) -> Any:
+        from . import store
+
+        return store
+
+    @property
+    def database(self) -> str:
+        return self._database or conf.database_alias()
+
+    @property
+    def clock(self) -> Callable[[], dt.datetime] | None:
+        return self._clock
+
+    @property
+    def approvals(self) -> Any:
+        if self._approvals is None:
+            from .approvals import LocalApprovalProvider
+
+            self._approvals = LocalApprovalProvider()
+        return self._approvals
+
+    @property
+    def observers(self) -> tuple[Any, ...]:
+        return self._observers
+
+    @property
+    def lease(self) -> dt.timedelta:
+        return self._lease or conf.lease()
+
+    @property
+    def approval_ttl(self) -> dt.timedelta:
+        return self._approval_ttl or conf.approval_ttl()
+
+    @property
+    def poll_interval(self) -> float:
+        return float(getattr(self.approvals, "poll_interval", None) or conf.approval_poll().total_seconds())
+
+    @property
+    def loaded_policy(self) -> Policy | None:
+        """The policy, once it is loaded and stored in this Control's database (else None)."""
+        policy = self._policy
+        if policy is None or (self._database or conf.database_alias()) not in self._stored:
+            return None
+        return policy
+
+    @property
+    def policy(self) -> Policy:
+        """The policy (loading it, and storing its row, if this is the first use)."""
+        return self.loaded_policy or self.load()
+
+    @contextlib.contextmanager
+    def scope(self) -> Iterator[None]:
+        """Store calls inside the block use this Control's database, clock and observers."""
+        from . import observers
+
+        with conf.scoped(self._database, self._clock), observers.observing(self._observers):
+            yield
+
+    @property
+    def policy_hash(self) -> str:
+        return self._read().hash
+
+    def _read(self) -> Policy:
+        """The policy, read from settings' file if none was given (nothing touches the store)."""
+        if self._policy is None:
+            from . import standalone
+
+            standalone.configure_settings()
+            self._policy = load_policy(conf.policy_path(), environment=self._environment or _environment())
+        return self._policy
+
+    def load(self) -> Policy:
+        """Read the policy (if not given), make the store ready, store the policy's row. Idempotent."""
+        from . import standalone
+
+        with self._lock:
+            policy = self._read()  # the policy first: a broken one creates nothing
+            standalone.ensure_ready()
+            alias = self._database or conf.database_alias()
+            if alias not in self._stored:
+                with self.scope():
+                    self.store.ensure_policy(policy.hash, policy.schema, policy.source, policy.text,
+                                             policy.environment)
+                self._stored.add(alias)
+        return policy
+
+    # ------------------------------------------------------------------ approvals (store phases)
+
+    def request_approval(self, call: Any) -> Any:
+        return self.approvals.request(call, self.approval_ttl)
+
+    def approval_state(self, request_id: str, last: Any) -> tuple[Any, dt.datetime]:
+        """The request as it stands (or ``last``, if the provider cannot say), and the store's time."""
+        return self.approvals.check(request_id) or last, self.store.now()
+
+    # ------------------------------------------------------------------ hooks
+
+    def register_hook(self, action: str, hook: Callable[[str], Any]) -> None:
+        self.hooks[action] = hook
+
+    def hook_for(self, action: str) -> Callable[[str], Any] | None:
+        return self.hooks.get(action)
+
+    # ------------------------------------------------------------------ entry points
+
+    def protect(self, name: str, **options: Any) -> Callable[[Any], Any]:
+        """``ctrlrun.protect(name, ..., control=self)``."""
+        from .protect import protect
+
+        return protect(name, control=self, **options)
+
+    def evaluate(self, name: str, arguments: Mapping[str, Any]) -> Evaluation:
+        """What the policy says about ``name`` with these arguments; writes nothing."""
+        from .canonical import canonical_arguments
+
+        return self._read().evaluate(name, canonical_arguments(_arguments(name, arguments)))
+
+    def call(self, name: str, arguments: Mapping[str, Any], executor: Callable[[], Any], *,
+             principal: Principal | str | None = None, **options: Any) -> Any:
+        """Guard one call of ``name`` with JSON ``arguments``: the policy decides, the effect key
+        dedupes, ``executor()`` (no arguments) acts. Returns what the executor returns.
+
+        ``principal`` is who acts (a ``Principal`` or an agent name; default: ``ctrlrun.context()``).
+        ``options`` are ``protect``'s: ``effect``, ``resource``, ``lease``, ``reconcile``,
+        ``reconcile_eagerly``, ``wait``.
+        """
+        steps, awaitable = self._steps(name, arguments, executor, principal, options)
+        if awaitable:
+            raise InvalidArgument(f"{name}: the executor is an 'async def'; use 'await control.acall(...)'")
+        return drive.run_sync(steps, self)
+
+    async def acall(self, name: str, arguments: Mapping[str, Any], executor: Callable[[], Any], *,
+                    principal: Principal | str | None = None, **options: Any) -> Any:
+        """``call`` from an event loop: the executor may be ``async def`` (awaited) or a plain
+        function (run in a thread); the store is never waited on in the loop."""
+        steps, _ = self._steps(name, arguments, executor, principal, options)
+        return await drive.run_async(steps, self)
+
+    def _steps(self, name: str, arguments: Mapping[str, Any], executor: Callable[[], Any],
+               principal: Principal | str | None, options: dict[str, Any]) -> tuple[Any, bool]:
+        from .protect import plan_for
+
+        plan = plan_for(name, **options)
+        if not callable(executor):
+            raise InvalidArgument(f"{name}: the executor must be callable (a function of no arguments), "
+                                  f"not {type(executor).__name__}")
+        if inspect.isgeneratorfunction(executor) or inspect.isasyncgenfunction(executor):
+            raise InvalidArgument(f"{name}: the executor is a generator; give a plain function")
+        if isinstance(principal, str):
+            if not principal.strip():
+                raise InvalidArgument(f"{name}: principal must name the agent that acts")
+            principal = Principal(agent=principal)
+        elif principal is not None and not isinstance(principal, Principal):
+            raise InvalidArgument(f"{name}: principal must be a ctrlrun.Principal or an agent name, not "
+                                  f"{type(principal).__name__}")
+        given = _arguments(name, arguments)
+        if plan.reconcile is not None:
+            self.register_hook(name, plan.reconcile)
+        awaitable = inspect.iscoroutinefunction(executor)
+        steps = call_steps(self, plan, lambda: given, lambda action: executor(), awaitable=awaitable,
+                           principal=principal)
+        return steps, awaitable
+
+
+def _arguments(name: str, arguments: Mapping[str, Any]) -> dict[str, Any]:
+    if not isinstance(arguments, Mapping):
+        raise InvalidArgument(f"{name}: arguments must be a mapping of names to JSON values, not "
+                              f"{type(arguments).__name__}")
+    for key in arguments:
+        if not isinstance(key, str) or not key:
+            raise InvalidArgument(f"{name}: argument names must be non-empty strings, got {key!r}")
+        if key == "data_scope":
+            raise InvalidArgument(f"{name}: 'data_scope' is reserved and cannot be an argument name")
+    return dict(arguments)
+
+
+def _environment() -> str:
+    from . import standalone
+
+    standalone.configure_settings()
+    return conf.environment()
+
+
+_default: Control | None = None
+_default_lock = threading.Lock()
+
+
+def default_control() -> Control:
+    """The process-wide Control behind ``protect(...)`` without ``control=`` (built on first use)."""
+    global _default
+    if _default is None:
+        with _default_lock:
+            if _default is None:
+                from .protect import _hooks
+
+                control = Control()
+                control.hooks = _hooks  # the decorators' registry, filled at import time
+                _default = control
+    return _default
+
+
+def reset_default() -> None:
+    """Forget the default Control (its policy is read again on the next call)."""
+    global _default
+    _default = None
+

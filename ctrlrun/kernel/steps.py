@@ -1,0 +1,357 @@
+"""One protected call, written once: a generator that yields what it needs done and does no I/O.
+
+Design
+------
+``call_steps`` is the whole pipeline of a protected call. It decides everything itself (the
+principal, the policy's verdict, the effect key, what an outcome means) and, for every piece of
+I/O, *yields an instruction* and receives its result (or has its exception thrown back in):
+
+- ``Phase(fn, *args)``: one store operation - a short transaction or a read. The synchronous
+  driver calls it in place; the asynchronous one runs it on ctrlrun's store threads, so the event
+  loop never waits on the database;
+- ``Run(...)``: the user's function, under its attempt's lease (the driver renews it meanwhile);
+- ``Ask(hook, key)``: a reconcile hook (sync or async), answering a ``HookAnswer``;
+- ``Pause(seconds)``: waiting for a person (``time.sleep`` or ``asyncio.sleep``).
+
+So the sync and async paths cannot drift: they are the same steps, driven twice (``drive.py``).
+A call cancelled while its async function runs has ``Abandoned`` thrown in at ``Run``: nothing is
+recorded, the record stays held, its lease lapses, and the sweeper marks it ambiguous - exactly
+what happens to a worker that dies mid-call.
+
+The order of one call:
+
+1. the principal (``context()``, or the programmatic entry's) - none: ``ActionDenied(no_principal)``,
+   nothing recorded;
+2. the Control's policy (loaded and stored on first use);
+3. the arguments bound and canonicalised, the Action, its resource and effect key (a template
+   error is recorded and raised as ``EffectKeyError``);
+4. the policy's verdict: deny - recorded, ``ActionDenied``; approve without a presented approval -
+   a request through the Control's approval provider, then ``ApprovalRequired`` or (``wait=True``)
+   pauses until a person answers; allow (or an approval presented) - take the key (one phase),
+   run the function with no transaction open, record the outcome (one phase);
+5. a refused reservation that meets an AMBIGUOUS record asks the reconcile hook first (the
+   *blocking* trigger) and takes the key once more if the hook moved it; with
+   ``reconcile_eagerly=True`` the hook is asked right after this call's own ambiguous outcome.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import inspect
+import logging
+from collections.abc import Callable, Generator, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from ..canonical import Action, Principal, Template, canonical_arguments, evidence_text, evidence_time
+from ..errors import ActionDenied, ApprovalRequired, ApprovalTimeout, EffectKeyError, InvalidArgument, NotExecuted
+from ..states import Decision, Result
+from .context import current_principal, presented_approval
+
+logger = logging.getLogger("ctrlrun")
+
+__all__ = ["Plan", "Phase", "Run", "Ask", "Pause", "Abandoned", "call_steps", "Steps"]
+
+
+# --------------------------------------------------------------------------- instructions
+
+
+@dataclass(frozen=True)
+class Phase:
+    """A store operation: ``fn(*args, **kwargs)`` inside the running Control's scope."""
+
+    fn: Callable[..., Any]
+    args: tuple[Any, ...] = ()
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Run:
+    """The user's function, for one attempt: ``invoke(action)``; ``awaitable`` when it is ``async def``."""
+
+    invoke: Callable[[Action], Any]
+    action: Action
+    awaitable: bool
+    call: Any  # store.Call as reserved (None for an unkeyed call: no lease to renew)
+    attempt: int
+    lease: dt.timedelta
+
+
+@dataclass(frozen=True)
+class Ask:
+    """A reconcile hook, asked about ``effect_key``; the driver answers a ``HookAnswer``."""
+
+    hook: Callable[[str], Any]
+    effect_key: str
+
+
+@dataclass(frozen=True)
+class Pause:
+    seconds: float
+
+
+class Abandoned(BaseException):
+    """Thrown in at ``Run`` when the caller went away mid-function (an async task cancelled): the
+    attempt's outcome is unknown and nothing may be recorded for it here."""
+
+
+Steps = Generator[Any, Any, Any]
+
+
+# --------------------------------------------------------------------------- the plan
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One guarded action's wiring, fixed where it is declared (decorator or programmatic entry)."""
+
+    name: str
+    effect: Template | None = None
+    resource: Template | None = None
+    lease: dt.timedelta | None = None
+    reconcile: Callable[[str], Any] | None = None
+    reconcile_eagerly: bool = False
+    wait: bool = False
+
+
+_warned: set[tuple[str, str]] = set()
+
+
+def _warn_once(kind: str, name: str, message: str, *args: Any) -> None:
+    if (kind, name) not in _warned:
+        _warned.add((kind, name))
+        logger.warning(message, *args)
+
+
+def _choose(plan: Plan, what: str, mine: Template | None, policy: Template | None) -> Template | None:
+    if mine is not None and policy is not None and mine.text != policy.text:
+        _warn_once(what, plan.name, "%s: protect(%s=%r) overrides the policy's %r", plan.name, what,
+                   mine.text, policy.text)
+    return mine or policy
+
+
+def _effect_key(plan: Plan, effect: Template | None, action: Action) -> str | None:
+    if effect is None:
+        if plan.reconcile is not None:
+            _warn_once("unkeyed", plan.name, "%s has a reconcile hook but no effect key; the hook is never called",
+                       plan.name)
+        return None
+    values: dict[str, Any] = dict(action.arguments)
+    if "resource" in effect.names:
+        if "resource" in action.arguments:
+            raise EffectKeyError(
+                f"{effect.text!r}: '{{resource}}' is ambiguous: the function also has an argument named "
+                f"'resource'; rename one of them"
+            )
+        if action.resource is None:
+            raise EffectKeyError(f"{effect.text!r}: '{{resource}}' is used but the action has no resource")
+        values["resource"] = action.resource
+    key = effect.render(values)
+    if key.startswith("policy:"):
+        raise EffectKeyError(f"{effect.text!r} renders {key!r}; effect keys starting 'policy:' are reserved")
+    return key
+
+
+def _denial_message(name: str, reason: str) -> str:
+    if reason == "unknown_action":
+        return (f"{name} denied: unknown_action (the policy has no entry for {name!r}; add one "
+                f"under 'actions:' to let it run)")
+    return f"{name} denied: {reason}"
+
+
+# --------------------------------------------------------------------------- the call
+
+
+def call_steps(control: Any, plan: Plan, bind: Callable[[], Mapping[str, Any]], invoke: Callable[[Action], Any],
+               *, awaitable: bool = False, principal: Principal | None = None) -> Steps:
+    """The steps of one call of ``plan`` under ``control``; its value is the function's.
+
+    ``bind()`` gives the call's arguments by name (defaults applied); ``invoke(action)`` runs the
+    function on a fresh copy of the action's canonical arguments.
+    """
+    principal = principal or current_principal()
+    if principal is None:
+        logger.warning("%s refused: no principal (wrap the call in ctrlrun.context(agent=...))", plan.name)
+        raise ActionDenied(
+            f"{plan.name}: no principal is available; wrap the call in 'with ctrlrun.context(agent=...)' "
+            f"naming the agent that acts",
+            reason="no_principal",
+        )
+    policy = control.loaded_policy
+    if policy is None:
+        policy = yield Phase(control.load)
+    store = control.store
+    # Keys and the hash come from the same canonical values: Color.RED and "red" are one key.
+    arguments = canonical_arguments(bind())
+    entry = policy.entry(plan.name)
+    effect = _choose(plan, "effect", plan.effect, entry.effect if entry else None)
+    resource_tpl = _choose(plan, "resource", plan.resource, entry.resource if entry else None)
+    resource = resource_tpl.render(arguments, error=InvalidArgument) if resource_tpl else None
+    action = Action(plan.name, arguments, principal, resource=resource, environment=policy.environment)
+    try:
+        effect_key = _effect_key(plan, effect, action)
+    except EffectKeyError as exc:
+        call = store.Call(action, Decision.DENY, "effect_key_error", policy.hash, None)
+        yield Phase(store.record_denial, (call, {"reason": "effect_key_error", "effect": effect.text if effect else None,
+                                                 "error": str(exc)}), {"with_policy": False})
+        raise
+    run = _Running(control, plan, policy, action, effect_key, invoke, awaitable)
+    return (yield from run.decide_and_run(presented_approval()))
+
+
+@dataclass(frozen=True)
+class _Running:
+    """The parts of one call fixed once its action is known."""
+
+    control: Any
+    plan: Plan
+    policy: Any
+    action: Action
+    effect_key: str | None
+    invoke: Callable[[Action], Any]
+    awaitable: bool
+
+    @property
+    def name(self) -> str:
+        return self.plan.name
+
+    def decide_and_run(self, presented: str | None) -> Steps:
+        store = self.control.store
+        evaluation = self.policy.evaluate(self.name, self.action.arguments)
+        call = store.Call(self.action, evaluation.decision, evaluation.reason, self.policy.hash, self.effect_key)
+        if evaluation.decision is Decision.DENY:
+            yield Phase(store.record_denial, (replace(call, approval_id=presented), {"reason": evaluation.reason}))
+            raise ActionDenied(_denial_message(self.name, evaluation.reason), reason=evaluation.reason,
+                               action_id=self.action.action_id)
+        if evaluation.decision is Decision.APPROVE and presented is None:
+            request = yield Phase(self.control.request_approval, (call,))
+            if self.plan.wait:
+                return (yield from self.wait_then_run(request))
+            raise ApprovalRequired(
+                f"{self.name} requires approval: run 'ctrlrun approve {request.approval_id}' (or "
+                f"'python manage.py approve {request.approval_id}'), then retry inside "
+                f"ctrlrun.with_approval('{request.approval_id}')",
+                request_id=request.approval_id, action_id=self.action.action_id,
+            )
+        return (yield from self.take_and_run(call, presented))
+
+    def wait_then_run(self, request: Any) -> Steps:
+        """``wait=True``: pause until a person answers or the request expires, then run under it."""
+        current, now = request, None
+        while True:
+            current, now = yield Phase(self.control.approval_state, (request.approval_id, current))
+            if current.status != "pending" or now >= current.expires_at:
+                break
+            yield Pause(self.control.poll_interval)
+        if current.status in ("pending", "expired") or (current.status == "granted" and now >= current.expires_at):
+            yield Phase(self.control.store.expire_if_due, (request.approval_id,))
+            raise ApprovalTimeout(
+                f"approval request {request.approval_id} for {self.name} was not answered before it expired at "
+                f"{evidence_time(current.expires_at)}; the call did not run. Ask again",
+                request_id=request.approval_id,
+            )
+        # The same action, now under the person's answer (a denial is refused by the store, recorded).
+        return (yield from self.decide_and_run(request.approval_id))
+
+    def take_and_run(self, call: Any, presented: str | None) -> Steps:
+        store, plan = self.control.store, self.plan
+        lease = plan.lease or self.control.lease
+        key = call.effect_key
+        if key is None:
+            taken = yield Phase(store.begin_unkeyed, (call, presented))
+        else:
+            taken = yield Phase(store.reserve, (call, lease), {
+                "opening": True, "hold_ambiguous": plan.reconcile is not None, "presented": presented})
+            if isinstance(taken, store.Refused) and not taken.final:
+                assert plan.reconcile is not None
+                try:
+                    answer = yield Ask(plan.reconcile, key)
+                    yield Phase(store.record_reconciliation, (key, call.action.action_id, f"reconcile:{self.name}",
+                                                              "blocking", answer), {"attempt": taken.attempt})
+                except BaseException:
+                    # The hook never answered, or its answer could not be recorded: the refusal the
+                    # caller gets still leaves its receipt (if the store takes it).
+                    yield from _best_effort(Phase(store.record_refusal, (taken,)))
+                    raise
+                taken = yield Phase(store.reserve, (call, lease), {
+                    "opening": False, "hold_ambiguous": False, "presented": presented})
+        if isinstance(taken, store.Refused):
+            raise taken.error
+        call, attempt = taken.call, taken.attempt
+        try:
+            value = yield Run(self.invoke, call.action, self.awaitable, call if key is not None else None, attempt,
+                              lease)
+        except Abandoned:
+            raise  # held: its lease lapses and the sweeper marks it ambiguous, as for a worker that died
+        except NotExecuted as exc:
+            yield from self.finish(call, attempt, Result.FAILED, evidence_text(str(exc)), None, exc)
+            raise
+        except BaseException as exc:
+            yield from self.finish(call, attempt, Result.AMBIGUOUS, evidence_text(f"{type(exc).__name__}: {exc}"),
+                                   None, exc)
+            raise
+        if inspect.isawaitable(value):
+            # A synchronous wrapper around an async function: nothing of its body has run yet, and
+            # "committed" would be a lie. Close it unrun, record that it did not execute, refuse.
+            close = getattr(value, "close", None)
+            if close is not None:
+                close()
+            problem = (f"{self.name}: the protected function returned an awaitable ({type(value).__name__}), so its "
+                       f"body never ran here; protect the async function itself, or run it to completion inside "
+                       f"a synchronous one")
+            yield from self.finish(call, attempt, Result.FAILED, problem, None, None)
+            raise InvalidArgument(problem)
+        yield from self.finish(call, attempt, Result.COMMITTED, None, value, None)
+        return value
+
+    def finish(self, call: Any, attempt: int, result: Result, error: str | None, value: Any,
+               exc: BaseException | None) -> Steps:
+        """Record the outcome; raise the store's refusal where the caller must not see success."""
+        store, plan = self.control.store, self.plan
+        key = call.effect_key
+        eager = (result is Result.AMBIGUOUS and key is not None and plan.reconcile_eagerly
+                 and isinstance(exc, Exception))
+        try:
+            written = yield Phase(store.record_outcome, (call, attempt, result), {
+                "error": error, "value": value, "write_receipt": not eager})
+        except Exception as failure:  # the database, or anything else: the outcome is not recorded
+            if result is Result.AMBIGUOUS:
+                logger.error("%s: the ambiguous outcome of %s could not be recorded; %s", self.name, key or "the call",
+                             "the lease will lapse and the sweeper will mark it (and write its receipt)" if key else
+                             "its opening events are recorded, its receipt is not", exc_info=True)
+                return  # the caller gets the function's own exception
+            # Never report success (or a clean failure) that was not recorded.
+            raise store.StoreUnavailable(
+                f"{self.name} ran, but its outcome could not be recorded ({failure.__cause__ or failure}). Treat it as "
+                f"ambiguous: {'effect ' + repr(key) + ' stays held until its lease lapses, then ' if key else ''}"
+                f"'ctrlrun reconcile' marks it ambiguous and asks the remote; do not retry blindly"
+            ) from failure
+        if not written.accepted:
+            if result is not Result.AMBIGUOUS:
+                raise written.refusal  # type: ignore[misc]
+            return
+        if eager:
+            assert key is not None and plan.reconcile is not None
+            try:
+                answer = yield Ask(plan.reconcile, key)
+                yield Phase(store.record_reconciliation, (key, call.action.action_id, f"reconcile:{self.name}",
+                                                          "eager", answer),
+                            {"attempt": attempt, "receipt_for": call, "receipt_attempt": attempt,
+                             "receipt_error": error})
+            except Exception:
+                # The ambiguous outcome is recorded; only the hook's answer is not. The call still gets its
+                # receipt, and the caller the function's own exception.
+                logger.error("%s: the eager reconcile of %s could not be recorded; it stays ambiguous", self.name,
+                             key, exc_info=True)
+                yield from _best_effort(Phase(store.write_ambiguous_receipt, (call, attempt, error or "")))
+            except BaseException:
+                yield from _best_effort(Phase(store.write_ambiguous_receipt, (call, attempt, error or "")))
+                raise
+
+
+def _best_effort(phase: Phase) -> Steps:
+    """Write evidence on a path that is already failing: a second failure is logged, never raised over
+    the first."""
+    try:
+        yield phase
+    except Exception:
+        logger.error("ctrlrun could not write the evidence of a failing call", exc_info=True)
