@@ -3,7 +3,7 @@
 Each test is real processes on real databases: a plain script (no Django project, cwd in a folder
 holding ctrlrun.yaml) makes protected calls and so creates its store; then ``python manage.py
 migrate`` is run from the repository root with ``DATABASE_URL`` pointing at that store, as the
-README says; the console's groups must then exist with their permissions, and the script's receipts
+docs/console.md says; the console's groups must then exist with their permissions, and the script's receipts
 must still be there with their chain intact (read by the console's ``manage.py receipts`` and by the
 script folder's ``ctrlrun receipts``).
 
@@ -103,7 +103,7 @@ def ok(done: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
 
 
 def manage(*args: str, database_url: str, key_file: Path) -> subprocess.CompletedProcess:
-    """``python manage.py ARGS`` from the repository root on the given store, as the README says:
+    """``python manage.py ARGS`` from the repository root on the given store, as docs/console.md says:
     DATABASE_URL at the store, and CTRLRUN_SIGNING_KEY the script's key (its key file's text): the
     console has a SECRET_KEY of its own, and a key derived from it would not be the store's."""
     env = clean_env(DATABASE_URL=database_url, CTRLRUN_SIGNING_KEY=key_file.read_text().strip(),
@@ -173,7 +173,7 @@ def test_a_scripts_sqlite_store_becomes_a_console_database_with_one_migrate(tmp_
 
 @pytest.mark.slow
 def test_the_demos_store_becomes_a_console_database_with_one_migrate(tmp_path):
-    """`manage.py demo` keeps its store in DIR/.ctrlrun/state.db (the README says to browse it in the
+    """`manage.py demo` keeps its store in DIR/.ctrlrun/state.db (docs/console.md says to browse it in the
     console): one migrate makes it a console database, and its receipts verify there."""
     demo_dir = tmp_path / "demo"
     env = clean_env()

@@ -44,7 +44,7 @@ def recipe() -> tuple[str, str, str]:
     """(settings lines, template path, template text) from the README's 'In a Django project' section."""
     readme = (REPO / "README.md").read_text()
     section = readme.split("## In a Django project\n", 1)[1].split("\n## ", 1)[0]
-    settings = re.search(r"```python\n(# settings\.py\n.*?)```", section, re.S)
+    settings = re.search(r"```python(?: fragment)?\n(# settings\.py\n.*?)```", section, re.S)
     template = re.search(r"```html\+django\n(.*?)```", section, re.S)
     path = re.search(r"save this\s+as `([^`]+\.html)`", section)
     assert settings and template and path, "the README's Django recipe has no settings block, template or path"
