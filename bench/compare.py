@@ -1,17 +1,27 @@
 #!/usr/bin/env python3
-"""This project's ctrlrun beside the reference implementation (PyPI ``ctrlrun==0.12.2``), one run.
+"""This project's ctrlrun beside the reference (PyPI ``ctrlrun==0.12.2``) and beside the floor, one run.
 
-    python bench/compare.py                                   # both databases, default sizes
+    python bench/compare.py                                   # both databases, every scenario
     python bench/compare.py --db sqlite --calls 100 --rounds 3
-    python bench/compare.py --reference-python /path/to/venv/bin/python
+    python bench/compare.py --db sqlite --scenarios allowed,allowed_async
+    python bench/compare.py --reference-python /path/to/venv/bin/python --floor-script /path/to/floor.py
 
 The driver runs every measurement twice, in separate processes: once with this interpreter and
-``PYTHONPATH`` set to the repository root (so ``/work/main``'s ``ctrlrun`` is imported), once with
+``PYTHONPATH`` set to the repository root (so this checkout's ``ctrlrun`` is imported), once with
 ``--reference-python`` (a virtualenv holding the reference package). Each run is this same file
 in worker mode, ``compare.py --worker SCENARIO --dir DIR ...``, which imports whichever
-``ctrlrun`` its interpreter has and prints one JSON line. Every worker gets a fresh empty folder
-holding only ``ctrlrun.yaml`` (the embedded SQLite store lands in its ``.ctrlrun/``), and on
-PostgreSQL a fresh database, dropped afterwards.
+``ctrlrun`` its interpreter has, tells which one it is (ours has ``ctrlrun.standalone``; both have
+``ctrlrun.Control``) and prints one JSON line. Every worker gets a fresh empty folder holding only
+``ctrlrun.yaml`` (the embedded SQLite store lands in its ``.ctrlrun/``), and on PostgreSQL a fresh
+database, dropped afterwards.
+
+The floor (``--floor-script``, default ``../shared/bench/floor.py`` beside the repository) does an
+allowed call's durable writes through the raw driver and nothing else (``floor_allowed``: two
+commits; ``floor_refused``: one). It runs on each database measured, with the same ``--calls`` and
+``--rounds``, in a scratch folder (its SQLite file) or a scratch PostgreSQL database of its own,
+in every pass. Each per-call row reads ours and the reference against it (``ours/floor``,
+``ref/floor``): allowed and approval against ``floor_allowed``, duplicate and denied against
+``floor_refused``.
 
 Scenarios (per-call cost: mean µs per call in each round, median over ``--rounds``):
 
@@ -21,11 +31,22 @@ Scenarios (per-call cost: mean µs per call in each round, median over ``--round
 - ``denied``     a call the policy denies (``ActionDenied``);
 - ``approval``   an approval presented: request (``ApprovalRequired``) and grant are untimed, only
                  the call inside ``with_approval(request_id)`` is timed;
+- ``allowed_async``, ``duplicate_async``, ``denied_async``, ``approval_async``
+                 the same, with the protected function an ``async def``: the worker awaits the
+                 calls one after another inside one ``asyncio.run()``, so the cost includes the
+                 async driver's hops to its store threads (the grant runs in a thread, untimed).
+                 The reference refuses ``async def`` (at decoration): "n/a (refuses async def)";
+- ``allowed_async_concurrent``
+                 ``--calls`` allowed calls on distinct keys at once (``asyncio.gather``), per
+                 round; µs per call is the round's wall time / calls. Ours only;
 - ``contention`` ``--workers`` OS processes race over the same ``--keys`` keys (half walk them
                  forwards, half backwards); throughput is attempts/s from the common start to the
                  last worker's end, median over ``--races`` races (fresh keys each, same processes
                  and store), and every key must have executed exactly once (an append-only log
                  under ``flock``).
+
+A scenario is written once, as a generator that yields the calls it wants made (``_Session``);
+a sync driver and an async driver make them, so both paths measure the same steps.
 
 The reference on PostgreSQL: its ``protect()`` ignores ``CTRLRUN_STORE_URL`` / ``DATABASE_URL``
 and always uses SQLite, so its PostgreSQL runs go through the measurement shim in
@@ -35,21 +56,32 @@ Approvals are granted through each implementation's own surface: ours with
 ``ctrlrun.store.answer_approval`` (what ``ctrlrun approve ID --by NAME`` calls), the reference's
 with its ``ctrlrun approve ID`` command, invoked in-process (click), against the same store.
 
-On a busy machine use ``--passes 3``: every measurement is repeated, alternating which side runs
-first, and the median is reported with each pass's value beside it.
+On a busy machine use ``--passes 3``: every measurement (the floor too) is repeated, alternating
+which side runs first (the floor: before the others in one pass, after them in the next), and the
+median is reported, with each pass's value listed under the table.
 
-Targets (from the issue) are printed as met / not met; they never change the exit status. The
-exit status is non-zero only when a measurement could not be made or a correctness check failed
-(a duplicate ran, a denied call ran, a key executed twice under contention).
+The output is Markdown, to paste into an issue note: one row per (scenario, db), columns
+scenario | db | ours µs | reference µs | ours/ref | floor µs | ours/floor | ref/floor | target;
+contention in a table of its own; then the machine line (Python, SQLite and PostgreSQL versions,
+CPU count) and how each number was made.
+
+Targets (from the issue) are printed as met / not met; they never change the exit status: against
+the reference (``TARGETS``), and an allowed call, sync and async, <= 3x the floor on SQLite and
+<= 1.5x on PostgreSQL (``FLOOR_TARGETS``). The exit status is non-zero only when a measurement
+could not be made (ours, the reference when it is installed, the floor when its script exists) or
+a correctness check failed (a duplicate ran, a denied call ran, a key executed twice under
+contention).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import fcntl
 import json
 import os
 import platform
+import re
 import shutil
 import statistics
 import subprocess
@@ -58,7 +90,7 @@ import tempfile
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, Generator, Iterator, NamedTuple
 from urllib.parse import urlsplit, urlunsplit
 
 HERE = Path(__file__).resolve()
@@ -83,7 +115,12 @@ actions:
 """
 
 ALLOWED, APPROVED, DENIED_AMOUNT = 100, 500_000, 10**9
-CALL_SCENARIOS = ("allowed", "duplicate", "denied", "approval")
+SYNC_SCENARIOS = ("allowed", "duplicate", "denied", "approval")
+# The same calls to an `async def`, awaited one after another in one asyncio.run(); and allowed calls made
+# all at once (asyncio.gather). The reference refuses `async def`: its cell reads "n/a".
+ASYNC_SCENARIOS = (*(f"{s}_async" for s in SYNC_SCENARIOS), "allowed_async_concurrent")
+CALL_SCENARIOS = (*SYNC_SCENARIOS, *ASYNC_SCENARIOS)
+DEFAULT_SCENARIOS = (*CALL_SCENARIOS, "contention")
 
 # (scenario, db) -> (comparison, bound). µs: ours/reference must be <= bound; contention:
 # ours/reference must be >= bound. "duplicate and denied <= 0.5x" carries no database in the
@@ -99,9 +136,25 @@ TARGETS: dict[tuple[str, str], tuple[str, float]] = {
     ("contention", "postgresql"): (">=", 2.0),
 }
 
+# (scenario, db) -> bound: ours/floor must be <= bound (the issue: an allowed call <= 3x the floor on
+# SQLite, <= 1.5x on PostgreSQL, sync and async).
+FLOOR_TARGETS: dict[tuple[str, str], float] = {
+    (scenario, db): bound for scenario in ("allowed", "allowed_async")
+    for db, bound in (("sqlite", 3.0), ("postgresql", 1.5))
+}
+
+
+def floor_field(scenario: str) -> str | None:
+    """Which of the floor's medians a scenario is read against: an allowed (or approved) call makes the
+    floor's two commits, a refusal (duplicate, denied) its one."""
+    base = scenario.split("_async")[0]
+    return {"allowed": "floor_allowed", "approval": "floor_allowed", "duplicate": "floor_refused",
+            "denied": "floor_refused"}.get(base)
+
+
 # Variables that would point either implementation at another store or project.
 SCRUBBED_ENV = ("CTRLRUN_STORE_URL", "DATABASE_URL", "CTRLRUN_STATE", "CTRLRUN_CONFIG", "CTRLRUN_ENVIRONMENT",
-                "DJANGO_SETTINGS_MODULE", "PYTHONPATH", "PYTHONHOME", "REFPG_URL")
+                "DJANGO_SETTINGS_MODULE", "PYTHONPATH", "PYTHONHOME", "REFPG_URL", "FLOOR_URL")
 
 
 # =========================================================================== worker side
@@ -126,7 +179,10 @@ def _describe(ctrlrun: Any) -> dict[str, Any]:
 
 
 def _flavour(ctrlrun: Any) -> str:
-    return "reference" if hasattr(ctrlrun, "Control") else "ours"
+    """"ours" or "reference", by a module only ours has (both now have ``ctrlrun.Control``)."""
+    from importlib.util import find_spec
+
+    return "ours" if find_spec("ctrlrun.standalone") is not None else "reference"
 
 
 def _store_in_use(ctrlrun: Any) -> str:
@@ -169,87 +225,195 @@ def _granter(ctrlrun: Any):
     return grant
 
 
+class _Calls(NamedTuple):
+    """A scenario's request to its driver: make these protected calls and send back, for each, its
+    result or the ctrlrun refusal it raised. One call is awaited directly; several are made at once
+    (``asyncio.gather``) by the async driver, in turn by the sync one."""
+
+    calls: list[dict[str, Any]]
+    approval: str | None = None  # made inside ``with_approval(approval)``
+
+
+class _Grant(NamedTuple):
+    """A scenario's request to its driver: grant this approval request (untimed)."""
+
+    request_id: str
+
+
+class _Session:
+    """One worker's measurement, written once as a generator and driven by the sync or the async
+    driver: it yields ``_Calls`` / ``_Grant`` and times the yields, so both drivers run the same
+    scenario and the async per-call cost includes the driver's hops to its store threads."""
+
+    def __init__(self, ctrlrun: Any, scenario: str, calls: int, rounds: int) -> None:
+        self.ctrlrun, self.calls, self.rounds = ctrlrun, calls, rounds
+        self.concurrent = scenario.endswith("_concurrent")
+        self.base = scenario.split("_async")[0]
+        self.expected_runs = 0
+        self.per_round: list[float] = []
+        self.clock = time.perf_counter
+
+    def session(self) -> Generator[Any, Any, None]:
+        run = {"allowed": self.allowed, "duplicate": self.duplicate, "denied": self.denied,
+               "approval": self.approval}[self.base]
+        # The first call configures the store (migrations) untimed; then the scenario's own path is warmed.
+        self._check("warmup", (yield _Calls([{"payment_id": "warmup", "amount": 1}])), None)
+        self.expected_runs += 1
+        yield from run("w", max(3, min(self.calls, 20)))
+        for round_no in range(self.rounds):
+            self.per_round.append((yield from run(f"r{round_no}", self.calls)) / self.calls * 1e6)
+
+    def _make(self, tag: str, n: int, amount: int) -> Generator[Any, Any, list[Any]]:
+        batch = [{"payment_id": f"{tag}_{i}", "amount": amount} for i in range(n)]
+        if self.concurrent:
+            return (yield _Calls(batch))
+        outcomes: list[Any] = []
+        for call in batch:
+            outcomes += yield _Calls([call])
+        return outcomes
+
+    def _check(self, tag: str, outcomes: list[Any], expected: type | None) -> None:
+        for n, outcome in enumerate(outcomes):
+            refused = isinstance(outcome, BaseException)
+            if expected is None and refused:
+                raise SystemExit(f"{tag}_{n}: an allowed call was refused: {outcome!r}")
+            if expected is not None and not isinstance(outcome, expected):
+                raise SystemExit(f"{tag}_{n}: expected {expected.__name__}, got {outcome!r}"
+                                 + ("" if refused else " (the call ran)"))
+
+    def _timed(self, tag: str, n: int, amount: int, expected: type | None) -> Generator[Any, Any, float]:
+        start = self.clock()
+        outcomes = yield from self._make(tag, n, amount)
+        elapsed = self.clock() - start
+        self._check(tag, outcomes, expected)
+        return elapsed
+
+    def allowed(self, tag: str, n: int) -> Generator[Any, Any, float]:
+        self.expected_runs += n
+        return (yield from self._timed(tag, n, ALLOWED, None))
+
+    def duplicate(self, tag: str, n: int) -> Generator[Any, Any, float]:
+        self._check(tag, (yield from self._make(tag, n, ALLOWED)), None)  # untimed: commit the keys
+        self.expected_runs += n
+        return (yield from self._timed(tag, n, ALLOWED, self.ctrlrun.DuplicateEffect))
+
+    def denied(self, tag: str, n: int) -> Generator[Any, Any, float]:
+        return (yield from self._timed(tag, n, DENIED_AMOUNT, self.ctrlrun.ActionDenied))
+
+    def approval(self, tag: str, n: int) -> Generator[Any, Any, float]:
+        total = 0.0
+        for i in range(n):
+            call = {"payment_id": f"{tag}_{i}", "amount": APPROVED}
+            (asked,) = yield _Calls([call])
+            self._check(f"{tag}_{i} (unapproved)", [asked], self.ctrlrun.ApprovalRequired)
+            yield _Grant(asked.request_id)
+            start = self.clock()
+            (outcome,) = yield _Calls([call], asked.request_id)
+            total += self.clock() - start
+            self._check(f"{tag}_{i} (approved)", [outcome], None)
+            self.expected_runs += 1
+        return total
+
+
+class _Exchange:
+    """The driver's side of a session: iterate over its requests, ``reply()`` to each."""
+
+    def __init__(self, steps: Generator[Any, Any, None]) -> None:
+        self.steps, self.outcome = steps, None
+
+    def __iter__(self) -> Iterator[Any]:
+        while True:
+            try:
+                yield self.steps.send(self.outcome)
+            except StopIteration:
+                return
+
+    def reply(self, outcome: Any) -> None:
+        self.outcome = outcome
+
+
+def _presenting(ctrlrun: Any, approval: str | None) -> Any:
+    return ctrlrun.with_approval(approval) if approval else contextlib.nullcontext()
+
+
+def _drive_sync(ctrlrun: Any, refund: Any, grant: Any, steps: Generator[Any, Any, None]) -> None:
+    def call(kwargs: dict[str, Any], approval: str | None) -> Any:
+        with _presenting(ctrlrun, approval):
+            try:
+                return refund(**kwargs)
+            except ctrlrun.CTRLRunError as exc:
+                return exc
+
+    exchange = _Exchange(steps)
+    for request in exchange:
+        if isinstance(request, _Grant):
+            exchange.reply(grant(request.request_id))
+        else:
+            exchange.reply([call(kwargs, request.approval) for kwargs in request.calls])
+
+
+async def _drive_async(ctrlrun: Any, refund: Any, grant: Any, steps: Generator[Any, Any, None]) -> None:
+    import asyncio
+
+    async def call(kwargs: dict[str, Any], approval: str | None) -> Any:
+        with _presenting(ctrlrun, approval):
+            try:
+                return await refund(**kwargs)
+            except ctrlrun.CTRLRunError as exc:
+                return exc
+
+    exchange = _Exchange(steps)
+    for request in exchange:
+        if isinstance(request, _Grant):  # the store is sync-only: grant from a thread, as a console would
+            exchange.reply(await asyncio.to_thread(grant, request.request_id))
+        elif len(request.calls) == 1:  # awaited directly: no task per call
+            exchange.reply([await call(request.calls[0], request.approval)])
+        else:
+            exchange.reply(await asyncio.gather(*(call(kwargs, request.approval) for kwargs in request.calls)))
+
+
 def worker_calls(scenario: str, calls: int, rounds: int) -> dict[str, Any]:
     import ctrlrun
 
     executed: list[str] = []
+    is_async = "_async" in scenario
 
-    @ctrlrun.protect("stripe.refund", effect="refund:{payment_id}")
-    def refund(payment_id: str, amount: int) -> dict:
+    def refund_sync(payment_id: str, amount: int) -> dict:
         executed.append(payment_id)
         return {"id": f"re_{payment_id}", "amount": amount}
 
-    clock = time.perf_counter
-    grant = None
-    expected_runs = 0
+    async def refund_async(payment_id: str, amount: int) -> dict:
+        return refund_sync(payment_id, amount)
 
-    def allowed(tag: str, n: int) -> float:
-        nonlocal expected_runs
-        start = clock()
-        for i in range(n):
-            refund(payment_id=f"{tag}_{i}", amount=ALLOWED)
-        expected_runs += n
-        return clock() - start
+    try:
+        refund = ctrlrun.protect("stripe.refund", effect="refund:{payment_id}")(
+            refund_async if is_async else refund_sync)
+    except Exception as exc:
+        if not is_async or _flavour(ctrlrun) == "ours":
+            raise
+        # The reference refuses to protect an `async def` (at decoration): nothing to measure.
+        return {**_describe(ctrlrun), "scenario": scenario, "not_applicable": "refuses async def",
+                "detail": f"{type(exc).__name__}: {exc}"[:300]}
 
-    def duplicate(tag: str, n: int) -> float:
-        nonlocal expected_runs
-        for i in range(n):  # untimed: commit the keys the timed loop then repeats
-            refund(payment_id=f"{tag}_{i}", amount=ALLOWED)
-        expected_runs += n
-        start = clock()
-        for i in range(n):
-            try:
-                refund(payment_id=f"{tag}_{i}", amount=ALLOWED)
-            except ctrlrun.DuplicateEffect:
-                pass
-            else:
-                raise SystemExit(f"duplicate {tag}_{i} ran twice")
-        return clock() - start
+    granters: list[Any] = []
 
-    def denied(tag: str, n: int) -> float:
-        start = clock()
-        for i in range(n):
-            try:
-                refund(payment_id=f"{tag}_{i}", amount=DENIED_AMOUNT)
-            except ctrlrun.ActionDenied:
-                pass
-            else:
-                raise SystemExit(f"denied call {tag}_{i} ran")
-        return clock() - start
+    def grant(request_id: str) -> None:
+        if not granters:  # made on first use: ours imports its store only once the store is configured
+            granters.append(_granter(ctrlrun))
+        granters[0](request_id)
 
-    def approval(tag: str, n: int) -> float:
-        nonlocal grant, expected_runs
-        if grant is None:
-            grant = _granter(ctrlrun)
-        total = 0.0
-        for i in range(n):
-            key = f"{tag}_{i}"
-            try:
-                refund(payment_id=key, amount=APPROVED)
-            except ctrlrun.ApprovalRequired as exc:
-                request_id = exc.request_id
-            else:
-                raise SystemExit(f"{key}: an approve decision ran without an approval")
-            grant(request_id)
-            with ctrlrun.with_approval(request_id):
-                start = clock()
-                refund(payment_id=key, amount=APPROVED)
-                total += clock() - start
-            expected_runs += 1
-        return total
-
-    run = {"allowed": allowed, "duplicate": duplicate, "denied": denied, "approval": approval}[scenario]
-    per_round: list[float] = []
+    measured = _Session(ctrlrun, scenario, calls, rounds)
     with ctrlrun.context(agent="bench-agent"):
-        refund(payment_id="warmup", amount=1)  # configures the store (migrations) untimed
-        expected_runs += 1
-        run("w", max(3, min(calls, 20)))  # warm the scenario's own path, untimed
-        for round_no in range(rounds):
-            per_round.append(run(f"r{round_no}", calls) / calls * 1e6)
-    if len(executed) != expected_runs:
-        raise SystemExit(f"executed {len(executed)} calls, expected {expected_runs}")
+        if is_async:
+            import asyncio
+
+            asyncio.run(_drive_async(ctrlrun, refund, grant, measured.session()))  # every call in one loop
+        else:
+            _drive_sync(ctrlrun, refund, grant, measured.session())
+    if len(executed) != measured.expected_runs:
+        raise SystemExit(f"executed {len(executed)} calls, expected {measured.expected_runs}")
     return {**_describe(ctrlrun), "store": _store_in_use(ctrlrun), "scenario": scenario, "calls": calls,
-            "rounds": rounds, "per_round_us": per_round, "median_us": statistics.median(per_round)}
+            "rounds": rounds, "per_round_us": measured.per_round, "median_us": statistics.median(measured.per_round)}
 
 
 def worker_contention_child(index: int, keys: int, races: int) -> dict[str, Any]:
@@ -423,45 +587,17 @@ class Databases:
             self.made.remove(name)
 
 
-def run_worker(impl: str, python: str, scenario: str, db: str, args: argparse.Namespace,
-               databases: Databases | None) -> dict[str, Any]:
-    workdir = tempfile.mkdtemp(prefix=f"ctrlrun-compare-{impl}-{scenario}-{db}-")
-    env = {k: v for k, v in os.environ.items() if k not in SCRUBBED_ENV}
+@contextlib.contextmanager
+def _scratch(label: str, db: str, args: argparse.Namespace,
+             databases: Databases | None) -> Iterator[tuple[str, str | None]]:
+    """A fresh empty folder and, on PostgreSQL, a fresh database; both removed afterwards."""
+    workdir = tempfile.mkdtemp(prefix=f"ctrlrun-compare-{label}-{db}-")
     url = None
     try:
         if db == "postgresql":
             assert databases is not None
-            url = databases.create(f"{impl}_{scenario}")
-        if impl == "ours":
-            env["PYTHONPATH"] = str(REPO)
-            if url:
-                env["CTRLRUN_STORE_URL"] = url
-        elif url:
-            env["PYTHONPATH"] = args.reference_pg_shim
-            env["REFPG_URL"] = url  # the shim: protect()'s default Control on PostgresStateStore
-            env["CTRLRUN_STORE_URL"] = url  # the reference's CLI (the approval grant) honours this
-        cmd = [python, str(HERE), "--worker", scenario, "--dir", workdir, "--timeout", str(args.timeout)]
-        if scenario == "contention":
-            cmd += ["--workers", str(args.workers), "--keys", str(args.keys), "--races", str(args.races)]
-        else:
-            calls = args.approval_calls if scenario == "approval" else args.calls
-            cmd += ["--calls", str(calls), "--rounds", str(args.rounds)]
-        try:
-            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
-        except subprocess.TimeoutExpired:
-            return {"error": f"timed out after {args.timeout:.0f}s"}
-        result = next((json.loads(line[len(RESULT_MARK):]) for line in proc.stdout.splitlines()
-                       if line.startswith(RESULT_MARK)), None)
-        if proc.returncode or result is None:
-            tail = (proc.stderr or proc.stdout).strip().splitlines()[-6:]
-            return {"error": f"exit {proc.returncode}: " + " | ".join(tail)}
-        # The interpreter must have imported the implementation we think it did.
-        inside = Path(result["module"]).resolve().is_relative_to(REPO)
-        if inside != (impl == "ours"):
-            return {"error": f"{impl} run imported ctrlrun from {result['module']}"}
-        if db == "postgresql" and scenario != "contention" and "postgres" not in result.get("store", "").lower():
-            return {"error": f"{impl} run on PostgreSQL used store {result.get('store')!r} (shim not loaded?)"}
-        return result
+            url = databases.create(label.replace("-", "_"))
+        yield workdir, url
     finally:
         if url and databases is not None:
             try:
@@ -474,16 +610,97 @@ def run_worker(impl: str, python: str, scenario: str, db: str, args: argparse.Na
             print(f"kept {workdir}", file=sys.stderr)
 
 
-def _verdict(scenario: str, db: str, ratio: float | None) -> str:
-    target = TARGETS.get((scenario, db))
-    if target is None:
-        return "(no target)"
-    op, bound = target
-    text = f"target {op} {bound:g}x: "
+def _run(cmd: list[str], env: dict[str, str], args: argparse.Namespace,
+         cwd: str | None = None) -> subprocess.CompletedProcess | dict[str, Any]:
+    """The finished process, or ``{"error": ...}`` when it timed out or exited non-zero."""
+    try:
+        proc = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=args.timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {args.timeout:.0f}s"}
+    if proc.returncode:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-6:]
+        return {"error": f"exit {proc.returncode}: " + " | ".join(tail)}
+    return proc
+
+
+def _clean_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k not in SCRUBBED_ENV}
+
+
+def run_worker(impl: str, python: str, scenario: str, db: str, args: argparse.Namespace,
+               databases: Databases | None) -> dict[str, Any]:
+    env = _clean_env()
+    with _scratch(f"{impl}-{scenario}", db, args, databases) as (workdir, url):
+        if impl == "ours":
+            env["PYTHONPATH"] = str(REPO)
+            if url:
+                env["CTRLRUN_STORE_URL"] = url
+        elif url:
+            env["PYTHONPATH"] = args.reference_pg_shim
+            env["REFPG_URL"] = url  # the shim: protect()'s default Control on PostgresStateStore
+            env["CTRLRUN_STORE_URL"] = url  # the reference's CLI (the approval grant) honours this
+        cmd = [python, str(HERE), "--worker", scenario, "--dir", workdir, "--timeout", str(args.timeout)]
+        if scenario == "contention":
+            cmd += ["--workers", str(args.workers), "--keys", str(args.keys), "--races", str(args.races)]
+        else:
+            calls = args.approval_calls if scenario.startswith("approval") else args.calls
+            cmd += ["--calls", str(calls), "--rounds", str(args.rounds)]
+        proc = _run(cmd, env, args)
+        if isinstance(proc, dict):
+            return proc
+        result = next((json.loads(line[len(RESULT_MARK):]) for line in proc.stdout.splitlines()
+                       if line.startswith(RESULT_MARK)), None)
+        if result is None:
+            return {"error": "no result line: " + " | ".join(proc.stdout.strip().splitlines()[-3:])}
+        # The interpreter must have imported the implementation we think it did, and known it.
+        inside = Path(result["module"]).resolve().is_relative_to(REPO)
+        if inside != (impl == "ours") or result.get("flavour") != impl:
+            return {"error": f"{impl} run imported ctrlrun from {result['module']} "
+                             f"(it took itself for {result.get('flavour')!r})"}
+        if "not_applicable" in result:
+            return result
+        if db == "postgresql" and scenario != "contention" and "postgres" not in result.get("store", "").lower():
+            return {"error": f"{impl} run on PostgreSQL used store {result.get('store')!r} (shim not loaded?)"}
+        return result
+
+
+FLOOR_LINE = re.compile(r"^(floor_\w+)\s+median\s+([0-9.]+)", re.MULTILINE)
+
+
+def run_floor(db: str, args: argparse.Namespace, databases: Databases | None) -> dict[str, Any]:
+    """``floor.py`` with the same ``--calls``/``--rounds``: the raw driver's durable writes, nothing else.
+
+    On SQLite it makes its own temporary folder (``TMPDIR`` points it into ours, removed after); on
+    PostgreSQL it gets a scratch database of its own."""
+    env = _clean_env()
+    with _scratch("floor", db, args, databases) as (workdir, url):
+        env["TMPDIR"] = workdir
+        cmd = [sys.executable, args.floor_script, "--calls", str(args.calls), "--rounds", str(args.rounds)]
+        proc = _run(cmd + (["--url", url] if url else []), env, args, cwd=workdir)
+        if isinstance(proc, dict):
+            return proc
+        medians = {name: float(value) for name, value in FLOOR_LINE.findall(proc.stdout)}
+        if set(medians) != {"floor_allowed", "floor_refused"}:
+            return {"error": f"floor printed {sorted(medians)}: " + " | ".join(proc.stdout.strip().splitlines()[-3:])}
+        return medians
+
+
+def _verdict(bound: tuple[str, float] | None, ratio: float | None, against: str) -> str | None:
+    if bound is None:
+        return None
+    op, value = bound
+    text = f"{op} {value:g}x {against}: "
     if ratio is None:
         return text + "not measured"
-    met = ratio <= bound if op == "<=" else ratio >= bound
+    met = ratio <= value if op == "<=" else ratio >= value
     return text + ("met" if met else "NOT met")
+
+
+def _targets(scenario: str, db: str, vs_ref: float | None, vs_floor: float | None) -> str:
+    floor_bound = FLOOR_TARGETS.get((scenario, db))
+    verdicts = [_verdict(TARGETS.get((scenario, db)), vs_ref, "ref"),
+                _verdict(("<=", floor_bound) if floor_bound else None, vs_floor, "floor")]
+    return "; ".join(v for v in verdicts if v) or "-"
 
 
 def _sqlite_version(python: str) -> str:
@@ -493,6 +710,26 @@ def _sqlite_version(python: str) -> str:
         return out.stdout.strip() or "?"
     except Exception:
         return "?"
+
+
+def _markdown(header: list[str], rows: list[list[str]], right: set[int]) -> list[str]:
+    """A Markdown table, padded so it also reads as plain text."""
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+
+    def line(cells: list[str]) -> str:
+        return "| " + " | ".join(c.rjust(w) if i in right else c.ljust(w)
+                                 for i, (c, w) in enumerate(zip(cells, widths))) + " |"
+
+    rule = "|" + "|".join(("-" * (w + 1) + ":") if i in right else "-" * (w + 2) for i, w in enumerate(widths)) + "|"
+    return [line(header), rule, *(line(r) for r in rows)]
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a and b else None
+
+
+def _x(ratio: float | None) -> str:
+    return f"{ratio:.2f}x" if ratio else "-"
 
 
 def driver_main(args: argparse.Namespace) -> int:
@@ -519,72 +756,107 @@ def driver_main(args: argparse.Namespace) -> int:
             return 2
 
     scenarios = [s for s in args.scenarios.split(",") if s]
+    per_call = [s for s in scenarios if s != "contention"]
+    with_floor = bool(per_call) and Path(args.floor_script).exists()
+    if per_call and not with_floor:
+        print(f"note: no floor script at {args.floor_script}; the floor columns stay empty", file=sys.stderr)
     passes: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+
+    def measure(what: str, db: str, impl: str, label: str, run: Any) -> None:
+        print(f"... {what:24s} {db:10s} {impl}{label}", file=sys.stderr, flush=True)
+        began = time.time()
+        result = run()
+        print(f"    {time.time() - began:.1f}s" + (f"  ERROR {result['error']}" if "error" in result else ""),
+              file=sys.stderr, flush=True)
+        passes.setdefault((what, db, impl), []).append(result)
+
+    def the_floor(db: str, label: str) -> None:
+        if with_floor:
+            measure("floor", db, "floor", label, lambda: run_floor(db, args, databases))
+
+    def the_scenarios(db: str, label: str, pass_no: int) -> None:
+        for n, scenario in enumerate(scenarios):
+            # Alternate who runs first, by scenario and by pass, so drift in the machine's
+            # load does not always favour the same side.
+            order = impls if (n + pass_no) % 2 == 0 else list(reversed(impls))
+            for impl, python in order:
+                if (impl == "reference" and db == "postgresql"
+                        and not (Path(args.reference_pg_shim) / "sitecustomize.py").exists()):
+                    passes.setdefault((scenario, db, impl), []).append({"error": "no PostgreSQL shim for the reference"})
+                else:
+                    measure(scenario, db, impl, label, lambda: run_worker(impl, python, scenario, db, args, databases))
+
     try:
         for pass_no in range(args.passes):
+            label = f" (pass {pass_no + 1}/{args.passes})" if args.passes > 1 else ""
             for db in dbs:
-                for n, scenario in enumerate(scenarios):
-                    # Alternate who runs first, by scenario and by pass, so drift in the machine's
-                    # load does not always favour the same side.
-                    order = impls if (n + pass_no) % 2 == 0 else list(reversed(impls))
-                    for impl, python in order:
-                        if (impl == "reference" and db == "postgresql"
-                                and not (Path(args.reference_pg_shim) / "sitecustomize.py").exists()):
-                            result = {"error": "no PostgreSQL shim for the reference"}
-                        else:
-                            label = f" (pass {pass_no + 1}/{args.passes})" if args.passes > 1 else ""
-                            print(f"... {scenario:10s} {db:10s} {impl}{label}", file=sys.stderr, flush=True)
-                            began = time.time()
-                            result = run_worker(impl, python, scenario, db, args, databases)
-                            print(f"    {time.time() - began:.1f}s"
-                                  + (f"  ERROR {result['error']}" if "error" in result else ""),
-                                  file=sys.stderr, flush=True)
-                        passes.setdefault((scenario, db, impl), []).append(result)
+                # The floor runs in every pass too: before the others in one pass, after them in the next.
+                if pass_no % 2 == 0:
+                    the_floor(db, label)
+                the_scenarios(db, label, pass_no)
+                if pass_no % 2 == 1:
+                    the_floor(db, label)
     finally:
         if databases is not None:
             databases.drop_all()
 
     results = {key: _merge(runs) for key, runs in passes.items()}
+    missing: dict[str, Any] = {"error": "-"}
     failed = False
-    if any(s != "contention" for s in scenarios):
+    spreads: list[str] = []
+    if per_call:
+        rows = []
+        for db in dbs:
+            floor = results.get(("floor", db, "floor"), missing)
+            failed |= with_floor and "error" in floor
+            for scenario in per_call:
+                ours = results[(scenario, db, "ours")]
+                ref = results.get((scenario, db, "reference"), missing)
+                field = floor_field(scenario)
+                f = floor.get(field) if field else None
+                o, r = ours.get("median_us"), ref.get("median_us")
+                failed |= "error" in ours or (len(impls) == 2 and "error" in ref)
+                rows.append([scenario, db, _num(o, ours), _num(r, ref), _x(_ratio(o, r)),
+                             f"{f:.1f}" if f else ("ERROR" if "error" in floor and floor["error"] != "-" else "-"),
+                             _x(_ratio(o, f)), _x(_ratio(r, f)), _targets(scenario, db, _ratio(o, r), _ratio(o, f))])
+                if args.passes > 1:
+                    spreads.append(f"- {scenario} {db}: ours {_passes(ours, 'median_us')}, "
+                                   f"reference {_passes(ref, 'median_us')}, floor {_passes(floor, field)}")
         print()
-        print(f"{'scenario':11s} {'db':11s} {'ours µs':>10s} {'reference µs':>13s} {'ratio':>7s}  target")
-    for db in dbs:
-        for scenario in [s for s in scenarios if s != "contention"]:
-            ours, ref = results[(scenario, db, "ours")], results.get((scenario, db, "reference"), {"error": "-"})
-            o = ours.get("median_us")
-            r = ref.get("median_us")
-            ratio = o / r if o and r else None
-            failed |= "error" in ours or (len(impls) == 2 and "error" in ref)
-            spread = ""
-            if args.passes > 1 and "per_pass" in ours:
-                spread = ("   passes: ours " + "/".join(f"{v:.0f}" for v in ours["per_pass"]) + ", ref "
-                          + "/".join(f"{v:.0f}" for v in ref.get("per_pass", [])))
-            print(f"{scenario:11s} {db:11s} {_num(o, ours):>10s} {_num(r, ref):>13s} "
-                  f"{(f'{ratio:.2f}x' if ratio else '-'):>7s}  {_verdict(scenario, db, ratio)}{spread}")
+        for line in _markdown(["scenario", "db", "ours µs", "reference µs", "ours/ref", "floor µs", "ours/floor",
+                               "ref/floor", "target"], rows, right={2, 3, 4, 5, 6, 7}):
+            print(line)
     if "contention" in scenarios:
-        print()
-        print(f"{'contention':11s} {'db':11s} {'ours att/s':>10s} {'reference att/s':>16s} {'ratio':>7s}  target; "
-              f"exactly once per key (ours / reference)")
+        rows = []
         for db in dbs:
             ours = results[("contention", db, "ours")]
-            ref = results.get(("contention", db, "reference"), {"error": "-"})
+            ref = results.get(("contention", db, "reference"), missing)
             o, r = ours.get("attempts_per_s"), ref.get("attempts_per_s")
-            ratio = o / r if o and r else None
             failed |= "error" in ours or not ours.get("exactly_once", False)
             failed |= len(impls) == 2 and ("error" in ref or not ref.get("exactly_once", False))
-            print(f"{'contention':11s} {db:11s} {_num(o, ours, 0):>10s} {_num(r, ref, 0):>16s} "
-                  f"{(f'{ratio:.2f}x' if ratio else '-'):>7s}  {_verdict('contention', db, ratio)}; "
-                  f"{_once(ours)} / {_once(ref)}")
+            rows.append(["contention", db, _num(o, ours, 0), _num(r, ref, 0), _x(_ratio(o, r)),
+                         _targets("contention", db, _ratio(o, r), None), f"{_once(ours)} / {_once(ref)}"])
+            if args.passes > 1:
+                spreads.append(f"- contention {db}: ours {_passes(ours, 'attempts_per_s', 0)}, "
+                               f"reference {_passes(ref, 'attempts_per_s', 0)}")
+        print()
+        for line in _markdown(["scenario", "db", "ours att/s", "reference att/s", "ours/ref", "target",
+                               "exactly once (ours / reference)"], rows, right={2, 3, 4}):
+            print(line)
+        print()
         for db in dbs:
             for impl, _ in impls:
                 res = results.get(("contention", db, impl), {})
                 if "attempts" in res:
                     races = ", ".join(f"{r:.0f}" for r in res["per_race"])
-                    print(f"  {db} {impl}: {res['races']} races of {res['workers']} workers x {res['keys']} keys "
+                    print(f"- {db} {impl}: {res['races']} races of {res['workers']} workers x {res['keys']} keys "
                           f"({races} att/s); ran {res['ran']}, refused as duplicate {res['refused']}, "
                           f"other {res['other']}"
                           + (f"; e.g. {res['samples'][0]}" if res["samples"] else ""))
+    if spreads:
+        print()
+        print(f"each pass ({args.passes}), in order:")
+        print("\n".join(spreads))
     errors = [(k, v["error"]) for k, v in results.items() if "error" in v]
     if errors:
         print()
@@ -594,17 +866,30 @@ def driver_main(args: argparse.Namespace) -> int:
     ref_any = next((v for (s, d, i), v in results.items() if i == "reference" and "version" in v), {})
     ours_any = next((v for (s, d, i), v in results.items() if i == "ours" and "version" in v), {})
     print()
-    print(f"date {dt.datetime.now().astimezone().isoformat(timespec='seconds')}; nproc {len(os.sched_getaffinity(0))}; "
-          f"Python {platform.python_version()} (ours) / {ref_any.get('python', '-')} (reference); "
+    print(f"machine: Python {platform.python_version()} (ours) / {ref_any.get('python', '-')} (reference); "
           f"SQLite {_sqlite_version(sys.executable)}"
-          + (f"; PostgreSQL {pg_version}" if databases is not None else ""))
+          + (f"; PostgreSQL {pg_version}" if databases is not None else "")
+          + f"; {os.cpu_count()} CPUs ({len(os.sched_getaffinity(0))} usable); {platform.system()} "
+            f"{platform.machine()}; {dt.datetime.now().astimezone().isoformat(timespec='seconds')}")
     print(f"ours: ctrlrun {ours_any.get('version', '?')} from {REPO}; reference: ctrlrun {ref_any.get('version', '-')} "
-          f"via {reference if len(impls) == 2 else '(not run)'}")
-    print(f"per-call: median over {args.rounds} rounds of the mean per call ({args.calls} calls/round; approval "
-          f"{args.approval_calls} calls/round); contention: median of {args.races} races, "
-          f"{args.workers} processes x {args.keys} keys each"
-          + (f"; each the median of {args.passes} passes" if args.passes > 1 else ""))
+          f"via {reference if len(impls) == 2 else '(not run)'}; floor: "
+          + (args.floor_script if with_floor else "(not run)"))
+    how = []
+    if per_call:
+        how.append(f"per-call: median over {args.rounds} rounds of the mean µs per call ({args.calls} calls/round"
+                   + (f"; approval {args.approval_calls}" if any(s.startswith("approval") for s in per_call) else "")
+                   + ("; allowed_async_concurrent: all at once, wall time / calls" if "allowed_async_concurrent"
+                      in per_call else "") + ")")
+    if with_floor:
+        how.append("floor: same sizes; allowed and approval read against floor_allowed, duplicate and denied "
+                   "against floor_refused")
+    if "contention" in scenarios:
+        how.append(f"contention: median of {args.races} races, {args.workers} processes x {args.keys} keys each")
+    print("; ".join(how) + (f"; each the median of {args.passes} passes" if args.passes > 1 else ""))
     return 1 if failed else 0
+
+
+MERGED_FIELDS = ("median_us", "attempts_per_s", "floor_allowed", "floor_refused")
 
 
 def _merge(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -612,13 +897,14 @@ def _merge(runs: list[dict[str, Any]]) -> dict[str, Any]:
     errors = [r["error"] for r in runs if "error" in r]
     if errors:
         return {"error": errors[0]}
-    if len(runs) == 1:
-        return runs[0]
+    if len(runs) == 1 or "not_applicable" in runs[-1]:
+        return runs[-1]
     merged = dict(runs[-1])
-    for field in ("median_us", "attempts_per_s"):
+    merged["per_pass"] = {}
+    for field in MERGED_FIELDS:
         if field in merged:
             merged[field] = statistics.median(r[field] for r in runs)
-            merged["per_pass"] = [r[field] for r in runs]
+            merged["per_pass"][field] = [r[field] for r in runs]
     if "per_race" in merged:
         merged["per_race"] = [x for r in runs for x in r["per_race"]]
         merged["races"] = sum(r["races"] for r in runs)
@@ -629,7 +915,14 @@ def _merge(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return merged
 
 
+def _passes(result: dict[str, Any], field: str | None, digits: int = 0) -> str:
+    values = result.get("per_pass", {}).get(field) if field else None
+    return "/".join(f"{v:.{digits}f}" for v in values) if values else _num(None, result)
+
+
 def _num(value: float | None, result: dict[str, Any], digits: int = 1) -> str:
+    if "not_applicable" in result:
+        return f"n/a ({result['not_applicable']})"
     if value is None:
         return "ERROR" if "error" in result and result["error"] != "-" else "-"
     return f"{value:.{digits}f}"
@@ -659,8 +952,11 @@ def main() -> int:
                              "report the median (use 3 on a busy machine)")
     parser.add_argument("--races", type=int, default=3,
                         help="contention: races (fresh keys each, same processes and store); median reported")
-    parser.add_argument("--scenarios", default="allowed,duplicate,denied,approval,contention",
-                        help="comma-separated subset (default: all five)")
+    parser.add_argument("--scenarios", default=",".join(DEFAULT_SCENARIOS),
+                        help=f"comma-separated subset of {', '.join(DEFAULT_SCENARIOS)} (default: all)")
+    parser.add_argument("--floor-script", default=str(REPO.parent / "shared" / "bench" / "floor.py"),
+                        help="the floor (the raw driver's durable writes), run on each database in every pass "
+                             "(default: ../shared/bench/floor.py beside the repository)")
     parser.add_argument("--reference-python", default="/tmp/ref/bin/python")
     parser.add_argument("--reference-pg-shim", default=str(Path(__file__).resolve().parent / "reference_pg"),
                         help="folder holding the reference's PostgreSQL measurement sitecustomize.py")
@@ -680,7 +976,7 @@ def main() -> int:
     for name in ("calls", "approval_calls", "rounds", "workers", "keys", "races", "passes"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
-    unknown = set(args.scenarios.split(",")) - {*CALL_SCENARIOS, "contention", ""}
+    unknown = set(args.scenarios.split(",")) - {*DEFAULT_SCENARIOS, ""}
     if unknown:
         parser.error(f"unknown scenario(s): {', '.join(sorted(unknown))}")
     return driver_main(args)
