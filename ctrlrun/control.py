@@ -32,6 +32,9 @@ from .policy import Evaluation, Policy, load_policy
 __all__ = ["Control", "default_control", "reset_default"]
 
 
+_NOTHING = contextlib.nullcontext()
+
+
 def _timedelta(value: Any, what: str) -> dt.timedelta | None:
     if value is None:
         return None
@@ -151,9 +154,15 @@ class Control:
         """The policy (loading it, and storing its row, if this is the first use)."""
         return self.loaded_policy or self.load()
 
+    def scope(self) -> contextlib.AbstractContextManager[None]:
+        """Store calls inside the block use this Control's database, clock and observers (a Control
+        with none of its own - the default - changes nothing, at no cost: this runs for every phase)."""
+        if self._database is None and self._clock is None and not self._observers:
+            return _NOTHING
+        return self._own_scope()
+
     @contextlib.contextmanager
-    def scope(self) -> Iterator[None]:
-        """Store calls inside the block use this Control's database, clock and observers."""
+    def _own_scope(self) -> Iterator[None]:
         from . import observers
 
         with conf.scoped(self._database, self._clock), observers.observing(self._observers):
