@@ -27,6 +27,7 @@ from .errors import (
     InvalidArgument,
     NotExecuted,
     PolicyError,
+    StateConflict,
     StoreUnavailable,
 )
 from .protect import context, idempotency_token, protect, with_approval
@@ -61,6 +62,7 @@ __all__ = [
     "CTRLRunError",
     "InvalidArgument",
     "PolicyError",
+    "StateConflict",
     "EffectKeyError",
     "ActionDenied",
     "ApprovalRequired",

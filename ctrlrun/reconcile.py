@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from . import conf, store
-from .errors import InvalidArgument, PolicyError
+from .errors import InvalidArgument, PolicyError, StateConflict
 from .protect import call_hook, hook_for, registered_actions
 
 __all__ = ["Line", "Report", "discover", "ensure_discovered", "run_once", "ask", "ask_now", "is_known_action",
@@ -117,10 +117,9 @@ def ask_now(effect_key: str, *, requested_by: str | None = None) -> Line:
     its hook, recorded as trigger ``operator``."""
     store.sweep_lapsed(effect_key=effect_key)
     effect = store.get_effect(effect_key)
-    if effect is None:
-        raise InvalidArgument(f"no effect '{effect_key}'")
-    if effect.state != "ambiguous":
-        raise InvalidArgument(f"effect '{effect_key}' is {effect.state}; only an ambiguous effect is reconciled")
+    if effect is None or effect.state != "ambiguous":
+        raise StateConflict("effect", effect_key, "ambiguous", effect.state if effect else "missing",
+                            operation="reconcile")
     return ask(effect, requested_by=requested_by, trigger="operator")
 
 
