@@ -149,7 +149,7 @@ def _proposed(events: list[Any]) -> dict[str, Any] | None:
 def _policy_document(policy_hash: str | None) -> PolicyDocument | None:
     if not policy_hash:
         return None
-    return PolicyDocument.objects.using(conf.database_alias()).filter(pk=policy_hash).first()
+    return PolicyDocument.objects.using(store.alias()).filter(pk=policy_hash).first()
 
 
 def _timeline(site: str, events: list[Any]) -> list[dict[str, Any]]:
@@ -191,7 +191,7 @@ class EvidenceAdmin(admin.ModelAdmin):
         return self.admin_site.name
 
     def get_queryset(self, request: HttpRequest) -> Any:
-        return super().get_queryset(request).using(conf.database_alias())  # CTRLRUN_DATABASE
+        return super().get_queryset(request).using(store.alias())  # CTRLRUN_DATABASE
 
     def get_object(self, request: HttpRequest, object_id: str, from_field: str | None = None) -> Any:
         if "\x00" in object_id:  # never stored; PostgreSQL refuses the query itself
@@ -313,7 +313,7 @@ def _approval_fields(approval: Any) -> list[str]:
     return hidden_fields(json.loads(approval.action_json), approval.effect_key)
 
 
-def refusal(exc: CTRLRunError) -> str:
+def refusal_text(exc: CTRLRunError) -> str:
     """A refusal as the console words it: a ``StateConflict`` (the store's facts) in the console's
     terms (no command line named), any other error as it says itself."""
     return state_conflict(exc) if isinstance(exc, StateConflict) else str(exc)
@@ -596,10 +596,10 @@ class ApprovalAdmin(EvidenceAdmin):
             try:  # the store decides (it also moves a request past its expiry to expired)
                 result = store.answer_approval(object_id, answer == "approve", by=username, note=note)
             except CTRLRunError as exc:
-                self.message_user(request, reveal(refusal(exc)), messages.ERROR)
+                self.message_user(request, reveal(refusal_text(exc)), messages.ERROR)
                 return HttpResponseRedirect(change)
             verb = "granted" if answer == "approve" else "denied"
-            self.log_change(request, Approval.objects.using(conf.database_alias()).get(pk=object_id),
+            self.log_change(request, Approval.objects.using(store.alias()).get(pk=object_id),
                             f"{verb} {object_id}" + (f": {note}" if note else ""))
             self.message_user(request, self._answered_message(result, verb), messages.SUCCESS)
             return HttpResponseRedirect(change)
@@ -902,7 +902,7 @@ class EffectRecordAdmin(EvidenceAdmin):
         try:
             line = reconcile.ask_now(key, requested_by=request.user.get_username())
         except CTRLRunError as exc:
-            self.message_user(request, reveal(refusal(exc)), messages.ERROR)
+            self.message_user(request, reveal(refusal_text(exc)), messages.ERROR)
             return HttpResponseRedirect(change)
         level = messages.SUCCESS if line.outcome in ("committed", "failed") else messages.WARNING
         if line.outcome == "needs_human":  # the line's own text is for the command line (--import)
@@ -925,7 +925,7 @@ class EffectRecordAdmin(EvidenceAdmin):
         try:
             store.resolve(key, outcome, by=request.user.get_username(), reason=reason, attempt=attempt)
         except CTRLRunError as exc:
-            self.message_user(request, reveal(f"not resolved: {refusal(exc)}"), messages.ERROR)
+            self.message_user(request, reveal(f"not resolved: {refusal_text(exc)}"), messages.ERROR)
             return HttpResponseRedirect(change)
         self.log_change(request, self.get_object(request, key), f"resolved {outcome} (attempt {attempt}): {reason}")
         after = (_g("a retry is now permitted") if outcome == "failed"
@@ -1069,7 +1069,7 @@ class ReceiptAdmin(EvidenceAdmin):
     def previous(self, obj: Receipt) -> SafeString:
         if not obj.seq or obj.seq <= 1:
             return format_html("{}", _g("none: the first receipt (its previous hash is the genesis hash)"))
-        before = Receipt.objects.using(conf.database_alias()).filter(seq=obj.seq - 1).values_list(
+        before = Receipt.objects.using(store.alias()).filter(seq=obj.seq - 1).values_list(
             "receipt_id", flat=True).first()
         if before is None:
             return format_html("<strong>{}</strong>", _g("missing: no receipt holds seq %(seq)d") % {"seq": obj.seq - 1})
@@ -1223,7 +1223,7 @@ class EventAdmin(EvidenceAdmin):
         policy_hash = next((r.doc.get("policy_hash") for r in receipts if _readable(r)), None)
         name = (proposed or {}).get("name") or (receipts[0].action if receipts else "")
         keys = sorted({e.effect_key for e in events if e.effect_key} | {r.effect_key for r in receipts if r.effect_key})
-        alias = conf.database_alias()
+        alias = store.alias()
         states = dict(EffectRecord.objects.using(alias).filter(pk__in=keys).values_list("effect_key", "state"))
         approvals = list(Approval.objects.using(alias).filter(Q(action_id=action_id) | Q(consumed_by=action_id))
                          .order_by("created_at"))

@@ -139,7 +139,7 @@ def is_known_action(action: str) -> bool:
 
     if action in registered_actions() or action in _policy_actions()[0]:
         return True
-    return EffectRecord.objects.using(conf.database_alias()).filter(action=action).exists()
+    return EffectRecord.objects.using(store.alias()).filter(action=action).exists()
 
 
 def known_actions() -> tuple[list[str], str | None]:
@@ -148,7 +148,7 @@ def known_actions() -> tuple[list[str], str | None]:
     from .models import EffectRecord
 
     named, note = _policy_actions()
-    recorded = EffectRecord.objects.using(conf.database_alias()).values_list("action", flat=True).distinct()
+    recorded = EffectRecord.objects.using(store.alias()).values_list("action", flat=True).distinct()
     return sorted({*named, *registered_actions(), *recorded}), note
 
 
