@@ -128,7 +128,8 @@ class StateConflict(CTRLRunError):
     ``"missing"`` (no such row) or ``"tampered"`` (the row does not carry ctrlrun's signature).
     Further facts (``attempt``, ``expected_attempt``, ``lapsed``, ``expires_at``, ``operation`` ...)
     are in ``facts`` and readable as attributes. The commands and the console word it
-    (``ctrlrun.messages.state_conflict``); ``str()`` is a plain statement of the facts.
+    (``ctrlrun.messages.state_conflict``, naming their commands); ``str()`` is that wording with no
+    command named; ``args[0]`` a plain statement of the facts.
     """
 
     def __init__(self, what: str, ident: str, expected: str | tuple[str, ...], found: str, **facts: Any):
@@ -136,6 +137,12 @@ class StateConflict(CTRLRunError):
         self.facts = facts
         wanted = expected if isinstance(expected, str) else " or ".join(expected)
         super().__init__(f"{what} {ident} is {found}, not {wanted}")
+
+    def __str__(self) -> str:
+        """Worded as the console words it (``ctrlrun.messages``), for a caller that only prints it."""
+        from .messages import state_conflict  # messages imports this module
+
+        return state_conflict(self)
 
     def __getattr__(self, name: str) -> Any:
         facts = self.__dict__.get("facts", {})

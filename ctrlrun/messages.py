@@ -19,12 +19,12 @@ from .canonical import evidence_time
 from .errors import StateConflict
 
 __all__ = [
-    "TAMPERED_HINT", "command", "tampered", "open_transaction", "store_unavailable", "unknown_alias",
-    "refuses_to_act", "refuses_to_add", "head_key_mismatch", "head_unsigned", "head_missing", "head_missing_restore", "beyond_head",
+    "TAMPERED_HINT", "command", "OPEN_TRANSACTION", "store_unavailable", "unknown_alias",
+    "refuses_to_act", "refuses_to_add", "head_key_mismatch", "head_unsigned", "HEAD_MISSING", "head_missing_restore", "BEYOND_HEAD",
     "already_committed", "in_progress", "lease_lapsed", "unknown_outcome", "tampered_effect",
     "outcome_not_recorded", "outcome_refused", "approval_unknown", "approval_tampered", "approval_mismatch",
     "approval_denied", "approval_not_granted", "approval_expired_ask_again", "own_request",
-    "answer_needs_name", "resolve_needs_name", "resolve_which", "state_conflict",
+    "ANSWER_NEEDS_NAME", "RESOLVE_NEEDS_NAME", "resolve_which", "state_conflict",
 ]
 
 
@@ -39,17 +39,12 @@ TAMPERED_HINT = ("it was written or changed outside ctrlrun (its signature does 
                  "changed it")
 
 
-def tampered() -> str:
-    return TAMPERED_HINT
-
-
 # --------------------------------------------------------------------------- the store itself
 
 
-def open_transaction() -> str:
-    return ("a protected call cannot run inside an open transaction on ctrlrun's database: its evidence would "
-            "roll back with your work. Call it outside transaction.atomic(), or give ctrlrun a database of its "
-            "own (settings.CTRLRUN_DATABASE)")
+OPEN_TRANSACTION = ("a protected call cannot run inside an open transaction on ctrlrun's database: its evidence "
+                    "would roll back with your work. Call it outside transaction.atomic(), or give ctrlrun a "
+                    "database of its own (settings.CTRLRUN_DATABASE)")
 
 
 def store_unavailable(what: str, error_name: str, detail: str) -> str:
@@ -83,12 +78,8 @@ def head_unsigned(seq: int, event_seq: int) -> str:
             f"moved outside ctrlrun")
 
 
-def head_missing() -> str:
-    return "the chain head row is missing while receipts or events exist"
-
-
-def beyond_head() -> str:
-    return "a receipt or event lies past the chain head: it was added outside ctrlrun"
+HEAD_MISSING = "the chain head row is missing while receipts or events exist"
+BEYOND_HEAD = "a receipt or event lies past the chain head: it was added outside ctrlrun"
 
 
 # --------------------------------------------------------------------------- refusals the protected call's caller reads
@@ -180,12 +171,8 @@ def own_request(action: str, user: str, by: str) -> str:
             f"person must")
 
 
-def answer_needs_name() -> str:
-    return "an approval needs the name of the person answering (--by NAME)"
-
-
-def resolve_needs_name() -> str:
-    return "a resolution needs the name of the person who decided it (--by NAME)"
+ANSWER_NEEDS_NAME = "an approval needs the name of the person answering (--by NAME)"
+RESOLVE_NEEDS_NAME = "a resolution needs the name of the person who decided it (--by NAME)"
 
 
 def resolve_which(outcome: Any) -> str:
@@ -225,4 +212,4 @@ def state_conflict(conflict: StateConflict, command_line: Callable[[str], str] |
 
 
 def head_missing_restore() -> str:
-    return f"{head_missing()}; run 'ctrlrun receipts --verify-chain' and restore the store from a backup"
+    return f"{HEAD_MISSING}; run 'ctrlrun receipts --verify-chain' and restore the store from a backup"

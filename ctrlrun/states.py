@@ -117,7 +117,9 @@ RECONCILE_ANSWERS: frozenset[str] = frozenset({"committed", "not_executed", "unk
 HOLDING_STATES: frozenset[EffectState] = frozenset({EffectState.RESERVED, EffectState.EXECUTING})
 
 _S = EffectState
-#: Every move the store makes on an effect record, and what causes it; nothing else is possible.
+#: Every move the store makes on an effect record, and what causes it; nothing else is possible:
+#: every state write of the store goes through ``store.effects._move``, which checks this table
+#: first, and ``tests/integration/test_transitions.py`` drives each edge.
 #: A reservation takes the key and starts the run in one transaction, so the store never leaves
 #: a record ``reserved`` (the state exists in the vocabulary, for the reference's readers).
 #: Database triggers installed by the migrations (``ctrlrun.guard``) refuse every other edge,
@@ -129,7 +131,8 @@ TRANSITIONS: dict[tuple[EffectState, EffectState], str] = {
     (_S.EXECUTING, _S.COMMITTED): "the function returned",
     (_S.EXECUTING, _S.FAILED): "the function raised NotExecuted",
     (_S.EXECUTING, _S.AMBIGUOUS): "the holder saw another exception, or its lease lapsed",
-    (_S.AMBIGUOUS, _S.AMBIGUOUS): "the holder saw another exception after its lease lapsed, or a hook could not say",
+    (_S.AMBIGUOUS, _S.AMBIGUOUS): "the holder saw another exception after its lease lapsed, or a hook could not say "
+                                  "(the next deferred attempt waits longer)",
     (_S.AMBIGUOUS, _S.COMMITTED): "a reconcile hook or a human said it happened",
     (_S.AMBIGUOUS, _S.FAILED): "a reconcile hook or a human said it did not happen",
 }

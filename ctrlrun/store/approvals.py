@@ -76,7 +76,7 @@ def answer_approval(approval_id: str, grant: bool, *, by: str, note: str | None 
     principal's ``user``, compared as normalised identities) cannot answer it.
     """
     if not isinstance(by, str) or not by.strip():
-        raise InvalidArgument(messages.answer_needs_name())
+        raise InvalidArgument(messages.ANSWER_NEEDS_NAME)
     by = evidence_text(by.strip())
     note = evidence_text(note) if note else None
     expired: ApprovalView | None = None

@@ -143,7 +143,7 @@ def _phase(*, clock: bool = True) -> Iterator[Any]:
                 yield None
     except RuntimeError as exc:
         if "durable" in str(exc):
-            raise InvalidArgument(messages.open_transaction()) from None
+            raise InvalidArgument(messages.OPEN_TRANSACTION) from None
         raise
     except DjangoDatabaseError as exc:
         raise _unavailable(exc, "complete a write") from exc

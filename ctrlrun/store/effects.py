@@ -165,9 +165,9 @@ def _open_reservation(effect_key: str, when: dt.datetime | None) -> tuple[dt.dat
     assert when is not None
     head, beyond, found = row[:6], row[6], row[7:]
     if head[0] is not None:
-        problem = _head_problem(*head) or (messages.beyond_head() if beyond else None)
+        problem = _head_problem(*head) or (messages.BEYOND_HEAD if beyond else None)
     elif _q(Receipt).exists() or _q(Event).exists():  # a store emptied on purpose (a flush) has no head
-        problem = messages.head_missing()
+        problem = messages.HEAD_MISSING
     else:
         problem = None
     if problem is not None:
@@ -521,7 +521,7 @@ def resolve(effect_key: str, outcome: str, *, by: str, reason: str | None = None
     if outcome not in ("committed", "failed"):
         raise InvalidArgument(messages.resolve_which(outcome))
     if not by or not by.strip():
-        raise InvalidArgument(messages.resolve_needs_name())
+        raise InvalidArgument(messages.RESOLVE_NEEDS_NAME)
     with _phase() as when:
         record = _q(EffectRecord).select_for_update().filter(pk=effect_key).first()
         if record is None:
