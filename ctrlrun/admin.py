@@ -51,8 +51,16 @@ from .messages import state_conflict
 from .models import Approval, EffectRecord, Event, PolicyDocument, Receipt
 from .receipts import INDEXED_COLUMNS, row_problem
 from .report import chain_lines
-from .states import (EMITTED_EVENT_TYPES, HOLDING_STATES, ApprovalStatus, EffectState, EventType, askable, effective_approval_status,
-                     held_lapsed)
+from .states import (
+    EMITTED_EVENT_TYPES,
+    HOLDING_STATES,
+    ApprovalStatus,
+    EffectState,
+    EventType,
+    askable,
+    effective_approval_status,
+    held_lapsed,
+)
 
 _clock = threading.local()
 

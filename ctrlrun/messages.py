@@ -20,7 +20,8 @@ from .errors import StateConflict
 
 __all__ = [
     "TAMPERED_HINT", "command", "OPEN_TRANSACTION", "store_unavailable", "unknown_alias",
-    "refuses_to_act", "refuses_to_add", "head_key_mismatch", "head_unsigned", "HEAD_MISSING", "head_missing_restore", "BEYOND_HEAD",
+    "refuses_to_act", "refuses_to_add", "head_key_mismatch", "head_unsigned", "HEAD_MISSING", "head_missing_restore",
+    "BEYOND_HEAD",
     "already_committed", "in_progress", "lease_lapsed", "unknown_outcome", "tampered_effect",
     "outcome_not_recorded", "outcome_refused", "approval_unknown", "approval_tampered", "approval_mismatch",
     "approval_denied", "approval_not_granted", "approval_expired_ask_again", "own_request",
@@ -105,7 +106,8 @@ def lease_lapsed(key: str, action_id: str) -> str:
 
 
 def unknown_outcome(key: str, action_id: str) -> str:
-    return f"effect '{key}' has an unknown outcome from {action_id}; resolve it with {_resolve_hint(key)} before retrying"
+    return (f"effect '{key}' has an unknown outcome from {action_id}; resolve it with {_resolve_hint(key)} before "
+            f"retrying")
 
 
 def tampered_effect(key: str, state: str) -> str:
@@ -133,7 +135,8 @@ def outcome_refused(result: str, error: str | None, refusal: str) -> str:
         return (f"the function returned, so the remote may well have acted, and the outcome write was refused: "
                 f"AmbiguousEffect: {refusal}")
     if result == "failed":
-        return f"the function raised NotExecuted: {error}, and the outcome write was refused: AmbiguousEffect: {refusal}"
+        return (f"the function raised NotExecuted: {error}, and the outcome write was refused: AmbiguousEffect: "
+                f"{refusal}")
     return f"{error}; and the outcome write was refused: AmbiguousEffect: {refusal}"
 
 

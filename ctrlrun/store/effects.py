@@ -356,7 +356,8 @@ def renew_lease(call: Call, attempt: int, lease: dt.timedelta) -> bool:
         stamp = _time_param(connections[_db()])(until)
         with _cursor() as cursor:
             _move(cursor, sql.LEASE_RENEW, S.EXECUTING, S.EXECUTING, [
-                stamp, _effect_mac(key, call.action.name, S.EXECUTING, call.action.action_id, attempt, until, None, text),
+                stamp,
+                _effect_mac(key, call.action.name, S.EXECUTING, call.action.action_id, attempt, until, None, text),
                 key, call.action.action_id, attempt, stamp])
             if cursor.rowcount == 1:
                 return True
