@@ -27,6 +27,7 @@ from .errors import (
     InvalidArgument,
     NotExecuted,
     PolicyError,
+    StateConflict,
     StoreUnavailable,
 )
 from .control import Control
@@ -63,6 +64,7 @@ __all__ = [
     "CTRLRunError",
     "InvalidArgument",
     "PolicyError",
+    "StateConflict",
     "EffectKeyError",
     "ActionDenied",
     "ApprovalRequired",

@@ -45,12 +45,22 @@ from .canonical import idempotency_token_for
 from .console import (approval_link, badge, call_link, change_url, changelist_url, data_rows, effect_link, link,
                       policy_link, reason_html, receipt_link, shown, tampered_badge, when, when_text)
 from .display import dumps, dumps_html, has_hidden, hidden_fields, is_blank, reveal, reveal_html, warning
-from .errors import CTRLRunError
+from .errors import CTRLRunError, StateConflict
 from .identity import same_person
+from .messages import state_conflict
 from .models import Approval, EffectRecord, Event, PolicyDocument, Receipt
 from .receipts import INDEXED_COLUMNS, row_problem
 from .report import chain_lines
-from .states import EMITTED_EVENT_TYPES, ApprovalStatus, EffectState, EventType
+from .states import (
+    EMITTED_EVENT_TYPES,
+    HOLDING_STATES,
+    ApprovalStatus,
+    EffectState,
+    EventType,
+    askable,
+    effective_approval_status,
+    held_lapsed,
+)
 
 _clock = threading.local()
 
@@ -71,7 +81,7 @@ def _now() -> Any:
 
 DECIDE = "ctrlrun.decide_approval"
 RESOLVE = "ctrlrun.resolve_effect"
-HELD = (EffectState.RESERVED, EffectState.EXECUTING)
+HELD = tuple(HOLDING_STATES)
 
 
 # --------------------------------------------------------------------------- showing what people read
@@ -147,7 +157,7 @@ def _proposed(events: list[Any]) -> dict[str, Any] | None:
 def _policy_document(policy_hash: str | None) -> PolicyDocument | None:
     if not policy_hash:
         return None
-    return PolicyDocument.objects.using(conf.database_alias()).filter(pk=policy_hash).first()
+    return PolicyDocument.objects.using(store.alias()).filter(pk=policy_hash).first()
 
 
 def _timeline(site: str, events: list[Any]) -> list[dict[str, Any]]:
@@ -189,7 +199,7 @@ class EvidenceAdmin(admin.ModelAdmin):
         return self.admin_site.name
 
     def get_queryset(self, request: HttpRequest) -> Any:
-        return super().get_queryset(request).using(conf.database_alias())  # CTRLRUN_DATABASE
+        return super().get_queryset(request).using(store.alias())  # CTRLRUN_DATABASE
 
     def get_object(self, request: HttpRequest, object_id: str, from_field: str | None = None) -> Any:
         if "\x00" in object_id:  # never stored; PostgreSQL refuses the query itself
@@ -311,16 +321,13 @@ def _approval_fields(approval: Any) -> list[str]:
     return hidden_fields(json.loads(approval.action_json), approval.effect_key)
 
 
+def refusal_text(exc: CTRLRunError) -> str:
+    """A refusal as the console words it: a ``StateConflict`` (the store's facts) in the console's
+    terms (no command line named), any other error as it says itself."""
+    return state_conflict(exc) if isinstance(exc, StateConflict) else str(exc)
+
+
 # --------------------------------------------------------------------------- approvals
-
-
-def effective_status(status: str, expires_at: dt.datetime, now: dt.datetime) -> str:
-    """What a request is now: a pending or granted (unused) request past its expiry is expired,
-    whether or not its row has been moved to ``expired`` yet (the store moves it when someone next
-    tries to answer or use it, and then refuses)."""
-    if status in (ApprovalStatus.PENDING, ApprovalStatus.GRANTED) and expires_at <= now:
-        return ApprovalStatus.EXPIRED
-    return status
 
 
 class DecisionForm(forms.Form):
@@ -420,7 +427,7 @@ class ApprovalAdmin(EvidenceAdmin):
         if not store.approval_signature_ok(obj):
             return tampered_badge(_g("this row does not carry ctrlrun's signature: nobody can answer or use it"))
         now = _now()
-        status = effective_status(obj.status, obj.expires_at, now)
+        status = effective_approval_status(obj.status, obj.expires_at, now)
         if status == ApprovalStatus.EXPIRED and obj.status == ApprovalStatus.PENDING:
             return badge(status, title=_g("not answered before %(at)s") % {"at": when_text(obj.expires_at)})
         if status == ApprovalStatus.EXPIRED and obj.status == ApprovalStatus.GRANTED:
@@ -522,7 +529,7 @@ class ApprovalAdmin(EvidenceAdmin):
     def _answerable(self, request: HttpRequest, approval: Any) -> str | None:
         """Why ``request.user`` cannot answer ``approval`` now, or None when they can."""
         now = _now()
-        status = effective_status(approval.status, approval.expires_at, now)
+        status = effective_approval_status(approval.status, approval.expires_at, now)
         if not approval.signature_ok:
             return _g("Request %(id)s was changed outside ctrlrun (its row does not carry ctrlrun's signature): "
                       "nobody can answer it") % {"id": approval.approval_id}
@@ -543,7 +550,7 @@ class ApprovalAdmin(EvidenceAdmin):
         context: dict[str, Any] = dict(extra_context or {})
         if approval is not None:
             now = _now()
-            status = effective_status(approval.status, approval.expires_at, now)
+            status = effective_approval_status(approval.status, approval.expires_at, now)
             tampered = not approval.signature_ok
             pending = status == ApprovalStatus.PENDING and not tampered
             # The same person however the name is written (case, spaces, invisible characters, look-alikes).
@@ -597,10 +604,10 @@ class ApprovalAdmin(EvidenceAdmin):
             try:  # the store decides (it also moves a request past its expiry to expired)
                 result = store.answer_approval(object_id, answer == "approve", by=username, note=note)
             except CTRLRunError as exc:
-                self.message_user(request, reveal(str(exc)), messages.ERROR)
+                self.message_user(request, reveal(refusal_text(exc)), messages.ERROR)
                 return HttpResponseRedirect(change)
             verb = "granted" if answer == "approve" else "denied"
-            self.log_change(request, Approval.objects.using(conf.database_alias()).get(pk=object_id),
+            self.log_change(request, Approval.objects.using(store.alias()).get(pk=object_id),
                             f"{verb} {object_id}" + (f": {note}" if note else ""))
             self.message_user(request, self._answered_message(result, verb), messages.SUCCESS)
             return HttpResponseRedirect(change)
@@ -761,7 +768,7 @@ class EffectRecordAdmin(EvidenceAdmin):
         if not store.effect_signature_ok(obj):
             return tampered_badge(_g("this row does not carry ctrlrun's signature: ctrlrun will not retry, sweep or "
                                      "resolve it"))
-        if obj.state in HELD and obj.lease_expires_at is not None and obj.lease_expires_at <= _now():
+        if held_lapsed(obj.state, obj.lease_expires_at, _now()):
             return format_html("{} {}", badge(obj.state), badge("lapsed", _g("lease lapsed")))
         return badge(obj.state)
 
@@ -819,9 +826,7 @@ class EffectRecordAdmin(EvidenceAdmin):
         skipped = 0
         now = _now()
         for record in queryset.order_by("effect_key"):
-            askable = record.state == EffectState.AMBIGUOUS or (
-                record.state in HELD and record.lease_expires_at is not None and record.lease_expires_at <= now)
-            if not askable or reconcile.hook_for(record.action) is None:
+            if not askable(record.state, record.lease_expires_at, now) or reconcile.hook_for(record.action) is None:
                 skipped += 1
                 continue
             try:
@@ -859,7 +864,7 @@ class EffectRecordAdmin(EvidenceAdmin):
         context: dict[str, Any] = dict(extra_context or {})
         if effect is not None:
             now = _now()
-            lapsed = effect.state in HELD and effect.lease_lapsed(now)
+            lapsed = held_lapsed(effect.state, effect.lease_expires_at, now)
             askable = effect.state == EffectState.AMBIGUOUS or lapsed
             may_resolve = self.has_resolve_permission(request)
             reconcile.ensure_discovered()
@@ -905,7 +910,7 @@ class EffectRecordAdmin(EvidenceAdmin):
         try:
             line = reconcile.ask_now(key, requested_by=request.user.get_username())
         except CTRLRunError as exc:
-            self.message_user(request, reveal(str(exc)), messages.ERROR)
+            self.message_user(request, reveal(refusal_text(exc)), messages.ERROR)
             return HttpResponseRedirect(change)
         level = messages.SUCCESS if line.outcome in ("committed", "failed") else messages.WARNING
         if line.outcome == "needs_human":  # the line's own text is for the command line (--import)
@@ -928,7 +933,7 @@ class EffectRecordAdmin(EvidenceAdmin):
         try:
             store.resolve(key, outcome, by=request.user.get_username(), reason=reason, attempt=attempt)
         except CTRLRunError as exc:
-            self.message_user(request, reveal(f"not resolved: {exc}"), messages.ERROR)
+            self.message_user(request, reveal(f"not resolved: {refusal_text(exc)}"), messages.ERROR)
             return HttpResponseRedirect(change)
         self.log_change(request, self.get_object(request, key), f"resolved {outcome} (attempt {attempt}): {reason}")
         after = (_g("a retry is now permitted") if outcome == "failed"
@@ -1072,7 +1077,7 @@ class ReceiptAdmin(EvidenceAdmin):
     def previous(self, obj: Receipt) -> SafeString:
         if not obj.seq or obj.seq <= 1:
             return format_html("{}", _g("none: the first receipt (its previous hash is the genesis hash)"))
-        before = Receipt.objects.using(conf.database_alias()).filter(seq=obj.seq - 1).values_list(
+        before = Receipt.objects.using(store.alias()).filter(seq=obj.seq - 1).values_list(
             "receipt_id", flat=True).first()
         if before is None:
             return format_html("<strong>{}</strong>", _g("missing: no receipt holds seq %(seq)d") % {"seq": obj.seq - 1})
@@ -1226,7 +1231,7 @@ class EventAdmin(EvidenceAdmin):
         policy_hash = next((r.doc.get("policy_hash") for r in receipts if _readable(r)), None)
         name = (proposed or {}).get("name") or (receipts[0].action if receipts else "")
         keys = sorted({e.effect_key for e in events if e.effect_key} | {r.effect_key for r in receipts if r.effect_key})
-        alias = conf.database_alias()
+        alias = store.alias()
         states = dict(EffectRecord.objects.using(alias).filter(pk__in=keys).values_list("effect_key", "state"))
         approvals = list(Approval.objects.using(alias).filter(Q(action_id=action_id) | Q(consumed_by=action_id))
                          .order_by("created_at"))
@@ -1245,7 +1250,7 @@ class EventAdmin(EvidenceAdmin):
                         for k in keys],
             "approvals": [{"id": approval_link(self.site, a.approval_id, short=None),
                            "role": _g("asked for") if a.action_id == action_id else _g("used"),
-                           "status": badge(effective_status(a.status, a.expires_at, now)),
+                           "status": badge(effective_approval_status(a.status, a.expires_at, now)),
                            "approver": shown(a.approver)} for a in approvals],
             "receipts": _receipt_rows(self.site, receipts),
             "events": _timeline(self.site, events),

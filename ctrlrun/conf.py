@@ -130,21 +130,17 @@ def chain_check_max_age() -> dt.timedelta:
 
 
 _alias: str | None = None
-#: The alias and clock of the ``Control`` whose call is running in this context (``Control.scope``):
-#: several Controls in one process each reach their own database, on their own clock.
-_scoped_alias: ContextVar[str | None] = ContextVar("ctrlrun_database_alias", default=None)
+#: The clock of the ``Control`` whose call is running in this context (``Control.scope``): several
+#: Controls in one process each keep their own time.
 _scoped_clock: ContextVar[Callable[[], dt.datetime] | None] = ContextVar("ctrlrun_clock", default=None)
 
 
 def database_alias() -> str:
-    """Which ``DATABASES`` entry holds ctrlrun's tables: the running Control's, else
-    ``CTRLRUN_DATABASE``, else ``default``.
+    """Which ``DATABASES`` entry holds ctrlrun's tables (``default`` unless told otherwise).
 
-    Read on every store call, so the setting is cached; a changed setting (tests) clears the cache.
+    Read on every store call, so it is cached; a changed setting (tests) clears the cache. A
+    Control with a database of its own runs its phases under ``store.using(alias)``.
     """
-    scoped = _scoped_alias.get()
-    if scoped is not None:
-        return scoped
     global _alias
     if _alias is None:
         _alias = _setting("CTRLRUN_DATABASE", "default")
@@ -152,15 +148,13 @@ def database_alias() -> str:
 
 
 @contextlib.contextmanager
-def scoped(alias: str | None, clock: Callable[[], dt.datetime] | None) -> Iterator[None]:
-    """Inside the block, the store uses ``alias`` and ``clock`` (None: the process-wide ones)."""
-    alias_token = _scoped_alias.set(alias)
-    clock_token = _scoped_clock.set(clock)
+def scoped_clock(clock: Callable[[], dt.datetime] | None) -> Iterator[None]:
+    """Inside the block, the store uses ``clock`` (None: the process-wide one)."""
+    token = _scoped_clock.set(clock)
     try:
         yield
     finally:
-        _scoped_clock.reset(clock_token)
-        _scoped_alias.reset(alias_token)
+        _scoped_clock.reset(token)
 
 
 def forget_cached_settings(**_: Any) -> None:

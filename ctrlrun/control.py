@@ -145,9 +145,18 @@ class Control:
     def loaded_policy(self) -> Policy | None:
         """The policy, once it is loaded and stored in this Control's database (else None)."""
         policy = self._policy
-        if policy is None or (self._database or conf.database_alias()) not in self._stored:
+        if policy is None or not self._stored or self._alias_now() not in self._stored:
             return None
         return policy
+
+    def _alias_now(self) -> str:
+        """The database this Control's next phase writes to: its own, else the store's here and now
+        (a ``store.using()`` block, else ``CTRLRUN_DATABASE``)."""
+        if self._database is not None:
+            return self._database
+        from .store import base
+
+        return base.alias()
 
     @property
     def policy(self) -> Policy:
@@ -163,9 +172,13 @@ class Control:
 
     @contextlib.contextmanager
     def _own_scope(self) -> Iterator[None]:
-        from . import observers
+        from . import observers, store
 
-        with conf.scoped(self._database, self._clock), observers.observing(self._observers):
+        with contextlib.ExitStack() as stack:
+            if self._database is not None:
+                stack.enter_context(store.using(self._database))
+            stack.enter_context(conf.scoped_clock(self._clock))
+            stack.enter_context(observers.observing(self._observers))
             yield
 
     @property
@@ -188,7 +201,7 @@ class Control:
         with self._lock:
             policy = self._read()  # the policy first: a broken one creates nothing
             standalone.ensure_ready()
-            alias = self._database or conf.database_alias()
+            alias = self._alias_now()
             if alias not in self._stored:
                 with self.scope():
                     self.store.ensure_policy(policy.hash, policy.schema, policy.source, policy.text,

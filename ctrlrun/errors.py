@@ -6,6 +6,8 @@ wording is for people.
 """
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "CTRLRunError",
     "InvalidArgument",
@@ -20,6 +22,8 @@ __all__ = [
     "NotExecuted",
     "StoreUnavailable",
     "EvidenceTampered",
+    "StateConflict",
+    "IllegalTransition",
 ]
 
 
@@ -114,3 +118,46 @@ class EvidenceTampered(StoreUnavailable):
     Raised when the chain head (or the store's signing key) does not verify, so ctrlrun refuses to
     write on top of it. Nothing ran. ``receipts --verify-chain`` names what changed.
     """
+
+
+class StateConflict(CTRLRunError):
+    """A row is not in the state an operation needs: facts, not wording.
+
+    ``what`` is the kind of row (``"effect"`` or ``"approval"``), ``ident`` its key or id,
+    ``expected`` the state (or states) the operation needs and ``found`` what it is: a state, or
+    ``"missing"`` (no such row) or ``"tampered"`` (the row does not carry ctrlrun's signature).
+    Further facts (``attempt``, ``expected_attempt``, ``lapsed``, ``expires_at``, ``operation`` ...)
+    are in ``facts`` and readable as attributes. The commands and the console word it
+    (``ctrlrun.messages.state_conflict``, naming their commands); ``str()`` is that wording with no
+    command named; ``args[0]`` a plain statement of the facts.
+    """
+
+    def __init__(self, what: str, ident: str, expected: str | tuple[str, ...], found: str, **facts: Any):
+        self.what, self.ident, self.expected, self.found = what, ident, expected, found
+        self.facts = facts
+        wanted = expected if isinstance(expected, str) else " or ".join(expected)
+        super().__init__(f"{what} {ident} is {found}, not {wanted}")
+
+    def __str__(self) -> str:
+        """Worded as the console words it (``ctrlrun.messages``), for a caller that only prints it."""
+        from .messages import state_conflict  # messages imports this module
+
+        return state_conflict(self)
+
+    def __getattr__(self, name: str) -> Any:
+        facts = self.__dict__.get("facts", {})
+        if name in facts:
+            return facts[name]
+        raise AttributeError(name)
+
+
+class IllegalTransition(CTRLRunError, AssertionError):
+    """A bug: code asked to move an effect record along an edge the state table does not have.
+
+    Raised before anything is written (``states.TRANSITIONS`` is checked on every state write);
+    the database's triggers refuse the same edges for anyone who writes around ctrlrun.
+    """
+
+    def __init__(self, source: str, target: str):
+        self.source, self.target = source, target
+        super().__init__(f"an effect record cannot move {source} -> {target}: the state table has no such edge")

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from . import conf, store
-from .errors import InvalidArgument, PolicyError
+from .errors import InvalidArgument, PolicyError, StateConflict
 from .protect import call_hook, hook_for, registered_actions
 
 __all__ = ["Line", "Report", "discover", "ensure_discovered", "run_once", "ask", "ask_now", "is_known_action",
@@ -117,10 +117,9 @@ def ask_now(effect_key: str, *, requested_by: str | None = None) -> Line:
     its hook, recorded as trigger ``operator``."""
     store.sweep_lapsed(effect_key=effect_key)
     effect = store.get_effect(effect_key)
-    if effect is None:
-        raise InvalidArgument(f"no effect '{effect_key}'")
-    if effect.state != "ambiguous":
-        raise InvalidArgument(f"effect '{effect_key}' is {effect.state}; only an ambiguous effect is reconciled")
+    if effect is None or effect.state != "ambiguous":
+        raise StateConflict("effect", effect_key, "ambiguous", effect.state if effect else "missing",
+                            operation="reconcile")
     return ask(effect, requested_by=requested_by, trigger="operator")
 
 
@@ -140,7 +139,7 @@ def is_known_action(action: str) -> bool:
 
     if action in registered_actions() or action in _policy_actions()[0]:
         return True
-    return EffectRecord.objects.using(conf.database_alias()).filter(action=action).exists()
+    return EffectRecord.objects.using(store.alias()).filter(action=action).exists()
 
 
 def known_actions() -> tuple[list[str], str | None]:
@@ -149,7 +148,7 @@ def known_actions() -> tuple[list[str], str | None]:
     from .models import EffectRecord
 
     named, note = _policy_actions()
-    recorded = EffectRecord.objects.using(conf.database_alias()).values_list("action", flat=True).distinct()
+    recorded = EffectRecord.objects.using(store.alias()).values_list("action", flat=True).distinct()
     return sorted({*named, *registered_actions(), *recorded}), note
 
 

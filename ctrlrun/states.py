@@ -5,6 +5,7 @@ never exist in the database that the code does not know.
 """
 from __future__ import annotations
 
+import datetime as dt
 import enum
 from typing import Literal
 
@@ -21,6 +22,11 @@ __all__ = [
     "INITIAL_STATE",
     "can_move",
     "HOLDING_STATES",
+    "lease_lapsed",
+    "held_lapsed",
+    "askable",
+    "approval_lapsed",
+    "effective_approval_status",
 ]
 
 
@@ -111,7 +117,9 @@ RECONCILE_ANSWERS: frozenset[str] = frozenset({"committed", "not_executed", "unk
 HOLDING_STATES: frozenset[EffectState] = frozenset({EffectState.RESERVED, EffectState.EXECUTING})
 
 _S = EffectState
-#: Every move the store makes on an effect record, and what causes it; nothing else is possible.
+#: Every move the store makes on an effect record, and what causes it; nothing else is possible:
+#: every state write of the store goes through ``store.effects._move``, which checks this table
+#: first, and ``tests/integration/test_transitions.py`` drives each edge.
 #: A reservation takes the key and starts the run in one transaction, so the store never leaves
 #: a record ``reserved`` (the state exists in the vocabulary, for the reference's readers).
 #: Database triggers installed by the migrations (``ctrlrun.guard``) refuse every other edge,
@@ -123,7 +131,8 @@ TRANSITIONS: dict[tuple[EffectState, EffectState], str] = {
     (_S.EXECUTING, _S.COMMITTED): "the function returned",
     (_S.EXECUTING, _S.FAILED): "the function raised NotExecuted",
     (_S.EXECUTING, _S.AMBIGUOUS): "the holder saw another exception, or its lease lapsed",
-    (_S.AMBIGUOUS, _S.AMBIGUOUS): "the holder saw another exception after its lease lapsed, or a hook could not say",
+    (_S.AMBIGUOUS, _S.AMBIGUOUS): "the holder saw another exception after its lease lapsed, or a hook could not say "
+                                  "(the next deferred attempt waits longer)",
     (_S.AMBIGUOUS, _S.COMMITTED): "a reconcile hook or a human said it happened",
     (_S.AMBIGUOUS, _S.FAILED): "a reconcile hook or a human said it did not happen",
 }
@@ -137,3 +146,35 @@ INITIAL_STATE = _S.EXECUTING
 def can_move(source: EffectState, target: EffectState) -> bool:
     """Whether the state table allows ``source -> target``."""
     return (source, target) in TRANSITIONS
+
+
+# The rules that read a row's times against the store's clock, written once for the store and the
+# console alike. ``now`` is always the store's clock (``store.now()``), never this host's.
+
+
+def lease_lapsed(lease_expires_at: dt.datetime | None, now: dt.datetime) -> bool:
+    """A lease that ran out: its holder stopped renewing it (no lease at all has nothing to lapse)."""
+    return lease_expires_at is not None and lease_expires_at <= now
+
+
+def held_lapsed(state: str, lease_expires_at: dt.datetime | None, now: dt.datetime) -> bool:
+    """A record held by an attempt whose lease ran out: its worker died, hung or froze, and a sweep
+    moves it to ``ambiguous``."""
+    return state in HOLDING_STATES and lease_lapsed(lease_expires_at, now)
+
+
+def askable(state: str, lease_expires_at: dt.datetime | None, now: dt.datetime) -> bool:
+    """Whether a reconcile hook may be asked about a record now: its outcome is unknown, or its
+    holder's lease lapsed (it is swept to ``ambiguous`` first)."""
+    return state == EffectState.AMBIGUOUS or held_lapsed(state, lease_expires_at, now)
+
+
+def approval_lapsed(status: str, expires_at: dt.datetime, now: dt.datetime) -> bool:
+    """A request still waiting, or granted and unused, past its expiry: it is expired in effect,
+    whether or not its row has been moved to ``expired`` yet."""
+    return status in (ApprovalStatus.PENDING, ApprovalStatus.GRANTED) and expires_at <= now
+
+
+def effective_approval_status(status: str, expires_at: dt.datetime, now: dt.datetime) -> str:
+    """What a request is now: its status, or ``expired`` when :func:`approval_lapsed`."""
+    return ApprovalStatus.EXPIRED.value if approval_lapsed(status, expires_at, now) else str(status)

@@ -10,11 +10,20 @@ os.environ.setdefault("SECRET_KEY", "tests-only-secret-key")
 
 from project.settings import *  # noqa: E402,F401,F403
 from project.settings import DATABASES  # noqa: E402
+from ctrlrun.standalone import sqlite_options  # noqa: E402
 
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
     _folder = tempfile.mkdtemp(prefix="ctrlrun-tests-")
     DATABASES["default"]["NAME"] = os.path.join(_folder, "main.db")
     DATABASES["default"]["TEST"] = {"NAME": os.path.join(_folder, "test.db")}
+
+# A second database for ``store.using("other")`` (tests/integration/test_store_alias.py): always a
+# SQLite file of its own, whichever database the suite runs on; created only for the tests that
+# ask for it (``databases=["default", "other"]``).
+_other = tempfile.mkdtemp(prefix="ctrlrun-tests-other-")
+DATABASES["other"] = {"ENGINE": "django.db.backends.sqlite3", "NAME": os.path.join(_other, "other.db"),
+                      "TEST": {"NAME": os.path.join(_other, "test-other.db")},
+                      "OPTIONS": sqlite_options(), "ATOMIC_REQUESTS": False}
 
 STATIC_ROOT = tempfile.mkdtemp(prefix="ctrlrun-static-")  # exists, so whitenoise has nothing to warn about
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # fast logins in tests

@@ -63,7 +63,7 @@ CANCELLED_BEFORE_START = "the call was cancelled before its function started; no
 
 
 def _answer(answer: Any, effect_key: str, started: float) -> Any:
-    from ..store import HookAnswer
+    from ..values import HookAnswer
 
     if isinstance(answer, str) and answer in RECONCILE_ANSWERS:
         return HookAnswer(answer, duration=time.monotonic() - started)
@@ -72,7 +72,7 @@ def _answer(answer: Any, effect_key: str, started: float) -> Any:
 
 
 def _raised(exc: Exception, effect_key: str, started: float) -> Any:
-    from ..store import HookAnswer
+    from ..values import HookAnswer
 
     logger.warning("reconcile hook for %s raised %s: %s", effect_key, type(exc).__name__, exc)
     return HookAnswer("unknown", "raised", evidence_text(f"{type(exc).__name__}: {exc}"), time.monotonic() - started)

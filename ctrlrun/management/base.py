@@ -13,7 +13,8 @@ from django.db import Error as DatabaseError  # InterfaceError too: it is not a 
 from .. import __version__
 from ..cli import stop_for_closed_pipe
 from ..display import reveal
-from ..errors import CTRLRunError
+from ..errors import CTRLRunError, StateConflict
+from ..messages import state_conflict
 
 #: The largest count a command accepts (``--last``, ``--limit``, ``--attempt``): the largest value
 #: of a 64-bit signed integer, what SQLite and PostgreSQL (bigint, LIMIT) can hold.
@@ -119,7 +120,7 @@ class CtrlrunCommand(BaseCommand):
         except BrokenPipeError:  # the reader went away (e.g. '| head'): stop quietly, exit 141
             stop_for_closed_pipe()
         except CTRLRunError as exc:  # messages quote names and keys: never print their hidden characters raw
-            raise Error(reveal(str(exc), multiline=True)) from None
+            raise Error(reveal(self.refusal(exc), multiline=True)) from None
         except UnicodeError as exc:
             raise Error(f"an argument is not valid UTF-8 text ({exc.reason}); check the id or key you typed") from None
         except DatabaseError as exc:
@@ -129,6 +130,11 @@ class CtrlrunCommand(BaseCommand):
                 f"the ctrlrun store could not be read ({type(exc).__name__}: {' '.join(str(exc).split())}). If its tables "
                 f"are missing, {remedy}"
             )) from None
+
+    def refusal(self, exc: CTRLRunError) -> str:
+        """A refusal worded for this command line: a ``StateConflict`` (the store's facts) with the
+        commands named as the user runs them here; any other error as it says itself."""
+        return state_conflict(exc, self.command_line) if isinstance(exc, StateConflict) else str(exc)
 
     def run(self, **options: Any) -> None:  # pragma: no cover - abstract
         raise NotImplementedError

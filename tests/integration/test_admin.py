@@ -972,8 +972,10 @@ def test_front_page_never_rehashes_the_chain(refund, as_role, client, monkeypatc
     def refused(*args, **kwargs):
         raise AssertionError("the front page re-hashed the chain")
 
-    monkeypatch.setattr(store, "verify", refused)
-    monkeypatch.setattr(store, "verify_incremental", refused)
+    for module in (store, store.evidence):  # the façade, and where run_check finds them
+        monkeypatch.setattr(module, "verify", refused)
+        monkeypatch.setattr(module, "verify_incremental", refused)
+    monkeypatch.setattr(store.evidence, "_verify", refused)
     as_role("auditor")
     assert overview_tiles(client)["chain"].startswith("unchecked receipt chain never checked (1 receipt)")
     assert chain_tile_class(client) == "attention"

@@ -213,7 +213,7 @@ def test_incremental_checks_records_named_by_new_events_against_their_whole_stor
 def test_progress_lines_on_long_work_and_quiet(refund, monkeypatch):
     """A long check says how far it got on stderr (every PROGRESS_EVERY rows); --quiet says nothing."""
     monkeypatch.setattr(receipts, "PROGRESS_EVERY", 2)
-    monkeypatch.setattr(store, "PROGRESS_EVERY", 2)
+    monkeypatch.setattr(store.evidence, "PROGRESS_EVERY", 2)  # where the walk reads it
     pay(refund, 4)
     _, err, _ = check()
     assert "checking: read 4 receipts and" in err and "checking: 2 of 4 receipts re-hashed (" in err

@@ -105,8 +105,9 @@ def test_the_store_says_no_command_name_for_the_console():
     """store.resolve (what the console calls too) names no command line in its messages."""
     from ctrlrun import store
 
-    with pytest.raises(ctrlrun.InvalidArgument) as caught:
+    with pytest.raises(ctrlrun.StateConflict) as caught:
         store.resolve("refund:nope", "failed", by="alice", reason="checked")
+    assert (caught.value.what, caught.value.ident, caught.value.found) == ("effect", "refund:nope", "missing")
     assert "ctrlrun " not in str(caught.value) and "manage.py" not in str(caught.value)
 
 

@@ -150,3 +150,35 @@ def test_event_type_contains_every_spec_type() -> None:
 def test_event_type_value_is_its_name() -> None:
     """Each event type's value is its own upper-case name."""
     assert all(e.value == e.name for e in EventType)
+
+
+# --------------------------------------------------------------------------- the time rules, written once
+
+import datetime as _dt  # noqa: E402
+
+from ctrlrun import states as _states  # noqa: E402
+
+_NOW = _dt.datetime(2026, 11, 29, 12, 0, tzinfo=_dt.timezone.utc)
+_PAST, _LATER = _NOW - _dt.timedelta(seconds=1), _NOW + _dt.timedelta(seconds=1)
+
+
+def test_a_lease_lapses_at_its_expiry_and_no_lease_never_does():
+    """lease_lapsed: at or past the expiry; None (no lease) is never lapsed."""
+    assert _states.lease_lapsed(_NOW, _NOW) and _states.lease_lapsed(_PAST, _NOW)
+    assert not _states.lease_lapsed(_LATER, _NOW) and not _states.lease_lapsed(None, _NOW)
+
+
+def test_only_a_held_record_has_a_lapsed_holder_and_only_then_or_ambiguous_is_askable():
+    """held_lapsed needs reserved/executing; askable is ambiguous, or a held record whose lease lapsed."""
+    assert _states.held_lapsed("executing", _PAST, _NOW) and not _states.held_lapsed("failed", _PAST, _NOW)
+    assert _states.askable("ambiguous", None, _NOW) and _states.askable("executing", _PAST, _NOW)
+    assert not _states.askable("executing", _LATER, _NOW) and not _states.askable("committed", _PAST, _NOW)
+
+
+def test_a_waiting_or_granted_request_past_its_expiry_is_expired_in_effect():
+    """effective_approval_status: pending/granted past expiry read as expired; answered ones keep their status."""
+    assert _states.effective_approval_status("pending", _PAST, _NOW) == "expired"
+    assert _states.effective_approval_status("granted", _NOW, _NOW) == "expired"
+    assert _states.effective_approval_status("granted", _LATER, _NOW) == "granted"
+    assert _states.effective_approval_status("consumed", _PAST, _NOW) == "consumed"
+    assert _states.effective_approval_status("denied", _PAST, _NOW) == "denied"

@@ -7,8 +7,8 @@ from django.db import Error as DatabaseError
 
 from ... import store
 from ...display import is_blank, reveal
-from ...errors import InvalidArgument
-from ...states import EffectState
+from ...errors import InvalidArgument, StateConflict
+from ...states import EffectState, held_lapsed
 from ..base import CtrlrunCommand, Error, default_person, positive_int
 
 
@@ -40,8 +40,8 @@ class Command(CtrlrunCommand):
         person = by if by is not None else default_person()
         try:
             effect = store.resolve(effect_key, outcome, by=person, reason=reason, attempt=attempt)
-        except InvalidArgument as exc:
-            raise Error(reveal(f"{exc}{self._next_step(effect_key, attempt)}", multiline=True)) from None
+        except (InvalidArgument, StateConflict) as exc:
+            raise Error(reveal(f"{self.refusal(exc)}{self._next_step(effect_key, attempt)}", multiline=True)) from None
         self.stdout.write(f"{effect.effect_key} resolved {outcome} by {effect.resolved_by}")
         if outcome == "failed":
             self.stdout.write("a retry of this effect is now permitted")
@@ -58,7 +58,7 @@ class Command(CtrlrunCommand):
             return ""  # the refusal itself is what matters; the hint is a courtesy
         if effect is None:
             return f"; '{self.command_line('effects')}' lists the keys"
-        if effect.state in (EffectState.RESERVED, EffectState.EXECUTING) and effect.lease_lapsed(now):
+        if held_lapsed(effect.state, effect.lease_expires_at, now):
             return f". Run '{self.command_line('reconcile')}', then resolve it if it is still ambiguous"
         if attempt is not None and effect.state == EffectState.AMBIGUOUS and effect.attempt != attempt:
             return f" ('{self.command_line('effects')} --state ambiguous' shows it now)"

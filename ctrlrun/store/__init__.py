@@ -1,0 +1,163 @@
+"""The only package that talks to the database: every transaction, row lock and conflict.
+
+This façade re-exports the store's public names (``from ctrlrun import store; store.reserve(...)``);
+the work lives in one module per concern:
+
+- ``base``        which database (``using()``), the clock, a phase, a read, the raw hot-path cursor
+- ``sql``         every statement an allowed call makes, named
+- ``signatures``  the MACs over effect records, approvals, the chain head and recorded checks
+- ``chain``       appending events and receipts to their hash chains (``_seal``)
+- ``policies``    policy documents, stored once
+- ``approvals``   requests, answers, expiry, use
+- ``effects``     reserve, lease, outcome, sweep, reconcile, resolve: every state write (``_move``)
+- ``evidence``    reads, chain verification, recorded checks, the overview
+
+Its value types live in ``ctrlrun.values`` (no Django); its wording in ``ctrlrun.messages``.
+
+Design
+------
+A protected call is a few short *phases*, each one ``transaction.atomic(durable=True)`` with a
+closed set of results, and never a transaction open while the user's function runs:
+
+1. ``reserve``: take the effect key (insert the row, or renew a ``failed`` one) and mark it
+   executing, in ONE transaction. The call's opening events (proposed, evaluated, reserved,
+   started) are kept on the record itself (``pending``) until the call ends. A refusal writes its
+   events and its ``blocked`` receipt in that same transaction.
+2. the function runs, outside any transaction, while a heartbeat renews the lease;
+3. ``record_outcome``: move the row (if this attempt still holds it), and append the opening
+   events, the outcome event and the receipt to the evidence, in ONE transaction.
+
+So an allowed call costs two write transactions; a denied or refused one costs one.
+
+The clock. Every time the store writes or compares (leases, expiries, evidence) comes from the
+*store's* clock, read once per phase: the database server's ``now()`` on PostgreSQL, so a host
+whose clock runs minutes fast or slow can neither lapse a live lease nor misdate a row; on SQLite
+the one host's system clock, which is the only clock its processes can have. A test clock
+(``conf.set_clock``) replaces both.
+
+Evidence. Receipts and events are two hash chains hanging off one head row (``ChainHead``),
+which each evidence append locks, last in its transaction. Reservation appends nothing (its
+events wait on the record), so taking a key takes no global lock; the outcome phase, which locks
+the head for its receipt anyway, appends the waiting events with it. If the worker dies, whoever
+sweeps its lapsed lease appends them, with the dead attempt's ``ambiguous`` receipt. The head
+is signed (``ctrlrun.signing``) and checked before every append, as are effect records and
+approvals before they are relied on: a row written around ctrlrun is refused where it is used.
+
+Serialisation. On SQLite every transaction is ``BEGIN IMMEDIATE`` (see ``standalone.
+sqlite_options``), so a read-then-write decision cannot interleave with another writer. On
+PostgreSQL a first reservation is ``INSERT ... ON CONFLICT DO NOTHING`` on the key (a concurrent
+insert of the same key waits for the winner, then does nothing), and every other decision reads
+the row with ``SELECT ... FOR UPDATE``. Lock order is always effect row, then approval row, then
+chain head: no deadlocks.
+
+The hot path (reserve, outcome, events, receipts) is plain SQL over the models' tables: the
+ORM's query building cost more than the database work (profiled). Everything else uses the ORM.
+The store returns frozen dataclasses and raises ctrlrun's own errors, never QuerySets or
+database exceptions; a row not in the state an operation needs is a ``StateConflict`` (facts,
+worded by the commands and the console). A phase cannot be nested inside a caller's open transaction
+(``durable=True``): evidence must not roll back with someone else's work.
+"""
+from __future__ import annotations
+
+from ..errors import IllegalTransition, StateConflict, StoreUnavailable
+from ..messages import TAMPERED_HINT
+from ..receipts import PROGRESS_EVERY
+from ..values import (
+    ApprovalView,
+    Call,
+    ChainCheckView,
+    EffectView,
+    EventRow,
+    EventView,
+    HookAnswer,
+    OutcomeWrite,
+    Overview,
+    Pending,
+    ReceiptView,
+    Refused,
+    Reserved,
+)
+from . import approvals, base, chain, effects, evidence, policies, signatures, sql
+from .approvals import (
+    answer_approval,
+    approvals_for_hash,
+    expire_if_due,
+    get_approval,
+    list_approvals,
+    request_approval,
+)
+from .base import _db, _phase, _time_param, alias, now, using
+from .effects import (
+    LEASE_LAPSED_ERROR,
+    begin_unkeyed,
+    reconcile_candidates,
+    record_denial,
+    record_outcome,
+    record_reconciliation,
+    record_refusal,
+    renew_lease,
+    reserve,
+    resolve,
+    sweep_lapsed,
+    write_ambiguous_receipt,
+)
+from .evidence import (
+    events_for_action,
+    events_for_effect,
+    get_effect,
+    get_receipt,
+    head_position,
+    last_check,
+    list_effects,
+    list_receipts,
+    overview,
+    receipts_for_action,
+    receipts_for_effect,
+    record_check,
+    run_check,
+    verify,
+    verify_incremental,
+)
+from .policies import ensure_policy, forget_known_policies
+from .signatures import (
+    APPROVAL_DOMAIN,
+    CHECK_DOMAIN,
+    EFFECT_DOMAIN,
+    HEAD_DOMAIN,
+    _approval_document,
+    _effect_mac,
+    _head_document,
+    approval_signature_ok,
+    effect_signature_ok,
+)
+
+#: Private names older code reaches through the façade: the migrations re-sign rows with the
+#: signature documents, a bench writes raw times, a test counts phases.
+_PRIVATE = (_db, _phase, _time_param, _approval_document, _effect_mac, _head_document)
+
+__all__ = [
+    # values (ctrlrun.values)
+    "Call", "Pending", "Reserved", "Refused", "OutcomeWrite", "HookAnswer", "EffectView", "EventView", "ReceiptView",
+    "ApprovalView", "ChainCheckView", "Overview", "EventRow",
+    # errors the store raises on its own account
+    "StateConflict", "IllegalTransition", "StoreUnavailable",
+    # which database, and its clock
+    "using", "alias", "now",
+    # policies
+    "ensure_policy", "forget_known_policies",
+    # effects
+    "record_denial", "begin_unkeyed", "reserve", "record_refusal", "renew_lease", "record_outcome",
+    "record_reconciliation", "write_ambiguous_receipt", "resolve", "sweep_lapsed", "reconcile_candidates",
+    "LEASE_LAPSED_ERROR",
+    # approvals
+    "request_approval", "answer_approval", "expire_if_due", "get_approval", "list_approvals", "approvals_for_hash",
+    # evidence
+    "list_effects", "get_effect", "list_receipts", "get_receipt", "events_for_action", "events_for_effect",
+    "receipts_for_action", "receipts_for_effect", "verify", "verify_incremental", "record_check", "run_check",
+    "last_check", "head_position", "overview", "PROGRESS_EVERY",
+    # signatures (the migrations re-sign rows with these)
+    "HEAD_DOMAIN", "EFFECT_DOMAIN", "APPROVAL_DOMAIN", "CHECK_DOMAIN", "approval_signature_ok", "effect_signature_ok",
+    "TAMPERED_HINT",
+    # the modules, for tests and tools that reach one concern
+    "approvals", "base", "chain", "effects", "evidence", "policies", "signatures", "sql",
+]

@@ -1,0 +1,221 @@
+"""Approval requests: asked, answered by a person, expired, checked and used up by the call they name.
+
+A request is bound to the action's hash; only a pending, unexpired request ctrlrun itself wrote
+can be answered, and only a granted one for exactly this call is used (in the reservation's
+transaction, so a refused reservation leaves it granted).
+"""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+from dataclasses import replace
+from typing import Any
+
+from .. import messages
+from ..canonical import evidence_text, evidence_time, new_id
+from ..errors import ActionDenied, ApprovalMismatch, CTRLRunError, InvalidArgument, StateConflict
+from ..identity import same_person
+from ..models import Approval
+from ..states import ApprovalStatus, Decision, EventType, Result, approval_lapsed
+from ..values import ApprovalView, Call, EventRow, Refused
+from .base import _db, _phase, _q, _reading
+from .chain import _event, _opening_events, _ReceiptSpec, _seal, _started
+from .signatures import _approval_ok, _sign_approval
+
+logger = logging.getLogger("ctrlrun.store")
+PENDING = ApprovalStatus.PENDING.value
+
+_APPROVAL_FIELDS = [f for f in ApprovalView.__dataclass_fields__ if f != "signature_ok"]
+
+
+def _approval_view(row: Approval) -> ApprovalView:
+    return ApprovalView(**{f: getattr(row, f) for f in _APPROVAL_FIELDS}, signature_ok=_approval_ok(row))
+
+
+def request_approval(call: Call, ttl: dt.timedelta) -> ApprovalView:
+    """An ``approve`` decision with nothing presented: a pending request bound to the action hash."""
+    with _phase() as when:
+        call = _started(call, when)
+        action = call.action
+        row = Approval(
+            approval_id=new_id("apr_"), status=ApprovalStatus.PENDING, action=action.name,
+            action_id=action.action_id, action_hash=action.hash,
+            action_json=json.dumps(action.canonical(), ensure_ascii=False, sort_keys=True),
+            agent=action.principal.agent, user=action.principal.user, effect_key=call.effect_key,
+            policy_hash=call.policy_hash, decision_reason=call.reason, created_at=when, expires_at=when + ttl,
+        )
+        _sign_approval(row)
+        row.save(using=_db(), force_insert=True)
+        events = _opening_events(call, when)
+        events.append(_event(EventType.APPROVAL_REQUESTED, call, call.effect_key,
+                             {"action_hash": action.hash, "expires_at": evidence_time(row.expires_at)}, when,
+                             row.approval_id))
+        _seal(events, [], when)
+    return _approval_view(row)
+
+
+def _save_approval(row: Approval, fields: list[str]) -> None:
+    _sign_approval(row)
+    row.save(update_fields=[*fields, "mac"])
+
+
+def _expire(row: Approval, when: dt.datetime, events: list[EventRow], call: Call | None = None) -> None:
+    """Mark ``row`` expired; the event belongs to ``call`` when a call presenting it found it lapsed."""
+    row.status = ApprovalStatus.EXPIRED
+    _save_approval(row, ["status"])
+    owner, key = (call, call.effect_key) if call is not None else (row.action_id, row.effect_key)
+    events.append(_event(EventType.APPROVAL_EXPIRED, owner, key, {}, when, row.approval_id))
+
+
+def answer_approval(approval_id: str, grant: bool, *, by: str, note: str | None = None) -> ApprovalView:
+    """A human grants or denies a pending request. Used by the commands and the console alike.
+
+    Only a pending, unexpired request that ctrlrun itself wrote can be answered; an expired one is
+    marked expired (that write is kept) and refused. The person the call was made for (the
+    principal's ``user``, compared as normalised identities) cannot answer it.
+    """
+    if not isinstance(by, str) or not by.strip():
+        raise InvalidArgument(messages.ANSWER_NEEDS_NAME)
+    by = evidence_text(by.strip())
+    note = evidence_text(note) if note else None
+    expired: ApprovalView | None = None
+    with _phase() as when:
+        row = _q(Approval).select_for_update().filter(pk=approval_id).first()
+        if row is None:
+            raise StateConflict("approval", approval_id, PENDING, "missing")
+        if not _approval_ok(row):
+            raise StateConflict("approval", approval_id, PENDING, "tampered")
+        if row.status != ApprovalStatus.PENDING:
+            raise StateConflict("approval", approval_id, PENDING, str(row.status), approver=row.approver)
+        if approval_lapsed(row.status, row.expires_at, when):
+            events: list[EventRow] = []
+            _expire(row, when, events)
+            _seal(events, [], when)
+            expired = _approval_view(row)
+        else:
+            if row.user is not None and same_person(row.user, by):
+                raise InvalidArgument(messages.own_request(row.action, row.user, by))
+            row.status = ApprovalStatus.GRANTED if grant else ApprovalStatus.DENIED
+            row.approver = by
+            row.note = note
+            row.answered_at = when
+            _save_approval(row, ["status", "approver", "note", "answered_at"])
+            data: dict[str, Any] = {"approver": by}
+            if grant:
+                data["action_hash"] = row.action_hash
+            if note:
+                data["note"] = note
+            kind = EventType.APPROVAL_GRANTED if grant else EventType.APPROVAL_DENIED
+            _seal([_event(kind, row.action_id, row.effect_key, data, when, row.approval_id)], [], when)
+    if expired is not None:
+        raise StateConflict("approval", approval_id, PENDING, "expired", expires_at=expired.expires_at,
+                            just_expired=True)
+    return _approval_view(row)
+
+
+def expire_if_due(approval_id: str) -> ApprovalView | None:
+    """Mark a pending or granted request expired if its time is up (``wait=True`` giving up)."""
+    with _phase() as when:
+        row = _q(Approval).select_for_update().filter(pk=approval_id).first()
+        if row is None:
+            return None
+        if approval_lapsed(row.status, row.expires_at, when) and _approval_ok(row):
+            events: list[EventRow] = []
+            _expire(row, when, events)
+            _seal(events, [], when)
+    return _approval_view(row)
+
+
+def get_approval(approval_id: str) -> ApprovalView | None:
+    with _reading():
+        row = _q(Approval).filter(pk=approval_id).first()
+        return _approval_view(row) if row else None
+
+
+def list_approvals(status: str | None = None) -> list[ApprovalView]:
+    """Pending first (oldest first), then the rest, newest first."""
+    query = _q(Approval).all()
+    if status:
+        query = query.filter(status=status)
+    rows = list(query.order_by("created_at"))
+    pending = [r for r in rows if r.status == ApprovalStatus.PENDING]
+    others = [r for r in reversed(rows) if r.status != ApprovalStatus.PENDING]
+    return [_approval_view(r) for r in pending + others]
+
+
+def approvals_for_hash(action_hash: str) -> list[ApprovalView]:
+    return [_approval_view(r) for r in _q(Approval).filter(action_hash=action_hash).order_by("created_at")]
+
+
+def _take_presented(call: Call, presented: str | None, when: dt.datetime,
+                    events: list[EventRow]) -> tuple[Call, Approval | None, Refused | None]:
+    """Check a presented approval for an ``approve`` decision, in §8.4's order.
+
+    Returns the call stamped with the approval, the row to consume once the effect is taken,
+    or a refusal whose evidence (and the events so far) is already written. An approval that
+    does not carry ctrlrun's signature (a status set around ctrlrun) is refused as ``tampered``
+    before anything it says is believed.
+    """
+    if presented is None or call.decision is not Decision.APPROVE:
+        if presented is not None and call.decision is Decision.DENY:
+            call = replace(call, approval_id=presented)
+        return call, None, None
+    row = _q(Approval).select_for_update().filter(pk=presented).first()
+    genuine = row is not None and _approval_ok(row)
+    call = replace(call, approval_id=presented, approver=row.approver if genuine else None)
+    error: CTRLRunError | None = None
+    if row is None:
+        error = ApprovalMismatch(messages.approval_unknown(presented), reason="unknown", approval_id=presented)
+    elif not genuine:
+        error = ApprovalMismatch(messages.approval_tampered(presented), reason="tampered", approval_id=presented)
+    elif row.action_hash != call.action.hash:
+        error = ApprovalMismatch(messages.approval_mismatch(presented, row.action_hash, call.action.hash),
+                                 reason="mismatch", approval_id=presented)
+    elif row.status == ApprovalStatus.DENIED:
+        error = ActionDenied(messages.approval_denied(presented, row.approver), reason="approval_denied",
+                             action_id=call.action.action_id)
+    elif row.status != ApprovalStatus.GRANTED:
+        error = ApprovalMismatch(messages.approval_not_granted(presented, str(row.status)), reason=str(row.status),
+                                 approval_id=presented)
+    elif approval_lapsed(row.status, row.expires_at, when):
+        _expire(row, when, events, call)
+        error = ApprovalMismatch(messages.approval_expired_ask_again(presented, row.expires_at), reason="expired",
+                                 approval_id=presented)
+    if error is None:
+        return call, row, None
+    if isinstance(error, ActionDenied):
+        events.append(_event(EventType.APPROVAL_DENIED, call, call.effect_key, {"approver": row.approver}, when,
+                             presented))
+        events.append(_event(EventType.ACTION_DENIED, call, call.effect_key, {"reason": "approval_denied"}, when))
+        _seal(events, [_ReceiptSpec(call, Result.DENIED, str(error), None, "approval_denied")], when)
+    else:
+        events.append(_event(EventType.APPROVAL_INVALIDATED, call, call.effect_key,
+                             {"reason": error.reason, "action_hash": call.action.hash}, when, presented))
+        _seal(events, [_ReceiptSpec(call, Result.BLOCKED, str(error), None)], when)
+    return call, None, Refused(error, None, True, call)
+
+
+def _consumption_event(row: Approval, call: Call, when: dt.datetime, *, required: bool) -> EventRow:
+    data: dict[str, Any] = {"approver": row.approver}
+    if not required:
+        data["required"] = False
+    return _event(EventType.APPROVAL_CONSUMED, call, call.effect_key, data, when, row.approval_id)
+
+
+def _mark_consumed(row: Approval, call: Call, when: dt.datetime) -> None:
+    row.status = ApprovalStatus.CONSUMED
+    row.consumed_at = when
+    row.consumed_by = call.action.action_id
+    _save_approval(row, ["status", "consumed_at", "consumed_by"])
+
+
+def _matching_approval(call: Call, presented: str, when: dt.datetime) -> tuple[Approval | None, Call]:
+    """An approval presented on an allowed call is used up only if it is for exactly this call."""
+    row = _q(Approval).select_for_update().filter(pk=presented).first()
+    if (row is None or not _approval_ok(row) or row.action_hash != call.action.hash
+            or row.status != ApprovalStatus.GRANTED or approval_lapsed(row.status, row.expires_at, when)):
+        logger.info("approval %s presented on allowed call %s was not used (it does not match or is not granted)",
+                    presented, call.action.action_id)
+        return None, call
+    return row, replace(call, approval_id=presented, approver=row.approver)

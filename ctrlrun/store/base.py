@@ -1,0 +1,206 @@
+"""The store's plumbing: which database, the clock, one phase, one read, the raw hot-path cursor.
+
+Every other module of the store reaches the database through these: ``_db()`` is the one place
+the alias is read (``using()`` overrides it for a block), ``_phase`` the one way a write
+transaction opens, ``_reading`` the one way a read outside a phase maps database trouble.
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import datetime as dt
+import hashlib
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from django.db import Error as DjangoDatabaseError
+from django.db import connections, transaction
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
+
+from .. import conf, messages
+from ..receipts import event_time
+from ..errors import InvalidArgument, StoreUnavailable
+from . import sql
+
+#: The alias a ``using()`` block chose, or None: the configured one (``CTRLRUN_DATABASE``).
+_alias: contextvars.ContextVar[str | None] = contextvars.ContextVar("ctrlrun_store_alias", default=None)
+
+
+def _db() -> str:
+    """The database alias every store statement runs on: the ONE place it is read."""
+    return _alias.get() or conf.database_alias()
+
+
+def alias() -> str:
+    """Which ``DATABASES`` entry the store uses here and now (``using()``'s, else the configured one)."""
+    return _db()
+
+
+@contextlib.contextmanager
+def using(name: str) -> Iterator[str]:
+    """Run store functions in this block (this thread or task only) against another configured
+    database alias, which must hold ctrlrun's tables (migrated)."""
+    if not isinstance(name, str) or name not in connections.settings:
+        raise InvalidArgument(messages.unknown_alias(name, sorted(connections.settings)))
+    token = _alias.set(name)
+    try:
+        yield name
+    finally:
+        _alias.reset(token)
+
+
+def _q(model: Any) -> Any:
+    return model.objects.db_manager(_db())
+
+
+class _Statements:
+    """The hot path's statements, run on the database driver's own cursor under Django's connection.
+
+    Django's cursor wrapper (parameter conversion, debug hooks, a new wrapper per statement) cost more
+    than the statements themselves (profiled: ~20 µs each on SQLite). The transaction stays Django's
+    (``atomic``), and driver errors still become Django's (``wrap_database_errors``), so ``_phase``
+    maps them as before. When something watches the connection's statements (an ``execute_wrapper``,
+    ``DEBUG``'s query log) they go through Django's cursor, so the watcher sees every one.
+    """
+
+    _sqlite_sql: dict[str, str] = {}
+
+    def __init__(self) -> None:
+        self.connection = connections[_db()]
+        self.watched = bool(self.connection.execute_wrappers) or self.connection.queries_logged
+        self.sqlite = self.connection.vendor == "sqlite"
+
+    def __enter__(self) -> _Statements:
+        if self.watched:
+            self.cursor = self.connection.cursor()
+        else:
+            self.connection.ensure_connection()
+            self.cursor = self.connection.connection.cursor()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.cursor.close()
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> _Statements:
+        if self.watched:
+            self.cursor.execute(sql, params)
+            return self
+        if self.sqlite:  # qmark paramstyle; converted once per statement text
+            converted = self._sqlite_sql.get(sql)
+            if converted is None:
+                converted = self._sqlite_sql[sql] = sql.replace("%s", "?")
+            sql = converted
+        with self.connection.wrap_database_errors:
+            self.cursor.execute(sql, params)
+        return self
+
+    def fetchone(self) -> Any:
+        with self.connection.wrap_database_errors:
+            return self.cursor.fetchone()
+
+    def fetchall(self) -> list[Any]:
+        with self.connection.wrap_database_errors:
+            return self.cursor.fetchall()
+
+    @property
+    def rowcount(self) -> int:
+        return self.cursor.rowcount
+
+
+_cursor = _Statements
+
+
+def _clock() -> dt.datetime:
+    """The store's clock: a test clock if one is set, else the database server's (PostgreSQL), else
+    this host's (SQLite: every process of one store runs on the one host that holds its file)."""
+    if conf.clock_overridden():
+        return conf.now()
+    if connections[_db()].vendor == "postgresql":
+        with _cursor() as cursor:
+            return cursor.execute(sql.CLOCK).fetchone()[0]
+    return conf.now()
+
+
+def _unavailable(exc: DjangoDatabaseError, what: str) -> StoreUnavailable:
+    # A dropped connection stays broken until closed; close it now so that the next call
+    # reconnects (Django would only do this at the end of a web request).
+    connections[_db()].close_if_unusable_or_obsolete()
+    detail = " ".join(str(exc).split())  # drivers' messages span lines; an error is one line
+    return StoreUnavailable(messages.store_unavailable(what, type(exc).__name__, detail))
+
+
+@contextlib.contextmanager
+def _phase(*, clock: bool = True) -> Iterator[Any]:
+    """One short, durable transaction, yielding the store's time for everything it writes;
+    database trouble becomes ``StoreUnavailable``. ``clock=False`` yields None instead of reading
+    PostgreSQL's clock up front: the phase's first statement brings it (a round trip saved)."""
+    try:
+        with transaction.atomic(using=_db(), durable=True):
+            if clock or conf.clock_overridden() or connections[_db()].vendor != "postgresql":
+                yield _clock()
+            else:
+                yield None
+    except RuntimeError as exc:
+        if "durable" in str(exc):
+            raise InvalidArgument(messages.OPEN_TRANSACTION) from None
+        raise
+    except DjangoDatabaseError as exc:
+        raise _unavailable(exc, "complete a write") from exc
+
+
+@contextlib.contextmanager
+def _reading() -> Iterator[None]:
+    """A read outside any phase; database trouble becomes ``StoreUnavailable``."""
+    try:
+        yield
+    except DjangoDatabaseError as exc:
+        raise _unavailable(exc, "be read") from exc
+
+
+def now() -> dt.datetime:
+    """The store's clock, read now (what leases and expiries are compared with)."""
+    with _reading():
+        return _clock()
+
+
+def _iso(moment: dt.datetime | None) -> str | None:
+    return None if moment is None else event_time(moment)
+
+
+def _digest(text: str | None) -> str | None:
+    return None if text is None else hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _as_datetime(value: Any, connection: Any) -> dt.datetime | None:
+    """A timestamp column read by raw SQL, as the ORM would read it (SQLite hands back text in the
+    connection's time zone)."""
+    if value is None or isinstance(value, dt.datetime) and value.tzinfo is not None:
+        return value
+    if isinstance(value, str):
+        value = parse_datetime(value)
+    return timezone.make_aware(value, connection.timezone) if value.tzinfo is None else value
+
+
+def _time_param(connection: Any) -> Any:
+    """How a datetime goes into raw SQL for this connection: Django's adaptation, or (SQLite in UTC, the
+    common case) the same text made without its per-call settings lookups."""
+    if connection.vendor == "sqlite" and connection.timezone_name == "UTC":
+        return _sqlite_utc_text
+    return connection.ops.adapt_datetimefield_value
+
+
+_recent_texts: dict[dt.datetime, str] = {}
+
+
+def _sqlite_utc_text(value: dt.datetime | None) -> str | None:
+    """Django's SQLite text for an aware time (naive UTC, ``str()``); one phase writes the same few
+    times many times over, so the last few are kept."""
+    if value is None:
+        return None
+    text = _recent_texts.get(value)
+    if text is None:
+        if len(_recent_texts) > 8:
+            _recent_texts.clear()
+        text = _recent_texts[value] = str(value.astimezone(dt.timezone.utc).replace(tzinfo=None))
+    return text

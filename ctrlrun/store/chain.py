@@ -1,0 +1,230 @@
+"""Appending to the evidence: events and receipts on their two hash chains, under the signed head.
+
+``_seal`` is the one writer of evidence (it locks the head last in its phase). A running attempt's
+opening events wait on its effect record (``_stash``) until its outcome, or its sweep, seals them.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from django.db import connections
+
+from .. import conf, messages, observers, signing
+from ..canonical import GENESIS_HASH, Action, Principal, evidence_time, new_id
+from ..errors import CTRLRunError, EvidenceTampered
+from ..models import Event, Receipt, dumps_json
+from ..receipts import build_receipt, dump_receipt, event_document, event_hash, event_time, receipt_hash
+from ..states import Decision, EventType, Result
+from ..values import Call, EventRow, Pending
+from . import sql
+from .base import _clock, _cursor, _db, _iso, _q, _time_param
+from .signatures import HEAD_DOMAIN, _head_document, _head_problem, _trust_head
+
+Built = tuple  # (events, receipts) a builder makes once the seal knows the time
+
+
+def _event(type_: EventType, call_or_id: Call | str | None, effect_key: str | None, data: dict[str, Any],
+           when: dt.datetime, approval_id: str | None = None) -> EventRow:
+    action_id = call_or_id.action.action_id if isinstance(call_or_id, Call) else call_or_id
+    return (when, type_.value, action_id, effect_key, approval_id, data)
+
+
+@dataclass(frozen=True)
+class _ReceiptSpec:
+    call: Call
+    result: Result
+    error: str | None
+    attempt: int | None
+    decision_reason: str | None = None
+
+
+def _receipt_doc(spec: _ReceiptSpec, when: dt.datetime) -> dict[str, Any]:
+    call, action = spec.call, spec.call.action
+    return build_receipt(
+        receipt_id=new_id("ctr_"),
+        action_id=action.action_id,
+        action=action.name,
+        action_hash=action.hash,
+        principal=action.principal.as_evidence(),
+        resource=action.resource,
+        arguments=action.arguments,
+        environment=action.environment,
+        decision=call.decision.value,
+        decision_reason=spec.decision_reason or call.reason,
+        approval_id=call.approval_id,
+        approver=call.approver,
+        effect_key=call.effect_key,
+        attempt=spec.attempt,
+        result=spec.result.value,
+        error=spec.error,
+        started_at=evidence_time(call.started_at or when),
+        finished_at=evidence_time(when),
+        policy_hash=call.policy_hash,
+    )
+
+
+def _take_head(cursor: Any, receipts: int, events: int, *, clock: bool = False) -> tuple:
+    """Lock the head row and advance both chains; returns the row with the new seqs, old hashes
+    (and, with ``clock``, the database's time: one round trip for both)."""
+    statement = sql.HEAD_TAKE + (", now()" if clock else "")
+    head = cursor.execute(statement, [receipts, events]).fetchone()
+    if head is None:
+        # Only a store whose tables were emptied (e.g. a test flush) has no head. Two first writers
+        # may race here: the loser's insert does nothing (on PostgreSQL it waits for the winner), and
+        # its UPDATE then takes the next seq after the winner's.
+        created = cursor.execute(sql.HEAD_CREATE, [GENESIS_HASH, GENESIS_HASH]).fetchone()
+        # A head this writer had to make, over evidence already there, would hide a deletion.
+        if created is not None and (_q(Receipt).exists() or _q(Event).exists()):
+            raise EvidenceTampered(messages.head_missing_restore())
+        head = cursor.execute(statement, [receipts, events]).fetchone()
+    return head
+
+
+def _seal(events: Sequence[EventRow], receipts: Sequence[_ReceiptSpec], when: dt.datetime | None, *,
+          build: Any = None, sizes: tuple[int, int] = (0, 0)) -> list[dict[str, Any]]:
+    """Append ``events`` and ``receipts`` to their chains. Must run inside a phase; locks the head last.
+
+    The head's signature is checked before anything is added on top of it: a head moved around
+    ctrlrun must not be re-signed by the next honest writer. With ``when`` None (PostgreSQL, a phase
+    that has not read the clock yet), the head's lock brings the database's time, and ``build(when)``
+    makes the ``sizes`` = (events, receipts) it appends. On PostgreSQL the events, the receipts and the
+    head's move are one statement, so the head stays locked for two round trips in all.
+    """
+    connection = connections[_db()]
+    postgres = connection.vendor == "postgresql"
+    if build is None:
+        if not events and not receipts:
+            return []
+        sizes = (len(events), len(receipts))
+    database_clock = when is None and postgres and not conf.clock_overridden()
+    if when is None and not database_clock:
+        when = _clock()
+    docs = [] if build is not None else [_receipt_doc(spec, when) for spec in receipts]  # before the lock
+    adapt = _time_param(connection)
+    with _cursor() as cursor:
+        head = _take_head(cursor, sizes[1], sizes[0], clock=database_clock)
+        seq, prev, event_seq, event_prev, mac, key_id = head[:6]
+        problem = _head_problem(seq - sizes[1], prev, event_seq - sizes[0], event_prev, mac, key_id)
+        if problem is not None:
+            raise EvidenceTampered(messages.refuses_to_add(problem))
+        if build is not None:
+            when = head[6] if database_clock else when
+            events, receipts = build(when)
+            docs = [_receipt_doc(spec, when) for spec in receipts]
+            assert (len(events), len(receipts)) == sizes, "a builder made other than it announced"
+        event_params: list[Any] = []
+        listening = observers.wanted() is not None
+        observed: list[tuple[Any, ...]] = []
+        position = event_seq - len(events)
+        for ts, type_, action_id, effect_key, approval_id, data, *known in events:
+            position += 1
+            if listening:
+                observed.append((position, ts, type_, action_id, effect_key, approval_id, data))
+            text = known[0] if known else dumps_json(data)
+            digest = event_hash(event_document(position, event_prev, event_time(ts), type_, action_id,
+                                               effect_key, approval_id, text))
+            event_params += [adapt(ts), type_, action_id, effect_key, approval_id, text, position, event_prev, digest]
+            event_prev = digest
+        receipt_params: list[Any] = []
+        position = seq - len(docs)
+        for doc, spec in zip(docs, receipts):
+            position += 1
+            doc["seq"], doc["prev_hash"] = position, prev
+            digest = receipt_hash(doc, trusted=True)
+            action = spec.call.action
+            receipt_params += [doc["receipt_id"], position, action.action_id, action.name, action.principal.agent,
+                               spec.call.decision.value, spec.result.value, spec.call.effect_key, adapt(when),
+                               dump_receipt(doc), prev, digest]
+            prev = digest
+        head_mac = signing.sign(HEAD_DOMAIN, _head_document(seq, prev, event_seq, event_prev, signing.key_id()))
+        head_params = [prev, event_prev, head_mac, signing.key_id()]
+        event_sql = sql.EVENT_INSERT + ",".join(["(%s,%s,%s,%s,%s,%s,%s,%s,%s)"] * len(events))
+        receipt_sql = sql.RECEIPT_INSERT + ",".join(["(%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)"] * len(docs))
+        if postgres:  # one round trip: data-modifying CTEs all run, referenced or not
+            parts = [f"{name} AS ({sql})" for name, sql, rows in (("e", event_sql, events), ("r", receipt_sql, docs))
+                     if rows]
+            cursor.execute(("WITH " + ", ".join(parts) + " " if parts else "") + sql.HEAD_MOVE,
+                           [*event_params, *receipt_params, *head_params])
+        else:
+            if events:
+                cursor.execute(event_sql, event_params)
+            if docs:
+                cursor.execute(receipt_sql, receipt_params)
+            cursor.execute(sql.HEAD_MOVE, head_params)
+    _trust_head(seq, prev, event_seq, event_prev, head_mac, signing.key_id())
+    if listening:
+        observers.after_commit(_db(), observed, docs)  # delivered once this phase commits
+    return docs
+
+
+def _opening_events(call: Call, when: dt.datetime) -> list[EventRow]:
+    action = call.action
+    # The data's text is built from the action's canonical JSON, already encoded for its hash.
+    proposed_text = '{"action_hash":"%s","action":%s}' % (action.hash, action.canonical_json)
+    return [
+        (*_event(EventType.ACTION_PROPOSED, call, call.effect_key,
+                 {"action_hash": action.hash, "action": action.canonical()}, call.started_at or when),
+         proposed_text),
+        _event(EventType.POLICY_EVALUATED, call, call.effect_key,
+               {"decision": call.decision.value, "reason": call.reason}, when),
+    ]
+
+
+def _started(call: Call, when: dt.datetime) -> Call:
+    return call if call.started_at is not None else replace(call, started_at=when)
+
+
+def _stash(call: Call, attempt: int, events: Sequence[EventRow]) -> Pending:
+    """The running attempt's opening events as kept on its record, with what a sweeper needs to
+    write the receipt of an attempt whose worker never came back. Each event's data is encoded
+    once, here, and the same text is what joins the chain."""
+    rows = tuple(event if len(event) == 7 else (*event, dumps_json(event[5])) for event in events)
+    proposed = any(event[1] == EventType.ACTION_PROPOSED.value for event in events)
+    document = {
+        "v": 1,
+        # The action is in ACTION_PROPOSED's data when that event waits here too; else it is kept here.
+        "call": {"action": None if proposed else call.action.canonical(), "action_id": call.action.action_id,
+                 "decision": call.decision.value, "reason": call.reason, "policy_hash": call.policy_hash,
+                 "approval_id": call.approval_id, "approver": call.approver,
+                 "started_at": _iso(call.started_at), "effect_key": call.effect_key, "attempt": attempt},
+        "events": [[event_time(ts), type_, action_id, key, approval_id, text]
+                   for ts, type_, action_id, key, approval_id, _, text in rows],
+    }
+    return Pending(dumps_json(document), rows)
+
+
+def _unstash(text: str) -> tuple[Call, int, list[EventRow]]:
+    document = json.loads(text)
+    info = document["call"]
+    events = [(dt.datetime.fromisoformat(ts), type_, action_id, key, approval_id, json.loads(data), data)
+              for ts, type_, action_id, key, approval_id, data in document["events"]]
+    canonical = info["action"] or next(e[5]["action"] for e in events if e[1] == EventType.ACTION_PROPOSED.value)
+    principal = canonical["principal"]
+    action = Action(canonical["name"], canonical["arguments"], Principal(principal["agent"], principal["user"]),
+                    resource=canonical["resource"], environment=canonical["environment"],
+                    action_id=info["action_id"])
+    call = Call(action, Decision(info["decision"]), info["reason"], info["policy_hash"], info["effect_key"],
+                dt.datetime.fromisoformat(info["started_at"]) if info["started_at"] else None,
+                info["approval_id"], info["approver"])
+    return call, info["attempt"], events
+
+
+def _call_from_events(action_id: str, effect_key: str) -> Call | None:
+    """A record written before opening events were kept on it: rebuild its call from its events."""
+    found = {e.type: e.data for e in _q(Event).filter(action_id=action_id, type__in=[
+        EventType.ACTION_PROPOSED, EventType.POLICY_EVALUATED]).order_by("-id")}
+    proposed, evaluated = found.get(EventType.ACTION_PROPOSED.value), found.get(EventType.POLICY_EVALUATED.value)
+    if not proposed or not evaluated or not isinstance(proposed.get("action"), dict):
+        return None
+    canonical = proposed["action"]
+    try:
+        principal = canonical["principal"]
+        action = Action(canonical["name"], canonical["arguments"], Principal(principal["agent"], principal["user"]),
+                        resource=canonical["resource"], environment=canonical["environment"], action_id=action_id)
+        return Call(action, Decision(evaluated["decision"]), evaluated["reason"], None, effect_key)
+    except (CTRLRunError, KeyError, TypeError, ValueError):
+        return None

@@ -1,0 +1,589 @@
+"""Effect records: reserve a key, renew its lease, record the outcome, sweep, reconcile, resolve.
+
+Every write of a record's state goes through ``_move``, which checks the edge against
+``states.TRANSITIONS`` before the statement runs (a frozenset-cheap lookup) and fills the
+statement's target and source states: the table is what the code does, and the database's
+triggers (``ctrlrun.guard``, built from the same table) refuse every other edge.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from django.db import connections
+from django.db.models import Q
+
+from .. import conf, messages
+from ..canonical import evidence_text, evidence_time
+from ..errors import (
+    AmbiguousEffect,
+    CTRLRunError,
+    DuplicateEffect,
+    EvidenceTampered,
+    IllegalTransition,
+    InvalidArgument,
+    StateConflict,
+)
+from ..models import Approval, ChainHead, EffectRecord, Event, Receipt
+from ..states import HOLDING_STATES, INITIAL_STATE, TRANSITIONS, Decision, EffectState, EventType, Result, held_lapsed
+from ..values import Call, EffectView, EventRow, HookAnswer, OutcomeWrite, Pending, Refused, Reserved
+from . import sql
+from .approvals import _consumption_event, _mark_consumed, _matching_approval, _take_presented
+from .base import _as_datetime, _clock, _cursor, _db, _phase, _q, _reading, _time_param
+from .chain import (
+    Built,
+    _call_from_events,
+    _event,
+    _opening_events,
+    _ReceiptSpec,
+    _seal,
+    _started,
+    _stash,
+    _unstash,
+)
+from .evidence import _effect_view, get_effect
+from .signatures import _effect_mac, _effect_ok, _head_problem
+
+logger = logging.getLogger("ctrlrun.store")
+S = EffectState
+AMBIGUOUS = S.AMBIGUOUS.value
+#: The error an attempt whose lease lapsed is recorded with (evidence: compared, never reworded).
+LEASE_LAPSED_ERROR = "lease expired: the worker holding this effect never finished"
+
+
+def _move(cursor: Any, statement: str, source: EffectState, target: EffectState, params: Sequence[Any]) -> Any:
+    """THE state write: run ``statement`` (from ``sql``: target state first, source state last, none for an
+    insert from ``new``) moving a record ``source -> target``, after checking the edge is in the state table."""
+    if (source, target) not in TRANSITIONS:
+        raise IllegalTransition(source.value, target.value)
+    return cursor.execute(statement, [target.value, *params] if source is S.NEW else
+                          [target.value, *params, source.value])
+
+
+def record_denial(call: Call, data: dict[str, Any], *, with_policy: bool = True) -> None:
+    """A call refused before any effect: opening events, ACTION_DENIED, a ``denied`` receipt."""
+
+    def build(when: dt.datetime) -> Built:
+        denied = _started(call, when)
+        events = _opening_events(denied, when)[: None if with_policy else 1]
+        events.append(_event(EventType.ACTION_DENIED, denied, denied.effect_key, data, when, denied.approval_id))
+        return events, [_ReceiptSpec(denied, Result.DENIED, data.get("error"), None, data["reason"])]
+
+    with _phase(clock=False) as when:
+        _seal((), (), when, build=build, sizes=(3 if with_policy else 2, 1))
+
+
+def begin_unkeyed(call: Call, presented: str | None = None) -> Reserved | Refused:
+    """A call with no effect key: nothing to reserve; the approval (if any) is checked and used.
+
+    With no record to keep them on, its opening events join the chain now.
+    """
+    with _phase() as when:
+        call = _started(call, when)
+        events = _opening_events(call, when)
+        call, approval, refusal = _take_presented(call, presented, when, events)
+        if refusal is not None:
+            return refusal
+        if approval is None and presented is not None and call.decision is Decision.ALLOW:
+            approval, call = _matching_approval(call, presented, when)
+        if approval is not None:
+            events.append(_consumption_event(approval, call, when, required=call.decision is Decision.APPROVE))
+            _mark_consumed(approval, call, when)
+        events.append(_event(EventType.EXECUTION_STARTED, call, None, {"task": None, "hop": None}, when,
+                             call.approval_id))
+        _seal(events, [], when)
+    return Reserved(1, when, call)
+
+
+# --------------------------------------------------------------------------- reservation
+
+
+def _refusal_for(record: Any, tampered: bool = False) -> CTRLRunError:
+    """Why a reservation of ``record``'s key is refused, as the error the protected call raises."""
+    key, holder = record.effect_key, record.action_id
+    if tampered:
+        return AmbiguousEffect(messages.tampered_effect(key, record.state), effect_key=key, action_id=holder)
+    if record.state == S.COMMITTED:
+        return DuplicateEffect(messages.already_committed(key, holder), state="committed", effect_key=key)
+    if record.state in HOLDING_STATES:
+        return DuplicateEffect(messages.in_progress(key, holder, record.attempt, record.lease_expires_at),
+                               state="in_progress", effect_key=key)
+    if record.error == LEASE_LAPSED_ERROR:
+        return AmbiguousEffect(messages.lease_lapsed(key, holder), effect_key=key, action_id=holder)
+    return AmbiguousEffect(messages.unknown_outcome(key, holder), effect_key=key, action_id=holder)
+
+
+@dataclass
+class _Peek:
+    """The columns a decision needs, read (and locked, on PostgreSQL) without building a model."""
+
+    effect_key: str
+    action: str
+    state: str
+    action_id: str
+    attempt: int
+    lease_expires_at: dt.datetime | None
+    error: str | None
+    resolved_by: str | None
+    pending: str | None
+    mac: str | None
+
+
+def _peek(effect_key: str, *, lock: bool = True) -> _Peek | None:
+    connection = connections[_db()]
+    suffix = " FOR UPDATE" if lock and connection.features.has_select_for_update else ""  # SQLite: IMMEDIATE
+    with _cursor() as cursor:
+        row = cursor.execute(sql.PEEK + suffix, [effect_key]).fetchone()
+    if row is None:
+        return None
+    action, state, action_id, attempt, lease, error, resolved_by, pending, mac = row
+    return _Peek(effect_key, action, state, action_id, attempt, _as_datetime(lease, connection), error, resolved_by,
+                 pending, mac)
+
+
+def _open_reservation(effect_key: str, when: dt.datetime | None) -> tuple[dt.datetime, _Peek | None]:
+    """The store's time and the key's record (locked), after making sure the chain head is ctrlrun's
+    own: one statement. A call must not act when its evidence could not be kept."""
+    connection = connections[_db()]
+    postgres = connection.vendor == "postgresql"
+    with _cursor() as cursor:
+        row = cursor.execute(sql.OPEN_POSTGRESQL if postgres else sql.OPEN_SQLITE, [effect_key]).fetchone()
+        # No head, but evidence: either it was removed, or (a brand-new store's first writers) another
+        # writer's head and evidence committed after this statement's snapshot, PostgreSQL reading
+        # each statement afresh. Evidence is looked for first: a head commits with its evidence, so
+        # evidence seen means its head is there too; the statement is then read again, head and all.
+        if row[1 if postgres else 0] is None and (_q(Receipt).exists() or _q(Event).exists()) \
+                and _q(ChainHead).filter(pk=1).exists():
+            row = cursor.execute(sql.OPEN_POSTGRESQL if postgres else sql.OPEN_SQLITE, [effect_key]).fetchone()
+    if postgres:
+        now_, row = row[0], row[1:]
+        when = when or now_
+    assert when is not None
+    head, beyond, found = row[:6], row[6], row[7:]
+    if head[0] is not None:
+        problem = _head_problem(*head) or (messages.BEYOND_HEAD if beyond else None)
+    elif _q(Receipt).exists() or _q(Event).exists():  # a store emptied on purpose (a flush) has no head
+        problem = messages.HEAD_MISSING
+    else:
+        problem = None
+    if problem is not None:
+        raise EvidenceTampered(messages.refuses_to_act(problem))
+    if found[0] is None:
+        return when, None
+    action, state, action_id, attempt, lease, error, resolved_by, pending, mac = found
+    return when, _Peek(effect_key, action, state, action_id, attempt, _as_datetime(lease, connection), error,
+                       resolved_by, pending, mac)
+
+
+
+def _rewound(record: _Peek) -> bool:
+    """Whether the event chain shows this failed record is out of date: a later attempt was reserved, or
+    the key was committed. A row put back from before (its signature is genuine) must not license a
+    retry; this is read only before a retry renews a failed record, which is rare."""
+    with _cursor() as cursor:
+        rows = cursor.execute(sql.LATER_HISTORY, [record.effect_key]).fetchall()
+    for type_, text in rows:
+        try:
+            data = json.loads(text)
+        except ValueError:
+            return True
+        if type_ == "EFFECT_RESERVED" and isinstance(data.get("attempt"), int) and data["attempt"] > record.attempt:
+            return True
+        if type_ == "EXECUTION_COMMITTED" or data.get("state") == "committed":
+            return True
+    return False
+
+
+def _lapse(record: _Peek, when: dt.datetime, events: list[EventRow], receipts: list[_ReceiptSpec]) -> None:
+    """A held record whose lease ran out: nobody knows what its worker did. Mark it ambiguous, and
+    write what the worker could not: its opening events, its ambiguous event and its receipt."""
+    with _cursor() as cursor:
+        _move(cursor, sql.EFFECT_LAPSE, S.EXECUTING, S.AMBIGUOUS, [
+            LEASE_LAPSED_ERROR, _time_param(connections[_db()])(when),
+            _effect_mac(record.effect_key, record.action, S.AMBIGUOUS, record.action_id, record.attempt, None, None,
+                        None),
+            record.effect_key])
+    dead: Call | None = None
+    if record.pending:
+        dead, _, waiting = _unstash(record.pending)
+        events += waiting
+    else:
+        dead = _call_from_events(record.action_id, record.effect_key)
+    events.append(_event(EventType.EXECUTION_AMBIGUOUS, record.action_id, record.effect_key,
+                         {"error": LEASE_LAPSED_ERROR, "reason": "lease_expired"}, when,
+                         dead.approval_id if dead else None))
+    if dead is not None:
+        receipts.append(_ReceiptSpec(dead, Result.AMBIGUOUS, LEASE_LAPSED_ERROR, record.attempt))
+    else:
+        logger.warning("effect %s (attempt %s) was swept, but its call could not be rebuilt from the evidence: no "
+                       "receipt was written for it", record.effect_key, record.attempt)
+    record.state, record.error, record.lease_expires_at, record.pending = S.AMBIGUOUS, LEASE_LAPSED_ERROR, None, None
+
+
+def _insert_fresh(call: Call, when: dt.datetime, lease_until: dt.datetime, pending: Pending) -> bool:
+    """Insert the key's record as this call's, executing at attempt 1; False if the key exists.
+
+    ``ON CONFLICT DO NOTHING`` makes losing the race an answer, not an error: on PostgreSQL a
+    concurrent insert of the same key waits for the other transaction and then does nothing.
+    """
+    adapt = _time_param(connections[_db()])
+    stamp = adapt(when)
+    key, action_id = call.effect_key, call.action.action_id
+    with _cursor() as cursor:
+        _move(cursor, sql.EFFECT_INSERT, S.NEW, INITIAL_STATE, [
+            key, call.action.name, action_id, adapt(lease_until), stamp, stamp, pending.text,
+            _effect_mac(key, call.action.name, INITIAL_STATE, action_id, 1, lease_until, None, pending.text)])
+        return cursor.fetchone() is not None
+
+
+def _renew(record: _Peek, call: Call, attempt: int, when: dt.datetime, lease_until: dt.datetime,
+           pending: Pending) -> None:
+    """failed -> executing: the only automatic retry hands the key to this call at ``attempt``."""
+    adapt = _time_param(connections[_db()])
+    key, action_id = call.effect_key, call.action.action_id
+    with _cursor() as cursor:
+        _move(cursor, sql.EFFECT_RENEW, S.FAILED, S.EXECUTING, [
+            call.action.name, action_id, attempt, adapt(lease_until), adapt(when), pending.text,
+            _effect_mac(key, call.action.name, S.EXECUTING, action_id, attempt, lease_until, None, pending.text),
+            key, record.attempt])
+
+
+def _taking_events(call: Call, attempt: int, when: dt.datetime, lease_until: dt.datetime,
+                   approval: Approval | None) -> list[EventRow]:
+    events = []
+    if approval is not None:
+        events.append(_consumption_event(approval, call, when, required=call.decision is Decision.APPROVE))
+    events += [
+        _event(EventType.EFFECT_RESERVED, call, call.effect_key,
+               {"attempt": attempt, "lease_expires_at": evidence_time(lease_until)}, when, call.approval_id),
+        _event(EventType.EXECUTION_STARTED, call, call.effect_key, {"task": None, "hop": None}, when,
+               call.approval_id),
+    ]
+    return events
+
+
+def reserve(call: Call, lease: dt.timedelta, *, opening: bool, hold_ambiguous: bool,
+            presented: str | None = None) -> Reserved | Refused:
+    """Take the call's effect key and mark it executing, or refuse (§5.3, §8.4).
+
+    ``opening`` includes the call's opening events. With ``hold_ambiguous`` an ambiguous record is
+    refused *without* a receipt (``final=False``) so the caller can ask a reconcile hook and try
+    once more; every other refusal writes its event and receipt here.
+
+    ``presented`` is the approval the caller holds. For an ``approve`` decision it is checked
+    first (its refusal wins) and consumed only if the reservation succeeds, in this same
+    transaction: a refused reservation leaves it granted. For an ``allow`` decision it is
+    consumed only if it matches, and never blocks the call.
+    """
+    with _phase(clock=False) as when:
+        # One statement: the key's record (locked), the chain head (checked: nothing acts on a forged
+        # one) and, on PostgreSQL, the database's time, which the lease is computed from.
+        when, record = _open_reservation(call.effect_key, when)
+        call = _started(call, when)
+        events = _opening_events(call, when) if opening else []
+        call, approval, refusal = _take_presented(call, presented, when, events)
+        if refusal is not None:
+            return refusal
+        taker = call
+        if approval is None and presented is not None and call.decision is Decision.ALLOW:
+            approval, taker = _matching_approval(call, presented, when)
+        lease_until = when + lease
+        if record is None:
+            pending = _stash(taker, 1, [*events, *_taking_events(taker, 1, when, lease_until, approval)])
+            if _insert_fresh(taker, when, lease_until, pending):
+                if approval is not None:
+                    _mark_consumed(approval, taker, when)
+                return Reserved(1, lease_until, replace(taker, pending=pending))
+            # A concurrent first reservation won (on PostgreSQL the insert waited for it to commit).
+            record = _peek(call.effect_key)
+        assert record is not None  # the insert found it, and a record is never deleted
+        tampered = False
+        lapsed = held_lapsed(record.state, record.lease_expires_at, when)
+        if record.state == S.FAILED or lapsed:
+            tampered = not _effect_ok(record) or (record.state == S.FAILED and _rewound(record))
+        if record.state == S.FAILED and not tampered:
+            attempt = record.attempt + 1
+            pending = _stash(taker, attempt, [*events, *_taking_events(taker, attempt, when, lease_until, approval)])
+            _renew(record, taker, attempt, when, lease_until, pending)
+            if approval is not None:
+                _mark_consumed(approval, taker, when)
+            return Reserved(attempt, lease_until, replace(taker, pending=pending))
+        lapsed_events: list[EventRow] = []
+        lapsed_receipts: list[_ReceiptSpec] = []
+        if lapsed and not tampered:
+            _lapse(record, when, lapsed_events, lapsed_receipts)  # kept even though this attempt is refused
+        error = _refusal_for(record, tampered)
+        if tampered:
+            logger.error("effect %s: its record does not carry ctrlrun's signature; refusing to retry or sweep it",
+                         call.effect_key)
+        if isinstance(error, AmbiguousEffect) and hold_ambiguous and not tampered:
+            _seal([*lapsed_events, *events], lapsed_receipts, when)
+            return Refused(error, record.attempt, False, call)
+        _seal([*lapsed_events, *events, _refusal_event(call, error, when)],
+              [*lapsed_receipts, _ReceiptSpec(call, Result.BLOCKED, str(error), record.attempt)], when)
+        return Refused(error, record.attempt, True, call)
+
+
+def _refusal_event(call: Call, error: CTRLRunError, when: dt.datetime) -> EventRow:
+    if isinstance(error, DuplicateEffect):
+        data = {"reason": "duplicate", "state": error.state}
+    else:
+        data = {"reason": "ambiguous"}
+    return _event(EventType.EFFECT_RESERVATION_REFUSED, call, call.effect_key, data, when, call.approval_id)
+
+
+def record_refusal(refused: Refused) -> None:
+    """Write the evidence of a refusal that ``reserve`` held back."""
+    with _phase() as when:
+        call = refused.call
+        _seal([_refusal_event(call, refused.error, when)],
+              [_ReceiptSpec(call, Result.BLOCKED, str(refused.error), refused.attempt or 1)], when)
+
+
+def renew_lease(call: Call, attempt: int, lease: dt.timedelta) -> bool:
+    """The heartbeat: extend a live attempt's lease from the store's clock. False when the record
+    has moved on (swept after this worker stopped renewing, or finished). A lease only moves later
+    (the database refuses otherwise), so a clock that stepped back leaves the later lease in place."""
+    key = call.effect_key
+    assert key is not None
+    text = call.pending.text if call.pending else None
+    with _phase() as when:
+        until = when + lease
+        stamp = _time_param(connections[_db()])(until)
+        with _cursor() as cursor:
+            _move(cursor, sql.LEASE_RENEW, S.EXECUTING, S.EXECUTING, [
+                stamp,
+                _effect_mac(key, call.action.name, S.EXECUTING, call.action.action_id, attempt, until, None, text),
+                key, call.action.action_id, attempt, stamp])
+            if cursor.rowcount == 1:
+                return True
+        record = _peek(key)
+        return (record is not None and record.state == S.EXECUTING and record.action_id == call.action.action_id
+                and record.attempt == attempt)
+
+
+# --------------------------------------------------------------------------- outcome
+
+
+def _jsonable_result(value: Any) -> str:
+    try:
+        text = json.dumps(value, ensure_ascii=False, default=repr)
+    except (TypeError, ValueError):
+        text = json.dumps(repr(value))
+    return evidence_text(text)
+
+
+_STATE_FOR = {Result.COMMITTED: S.COMMITTED, Result.FAILED: S.FAILED, Result.AMBIGUOUS: S.AMBIGUOUS}
+_EVENT_FOR = {Result.COMMITTED: EventType.EXECUTION_COMMITTED, Result.FAILED: EventType.EXECUTION_FAILED,
+              Result.AMBIGUOUS: EventType.EXECUTION_AMBIGUOUS}
+def record_outcome(call: Call, attempt: int | None, result: Result, *, error: str | None = None,
+                   value: Any = None, write_receipt: bool = True) -> OutcomeWrite:
+    """Record how the function ended (§5.4), if this attempt still holds the row.
+
+    ``result`` is committed, failed or ambiguous. When the row moved on meanwhile (this attempt's
+    lease lapsed and someone swept it, or a human resolved it since), the row is left as it is
+    and the call is recorded ambiguous: the function may have acted, and nobody recorded it.
+    """
+    key = call.effect_key
+    data = {} if result is Result.COMMITTED else {"error": error}
+
+    def outcome(when: dt.datetime) -> EventRow:
+        return _event(_EVENT_FOR[result], call, key, data, when, call.approval_id)
+
+    def receipts() -> list[_ReceiptSpec]:
+        return [_ReceiptSpec(call, result, error, attempt)] if write_receipt else []
+
+    with _phase(clock=False) as when:
+        if key is None:
+            _seal((), (), when, build=lambda at: ([outcome(at)], receipts()), sizes=(1, len(receipts())))
+            return OutcomeWrite(True)
+        state = _STATE_FOR[result]
+        fields = [error, _jsonable_result(value) if result is Result.COMMITTED else None]
+        holder = [_effect_mac(key, call.action.name, state, call.action.action_id, attempt, None, None, None), key,
+                  call.action.action_id, attempt]
+        with _cursor() as cursor:
+            # One conditional UPDATE both checks that this attempt still holds the row and moves it.
+            for held in ((S.EXECUTING,) if result is not Result.AMBIGUOUS else (S.EXECUTING, S.AMBIGUOUS)):
+                # Swept while it ran, and now it knows it hit an exception: that is recorded too
+                # (ambiguous, idempotently); whoever swept it already wrote its opening events.
+                if when is None:
+                    row = _move(cursor, sql.OUTCOME_UPDATE_NOW, held, state, [*fields, *holder]).fetchone()
+                    moved, at = row is not None, row[0] if row is not None else None
+                else:
+                    _move(cursor, sql.OUTCOME_UPDATE_AT, held, state,
+                          [*fields, _time_param(cursor.connection)(when), *holder])
+                    moved, at = cursor.rowcount == 1, when
+                if moved:
+                    waiting = call.pending.events if call.pending and held is S.EXECUTING else ()
+                    _seal([*waiting, outcome(at)], receipts(), at)
+                    return OutcomeWrite(True)
+        when = when or _clock()
+        record = _q(EffectRecord).filter(pk=key).first()
+        refusal = _outcome_refusal(key, record)
+        why = messages.outcome_refused(result.value, error, str(refusal))
+        _seal([_event(EventType.EXECUTION_AMBIGUOUS, call, key, {"error": why}, when, call.approval_id)],
+              [_ReceiptSpec(call, Result.AMBIGUOUS, why, attempt)], when)
+        return OutcomeWrite(False, refusal)
+
+
+def _outcome_refusal(key: str, record: EffectRecord | None) -> AmbiguousEffect:
+    text = messages.outcome_not_recorded(
+        key, found=str(record.state) if record else None, resolved_by=record.resolved_by if record else None,
+        action_id=record.action_id if record else None, attempt=record.attempt if record else None)
+    return AmbiguousEffect(text, effect_key=key, action_id=record.action_id if record else None)
+
+
+# --------------------------------------------------------------------------- reconciliation and humans
+
+
+def _move_ambiguous(record: EffectRecord, state: EffectState, resolver: str, when: dt.datetime) -> None:
+    """ambiguous -> committed | failed on the locked ``record``, and on the model read."""
+    record.error = f"resolved {state.value} by {resolver} (was: {record.error})"
+    record.resolved_by = resolver
+    record.reconcile_after = None
+    record.updated_at = when
+    record.mac = _effect_mac(record.effect_key, record.action, state, record.action_id, record.attempt, None,
+                             resolver, None)
+    with _cursor() as cursor:
+        _move(cursor, sql.EFFECT_RESOLVE, S.AMBIGUOUS, state, [
+            record.error, resolver, _time_param(connections[_db()])(when), record.mac, record.effect_key])
+    record.state = state
+
+
+def record_reconciliation(effect_key: str, action_id: str | None, resolver: str, trigger: str,
+                          answer: HookAnswer, *, attempt: int, receipt_for: Call | None = None,
+                          receipt_attempt: int | None = None, receipt_error: str | None = None,
+                          requested_by: str | None = None) -> str | None:
+    """Record a hook's answer and apply it to an ambiguous record.
+
+    Returns the new state (``committed``/``failed``), ``"dropped"`` when the answer no longer
+    applies, or None when nothing moved (the hook could not say).
+
+    ``unknown`` (and a hook that raised or said nonsense) moves nothing; it pushes the next
+    deferred attempt back (exponential, capped). The answer is about ``attempt``, the attempt
+    the hook was asked about: if the record is no longer ambiguous at that attempt (someone else
+    answered first, or a later attempt has run since), or its ambiguous state was not written by
+    ctrlrun, the answer is dropped, never applied to a state it does not describe.
+    ``receipt_for`` writes the eager trigger's ambiguous receipt after the reconciliation events,
+    in the same transaction.
+    """
+    moved: str | None = None
+    with _phase() as when:
+        record = _q(EffectRecord).select_for_update().filter(pk=effect_key).first()
+        events = [
+            _event(EventType.RECONCILIATION_STARTED, action_id, effect_key,
+                   {"effect_key": effect_key, "trigger": trigger,
+                    **({"requested_by": requested_by} if requested_by else {})},
+                   when - dt.timedelta(seconds=max(answer.duration, 0.0))),
+            _event(EventType.RECONCILIATION_RESOLVED, action_id, effect_key, answer.data(), when),
+        ]
+        if record is None or record.state != S.AMBIGUOUS or record.attempt != attempt or not _effect_ok(record):
+            if record is not None and record.state == S.AMBIGUOUS and record.attempt == attempt:
+                now_is = f"ambiguous at attempt {attempt}, but {messages.TAMPERED_HINT}"
+            else:
+                now_is = f"{record.state} at attempt {record.attempt}" if record else "gone"
+            logger.warning("reconcile answer %r for %s (attempt %s) dropped: the record is %s now", answer.outcome,
+                           effect_key, attempt, now_is)
+            events[-1][5]["dropped"] = f"the record is {now_is}; this answer was about attempt {attempt}"
+            moved = "dropped"
+        elif answer.outcome in ("committed", "not_executed"):
+            state = S.COMMITTED if answer.outcome == "committed" else S.FAILED
+            _move_ambiguous(record, state, resolver, when)
+            moved = state.value
+            events.append(_event(EventType.EFFECT_RESOLVED, action_id, effect_key,
+                                 {"state": state.value, "resolver": resolver, "resolved_by": "reconcile"}, when))
+        else:
+            first, cap = conf.reconcile_backoff()
+            delay = min(first * (2 ** min(record.reconcile_failures, 30)), cap)
+            record.reconcile_failures += 1
+            record.reconcile_after = when + delay
+            with _cursor() as cursor:
+                _move(cursor, sql.RECONCILE_BACKOFF, S.AMBIGUOUS, S.AMBIGUOUS,
+                      [_time_param(connections[_db()])(record.reconcile_after), effect_key])
+        receipts = [] if receipt_for is None else [
+            _ReceiptSpec(receipt_for, Result.AMBIGUOUS, receipt_error, receipt_attempt)]
+        _seal(events, receipts, when)
+    return moved
+
+
+def write_ambiguous_receipt(call: Call, attempt: int | None, error: str) -> None:
+    """The eager trigger's receipt when the hook itself never returned (it raised a BaseException)."""
+    with _phase() as when:
+        _seal([], [_ReceiptSpec(call, Result.AMBIGUOUS, error, attempt)], when)
+
+
+def resolve(effect_key: str, outcome: str, *, by: str, reason: str | None = None,
+            attempt: int | None = None) -> EffectView:
+    """A human says what happened to an ambiguous effect (``committed`` or ``failed``)."""
+    if outcome not in ("committed", "failed"):
+        raise InvalidArgument(messages.resolve_which(outcome))
+    if not by or not by.strip():
+        raise InvalidArgument(messages.RESOLVE_NEEDS_NAME)
+    with _phase() as when:
+        record = _q(EffectRecord).select_for_update().filter(pk=effect_key).first()
+        if record is None:
+            raise StateConflict("effect", effect_key, AMBIGUOUS, "missing", operation="resolve")
+        if record.state != S.AMBIGUOUS:
+            raise StateConflict("effect", effect_key, AMBIGUOUS, str(record.state), operation="resolve",
+                                lapsed=held_lapsed(record.state, record.lease_expires_at, when))
+        if not _effect_ok(record):
+            raise StateConflict("effect", effect_key, AMBIGUOUS, "tampered", operation="resolve")
+        if attempt is not None and attempt != record.attempt:
+            raise StateConflict("effect", effect_key, AMBIGUOUS, AMBIGUOUS, operation="resolve",
+                                attempt=record.attempt, expected_attempt=attempt)
+        resolver = evidence_text(by.strip())
+        state = S.COMMITTED if outcome == "committed" else S.FAILED
+        _move_ambiguous(record, state, resolver, when)
+        data = {"state": state.value, "resolver": resolver, "resolved_by": "human", "attempt": record.attempt}
+        if reason:
+            data["reason"] = evidence_text(reason)
+        _seal([_event(EventType.EFFECT_RESOLVED, record.action_id, effect_key, data, when)], [], when)
+    return _effect_view(record)
+
+
+def sweep_lapsed(action: str | None = None, effect_key: str | None = None) -> list[EffectView]:
+    """Move every held record whose lease lapsed to ambiguous (its worker died, hung or was frozen
+    past its lease), writing the dead attempt's evidence. Leases are compared with the store's clock."""
+    swept: list[EffectView] = []
+    with _reading():
+        cutoff = _clock()
+        query = _q(EffectRecord).filter(state__in=HOLDING_STATES, lease_expires_at__lte=cutoff)
+        if action:
+            query = query.filter(action=action)
+        if effect_key:
+            query = query.filter(pk=effect_key)
+        keys = list(query.values_list("effect_key", flat=True))
+    for key in keys:
+        with _phase() as when:
+            record = _peek(key)
+            if record is None or record.state != S.EXECUTING or record.lease_expires_at > when:
+                continue  # its worker finished or renewed, or someone else swept it, meanwhile
+            if not _effect_ok(record):
+                logger.error("effect %s has a lapsed lease, but %s; it is not swept", key, messages.TAMPERED_HINT)
+                continue
+            events: list[EventRow] = []
+            receipts: list[_ReceiptSpec] = []
+            _lapse(record, when, events, receipts)
+            _seal(events, receipts, when)
+        view = get_effect(key)
+        if view is not None:
+            swept.append(view)
+    return swept
+
+
+def reconcile_candidates(action: str | None = None, limit: int | None = None) -> list[EffectView]:
+    """Ambiguous records due for a deferred reconcile (backoff respected), oldest first."""
+    with _reading():
+        cutoff = _clock()
+        query = _q(EffectRecord).filter(state=S.AMBIGUOUS).filter(
+            Q(reconcile_after__isnull=True) | Q(reconcile_after__lte=cutoff)
+        ).order_by("updated_at", "effect_key")
+        if action:
+            query = query.filter(action=action)
+        if limit:
+            query = query[:limit]
+        return [_effect_view(r) for r in query]

@@ -1,0 +1,120 @@
+"""Every statement an allowed call makes, named, in one file (the hot path is plain SQL).
+
+An allowed call with an effect key runs, in order: ``OPEN_SQLITE``/``OPEN_POSTGRESQL`` (the key's
+record, locked, with the chain head), ``EFFECT_INSERT`` (or ``EFFECT_RENEW``), then while the
+function runs ``LEASE_RENEW``, then ``OUTCOME_UPDATE_AT``/``OUTCOME_UPDATE_NOW``, ``HEAD_TAKE``,
+``EVENT_INSERT`` + ``RECEIPT_INSERT`` and ``HEAD_MOVE`` (one statement on PostgreSQL).
+
+Parameters are ``%s`` (the raw cursor turns them into SQLite's ``?``). Every statement that writes
+an effect record's state takes the target state as its FIRST parameter and (except the insert,
+from ``new``) the source state as its LAST: ``effects._move`` fills both, after checking the edge
+against ``states.TRANSITIONS``.
+"""
+from __future__ import annotations
+
+__all__ = [
+    "CLOCK", "HEAD_TAKE", "HEAD_CREATE", "HEAD_MOVE", "EVENT_INSERT", "RECEIPT_INSERT", "PEEK_COLUMNS", "PEEK",
+    "OPEN_POSTGRESQL", "OPEN_SQLITE", "EFFECT_INSERT", "EFFECT_RENEW", "LEASE_RENEW", "EFFECT_LAPSE",
+    "OUTCOME_UPDATE_NOW", "OUTCOME_UPDATE_AT", "EFFECT_RESOLVE", "RECONCILE_BACKOFF", "LATER_HISTORY",
+]
+
+# --------------------------------------------------------------------------- the clock and the chain head
+
+#: PostgreSQL's clock, when a phase needs the time before any other statement brings it.
+CLOCK = "SELECT now()"
+
+#: Lock the head and advance both chains by (receipts, events); returns the new seqs, the old hashes.
+HEAD_TAKE = ('UPDATE "ctrlrun_chainhead" SET "seq" = "seq" + %s, "event_seq" = "event_seq" + %s WHERE "id" = 1 '
+             'RETURNING "seq", "hash", "event_seq", "event_hash", "mac", "key_id"')
+
+#: The genesis head of an emptied store (a test flush); a concurrent first writer's insert does nothing.
+HEAD_CREATE = ('INSERT INTO "ctrlrun_chainhead" ("id","seq","hash","event_seq","event_hash") VALUES (1, 0, %s, 0, %s) '
+               'ON CONFLICT ("id") DO NOTHING RETURNING "id"')
+
+#: Move the head to the new last hashes, signed.
+HEAD_MOVE = ('UPDATE "ctrlrun_chainhead" SET "hash" = %s, "event_hash" = %s, "mac" = %s, "key_id" = %s '
+             'WHERE "id" = 1')
+
+#: Append events: the caller adds one ``(%s x 9)`` group per event.
+EVENT_INSERT = ('INSERT INTO "ctrlrun_event" ("ts","type","action_id","effect_key","approval_id","data","seq",'
+                '"prev_hash","hash") VALUES ')
+
+#: Append receipts: the caller adds one ``(%s x 12)`` group per receipt.
+RECEIPT_INSERT = ('INSERT INTO "ctrlrun_receipt" ("receipt_id","seq","action_id","action","agent","decision",'
+                  '"result","effect_key","ts","document","prev_hash","hash") VALUES ')
+
+# --------------------------------------------------------------------------- reading a record
+
+#: The columns a decision needs from an effect record.
+PEEK_COLUMNS = '"action","state","action_id","attempt","lease_expires_at","error","resolved_by","pending","mac"'
+
+#: One effect record's deciding columns (``FOR UPDATE`` added where the database has it).
+PEEK = f'SELECT {PEEK_COLUMNS} FROM "ctrlrun_effectrecord" WHERE "effect_key" = %s'
+
+#: Evidence past the head (a receipt or event added without moving it) would make every later write
+#: collide: a call must not act then. ``max()`` over a unique column reads one end of its index on
+#: both databases, whatever the planner's statistics say (a range ``EXISTS`` was planned as a scan).
+_BEYOND_HEAD = ('(COALESCE((SELECT max("seq") FROM "ctrlrun_receipt"), 0) > h."seq" OR '
+                'COALESCE((SELECT max("seq") FROM "ctrlrun_event"), 0) > h."event_seq")')
+
+#: A reservation's first statement on PostgreSQL: the time, the head, evidence past it, the record (locked).
+OPEN_POSTGRESQL = (
+    'SELECT now(), h."seq", h."hash", h."event_seq", h."event_hash", h."mac", h."key_id", ' + _BEYOND_HEAD + ', r.* '
+    'FROM (SELECT 1) AS one LEFT JOIN "ctrlrun_chainhead" AS h ON h."id" = 1 LEFT JOIN LATERAL (SELECT '
+    + PEEK_COLUMNS + ' FROM "ctrlrun_effectrecord" WHERE "effect_key" = %s FOR UPDATE) AS r ON true')
+
+#: The same on SQLite (the transaction is ``BEGIN IMMEDIATE``: nothing else writes meanwhile).
+OPEN_SQLITE = (
+    'SELECT h."seq", h."hash", h."event_seq", h."event_hash", h."mac", h."key_id", ' + _BEYOND_HEAD + ', '
+    + ", ".join(f"r.{column}" for column in PEEK_COLUMNS.split(",")) + ' FROM (SELECT 1) AS one '
+    'LEFT JOIN "ctrlrun_chainhead" AS h ON h."id" = 1 LEFT JOIN "ctrlrun_effectrecord" AS r ON r."effect_key" = %s')
+
+#: What the event chain says about a failed record before a retry renews it (rare).
+LATER_HISTORY = ('SELECT "type", "data" FROM "ctrlrun_event" WHERE "effect_key" = %s AND "type" IN '
+                 "('EFFECT_RESERVED', 'EXECUTION_COMMITTED', 'EFFECT_RESOLVED')")
+
+# --------------------------------------------------------------------------- state writes (target first, source last)
+
+#: new -> executing: a first reservation; losing the race to a concurrent one returns no row.
+EFFECT_INSERT = (
+    'INSERT INTO "ctrlrun_effectrecord" ("state","effect_key","action","action_id","attempt",'
+    '"lease_expires_at","reconcile_failures","created_at","updated_at","pending","mac") '
+    'VALUES (%s,%s,%s,%s,1,%s,0,%s,%s,%s,%s) ON CONFLICT ("effect_key") DO NOTHING RETURNING "attempt"')
+
+#: failed -> executing: a retry takes the key at the next attempt.
+EFFECT_RENEW = (
+    'UPDATE "ctrlrun_effectrecord" SET "state" = %s, "action" = %s, "action_id" = %s, "attempt" = %s, '
+    '"lease_expires_at" = %s, "result_json" = NULL, "error" = NULL, "resolved_by" = NULL, '
+    '"reconcile_failures" = 0, "reconcile_after" = NULL, "updated_at" = %s, "pending" = %s, "mac" = %s '
+    'WHERE "effect_key" = %s AND "attempt" = %s AND "state" = %s')
+
+#: executing -> executing: the heartbeat moves a live holder's lease later (never earlier).
+LEASE_RENEW = (
+    'UPDATE "ctrlrun_effectrecord" SET "state" = %s, "lease_expires_at" = %s, "mac" = %s WHERE "effect_key" = %s '
+    'AND "action_id" = %s AND "attempt" = %s AND "lease_expires_at" <= %s AND "state" = %s')
+
+#: executing -> ambiguous: a lapsed lease swept (its worker's opening events leave the record).
+EFFECT_LAPSE = (
+    'UPDATE "ctrlrun_effectrecord" SET "state" = %s, "error" = %s, "lease_expires_at" = NULL, '
+    '"pending" = NULL, "updated_at" = %s, "mac" = %s WHERE "effect_key" = %s AND "state" = %s')
+
+_OUTCOME_UPDATE = (
+    'UPDATE "ctrlrun_effectrecord" SET "state" = %s, "lease_expires_at" = NULL, "error" = %s, "result_json" = %s, '
+    '"updated_at" = {time}, "pending" = NULL, "mac" = %s WHERE "effect_key" = %s AND "action_id" = %s AND '
+    '"attempt" = %s AND "resolved_by" IS NULL AND "state" = %s{returning}'
+)
+#: executing -> committed | failed | ambiguous (or ambiguous -> ambiguous), if this attempt still holds
+#: the row; PostgreSQL: the row's time and the phase's come from the one statement (the transaction's now()).
+OUTCOME_UPDATE_NOW = _OUTCOME_UPDATE.format(time="now()", returning=' RETURNING now()')
+#: The same with the phase's time as a parameter (SQLite, a test clock).
+OUTCOME_UPDATE_AT = _OUTCOME_UPDATE.format(time="%s", returning="")
+
+#: ambiguous -> committed | failed: a reconcile hook's or a person's answer.
+EFFECT_RESOLVE = (
+    'UPDATE "ctrlrun_effectrecord" SET "state" = %s, "error" = %s, "resolved_by" = %s, "reconcile_after" = NULL, '
+    '"updated_at" = %s, "mac" = %s WHERE "effect_key" = %s AND "state" = %s')
+
+#: ambiguous -> ambiguous: a hook could not say; the next deferred attempt waits longer.
+RECONCILE_BACKOFF = (
+    'UPDATE "ctrlrun_effectrecord" SET "state" = %s, "reconcile_failures" = "reconcile_failures" + 1, '
+    '"reconcile_after" = %s WHERE "effect_key" = %s AND "state" = %s')

@@ -1,0 +1,227 @@
+"""The store's value types: what goes into a phase and what comes out of one.
+
+Pure: standard library and ctrlrun's pure layer only, no Django (a unit test proves it), so the
+decorator's steps and anything that only reads results can hold these without a database. The
+store (``ctrlrun.store``) builds and returns them and re-exports every name.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import functools
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from .canonical import Action
+from .errors import AmbiguousEffect, CTRLRunError
+from .states import Decision, lease_lapsed
+
+__all__ = [
+    "EventRow",
+    "Pending",
+    "Call",
+    "Reserved",
+    "Refused",
+    "OutcomeWrite",
+    "HookAnswer",
+    "EffectView",
+    "EventView",
+    "ReceiptView",
+    "ApprovalView",
+    "ChainCheckView",
+    "Overview",
+]
+
+EventRow = tuple  # (ts, type, action_id, effect_key, approval_id, data[, data as JSON text]): one event
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A running attempt's opening events, kept on its record until they join the event chain."""
+
+    text: str  # the record's ``pending`` column, exactly
+    events: tuple[EventRow, ...]
+
+
+@dataclass(frozen=True)
+class Call:
+    """What the store needs to know about one protected call.
+
+    ``started_at`` is filled in by the call's first phase (from the store's clock) when None.
+    ``pending`` is set on the call a reservation hands back.
+    """
+
+    action: Action
+    decision: Decision
+    reason: str
+    policy_hash: str | None
+    effect_key: str | None
+    started_at: dt.datetime | None = None
+    approval_id: str | None = None
+    approver: str | None = None
+    pending: Pending | None = field(default=None, compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class Reserved:
+    attempt: int
+    lease_expires_at: dt.datetime
+    call: Call  # the call as recorded (with the approval it consumed, if any)
+
+
+@dataclass(frozen=True)
+class Refused:
+    """A reservation that did not happen. ``final`` means its evidence is already written."""
+
+    error: CTRLRunError
+    attempt: int | None
+    final: bool
+    call: Call
+
+
+@dataclass(frozen=True)
+class OutcomeWrite:
+    """Whether the outcome was recorded on the row; if not, ``refusal`` says why."""
+
+    accepted: bool
+    refusal: AmbiguousEffect | None = None
+
+
+@dataclass(frozen=True)
+class HookAnswer:
+    """What a reconcile hook said, as recorded: ``outcome`` is always one of the three answers.
+
+    ``duration`` is how long the hook took (seconds, a monotonic clock), so the time it was asked
+    can be dated on the store's clock.
+    """
+
+    outcome: str
+    reason: str | None = None  # "raised" | "invalid_return" when the hook could not say
+    error: str | None = None
+    duration: float = 0.0
+
+    def data(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"outcome": self.outcome}
+        if self.reason:
+            data["reason"] = self.reason
+            data["error"] = self.error
+        return data
+
+
+@dataclass(frozen=True)
+class EffectView:
+    effect_key: str
+    action: str
+    state: str
+    action_id: str
+    attempt: int
+    lease_expires_at: dt.datetime | None
+    error: str | None
+    resolved_by: str | None
+    reconcile_failures: int
+    reconcile_after: dt.datetime | None
+    created_at: dt.datetime
+    updated_at: dt.datetime
+    #: False when the row does not carry ctrlrun's signature (written around ctrlrun).
+    signature_ok: bool = True
+
+    def lease_lapsed(self, now: dt.datetime) -> bool:
+        return lease_lapsed(self.lease_expires_at, now)
+
+
+@dataclass(frozen=True)
+class EventView:
+    id: int
+    ts: dt.datetime
+    type: str
+    action_id: str | None
+    effect_key: str | None
+    approval_id: str | None
+    data: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ReceiptView:
+    receipt_id: str
+    seq: int | None
+    action_id: str
+    action: str
+    agent: str
+    decision: str
+    result: str
+    effect_key: str | None
+    ts: dt.datetime
+    document: str
+
+    @functools.cached_property
+    def doc(self) -> dict[str, Any]:
+        return json.loads(self.document)
+
+
+@dataclass(frozen=True)
+class ApprovalView:
+    approval_id: str
+    status: str
+    action: str
+    action_id: str
+    action_hash: str
+    action_json: str
+    agent: str
+    user: str | None
+    effect_key: str | None
+    policy_hash: str | None
+    decision_reason: str
+    created_at: dt.datetime
+    expires_at: dt.datetime
+    answered_at: dt.datetime | None
+    approver: str | None
+    note: str | None
+    consumed_at: dt.datetime | None
+    consumed_by: str | None
+    #: False when the row does not carry ctrlrun's signature (written around ctrlrun).
+    signature_ok: bool = True
+
+    @property
+    def canonical_action(self) -> dict[str, Any]:
+        return json.loads(self.action_json)
+
+    @property
+    def arguments(self) -> dict[str, Any]:
+        return self.canonical_action.get("arguments", {})
+
+
+@dataclass(frozen=True)
+class ChainCheckView:
+    """One recorded verification."""
+
+    id: int
+    checked_at: dt.datetime
+    mode: str
+    from_receipt_seq: int
+    receipt_seq: int
+    receipt_hash: str
+    from_event_seq: int
+    event_seq: int
+    event_hash: str
+    ok: bool
+    breaks: int
+    receipts_checked: int
+    events_checked: int
+    signatures_checked: int
+    summary: str
+    duration_seconds: float
+    ran_by: str
+    #: Whether the row carries ctrlrun's signature (a row written around ctrlrun does not).
+    signature_ok: bool
+
+
+@dataclass(frozen=True)
+class Overview:
+    """What needs a person now, for the console's front page."""
+
+    pending_approvals: int
+    ambiguous_effects: int
+    lapsed_leases: int
+    receipts: int
+    #: Waiting requests whose row does not carry ctrlrun's signature: nobody can answer them.
+    tampered_approvals: int = 0

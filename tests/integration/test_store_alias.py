@@ -1,0 +1,99 @@
+"""``store.using(alias)``: the store's functions run against another configured database, and the
+store's per-process caches never take one database's state for another's."""
+from __future__ import annotations
+
+import pytest
+from django.db import connections
+
+import ctrlrun
+from ctrlrun import store
+from ctrlrun.models import EffectRecord, PolicyDocument, Receipt
+from tests.support import evidence_guard
+
+pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "other"])
+
+
+@pytest.fixture(autouse=True)
+def other_guarded(store_db):
+    """The second database carries the guard too (its migrations installed it); lifted for its flush."""
+    evidence_guard().install(connections["other"])
+    yield
+    evidence_guard().remove(connections["other"])
+
+
+def test_using_routes_the_alias_and_restores_it():
+    """Inside using('other') the store's alias is 'other'; outside, the configured one again."""
+    assert store.alias() == "default"
+    with store.using("other") as alias:
+        assert alias == "other" and store.alias() == "other" and store.base._db() == "other"
+    assert store.alias() == "default"
+
+
+def test_using_an_unknown_alias_is_refused():
+    """An alias settings.DATABASES does not have is a bad argument, named."""
+    with pytest.raises(ctrlrun.InvalidArgument, match="no such database alias"):
+        with store.using("nope"):
+            pass
+
+
+def test_a_protected_call_under_using_writes_only_to_that_database(refund, agent):
+    """The record, the events and the receipt of a call made under using('other') land there, not in default."""
+    refund(payment_id="warm", amount=1)  # the runtime (policy) is loaded against default first
+    with store.using("other"):
+        refund(payment_id="elsewhere", amount=1)
+        assert store.get_effect("refund:elsewhere").state == "committed"
+        assert store.verify().ok
+    assert EffectRecord.objects.using("other").filter(pk="refund:elsewhere").exists()
+    assert not EffectRecord.objects.filter(pk="refund:elsewhere").exists()
+    assert Receipt.objects.using("other").count() == 1 and Receipt.objects.count() == 1
+    assert store.verify().ok and store.get_effect("refund:elsewhere") is None
+
+
+def test_the_known_policies_cache_is_per_database():
+    """A policy stored on default is still stored on 'other' the first time it is ensured there."""
+    args = ("sha256:" + "ab" * 32, "ctrlrun.policy/v2", "test", "actions: {}\n", "production")
+    store.ensure_policy(*args)
+    assert PolicyDocument.objects.filter(pk=args[0]).exists()
+    assert not PolicyDocument.objects.using("other").filter(pk=args[0]).exists()
+    with store.using("other"):
+        store.ensure_policy(*args)
+    assert PolicyDocument.objects.using("other").filter(pk=args[0]).exists()
+
+
+def test_two_controls_on_two_databases_keep_apart(agent):
+    """Control(database='other') writes its calls, and its policy's row, to that database only; the
+    default Control's calls stay in default; each chain verifies on its own."""
+    from ctrlrun.control import Control, default_control
+
+    tenant = Control(database="other")
+    ran = []
+
+    @ctrlrun.protect("email.send", effect="email:{msg_id}", control=tenant)
+    def send_for_tenant(msg_id: str) -> str:
+        ran.append(("tenant", msg_id))
+        return "sent"
+
+    @ctrlrun.protect("email.send", effect="email:{msg_id}")
+    def send(msg_id: str) -> str:
+        ran.append(("default", msg_id))
+        return "sent"
+
+    send_for_tenant(msg_id="m1")
+    send(msg_id="m1")  # the same key, in another database: a different effect
+    assert ran == [("tenant", "m1"), ("default", "m1")]
+    policy_hash = default_control().policy.hash
+    assert PolicyDocument.objects.using("other").filter(pk=policy_hash).exists()
+    assert Receipt.objects.using("other").count() == 1 and Receipt.objects.count() == 1
+    with store.using("other"):
+        assert store.verify().ok
+    assert store.verify().ok
+
+
+def test_the_default_control_stores_its_policy_in_a_using_block(refund, agent):
+    """A call under store.using('other') stores the policy's row there before its receipt names it."""
+    from ctrlrun.control import default_control
+
+    refund(payment_id="warm", amount=1)
+    with store.using("other"):
+        refund(payment_id="there", amount=1)
+    assert PolicyDocument.objects.using("other").filter(pk=default_control().policy.hash).exists()
