@@ -33,6 +33,7 @@ __all__ = ["Control", "default_control", "reset_default"]
 
 
 _NOTHING = contextlib.nullcontext()
+_store: Any = None  # ctrlrun.store, once Django is ready (see Control.store)
 
 
 def _timedelta(value: Any, what: str) -> dt.timedelta | None:
@@ -105,9 +106,13 @@ class Control:
 
     @property
     def store(self) -> Any:
-        from . import store
+        """The store's façade (``ctrlrun.store``), imported on first use: Django must be set up first."""
+        global _store
+        if _store is None:
+            from . import store
 
-        return store
+            _store = store
+        return _store
 
     @property
     def database(self) -> str:
@@ -154,9 +159,7 @@ class Control:
         (a ``store.using()`` block, else ``CTRLRUN_DATABASE``)."""
         if self._database is not None:
             return self._database
-        from .store import base
-
-        return base.alias()
+        return self.store.alias()
 
     @property
     def policy(self) -> Policy:

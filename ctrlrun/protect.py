@@ -27,6 +27,8 @@ __all__ = ["protect", "context", "with_approval", "idempotency_token", "hook_for
            "reset_runtime", "runtime", "call_hook", "plan_for"]
 
 F = TypeVar("F", bound=Callable[..., Any])
+#: The container types of canonical arguments (what a function could mutate in place).
+_CONTAINERS = (dict, list)
 
 
 # --------------------------------------------------------------------------- runtime
@@ -214,6 +216,10 @@ class _Guard:
         return call_steps(self.control, self.plan, bind, self._invoke, awaitable=awaitable)
 
     def _invoke(self, action: Any) -> Any:
-        arguments = canonical_arguments(action.arguments)  # a fresh copy the function may mutate
+        arguments = action.arguments
+        if any(type(value) in _CONTAINERS for value in arguments.values()):
+            arguments = canonical_arguments(arguments)  # a fresh copy the function may mutate
+        else:
+            arguments = dict(arguments)  # scalars only: nothing inside the action to mutate
         positional = [arguments.pop(n) for n in self.positional_only]
         return self.fn(*positional, **arguments)
