@@ -9,10 +9,12 @@ action's name. ``discover()`` imports, the way Django finds ``admin.py``, each i
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import importlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from . import conf, store
 from .errors import InvalidArgument, PolicyError, StateConflict
@@ -69,28 +71,32 @@ def discover(modules: Iterable[str] = ()) -> list[str]:
     return imported
 
 
-def run_once(*, action: str | None = None, limit: int | None = None) -> Report:
+def run_once(*, action: str | None = None, limit: int | None = None, control: Any = None) -> Report:
     """One pass: lapsed leases to ambiguous, then each due ambiguous record's hook, once.
 
-    Leases and backoffs are compared with the store's clock (the database's, on PostgreSQL).
+    Leases and backoffs are compared with the store's clock (the database's, on PostgreSQL). With
+    ``control`` (a ``ctrlrun.Control``), the pass runs on that Control's database and clock and asks
+    the hooks registered for its actions; without it, the default's.
     """
-    report = Report(swept=store.sweep_lapsed(action))
-    report.now = store.now()
-    # Listed before any hook is asked, so a record asked in this pass is not also listed as waiting.
-    report.waiting = [e for e in store.list_effects("ambiguous")
-                      if e.reconcile_after is not None and e.reconcile_after > report.now
-                      and (action is None or e.action == action)]
-    for effect in store.reconcile_candidates(action, limit):
-        report.lines.append(ask(effect))
+    with control.scope() if control is not None else contextlib.nullcontext():
+        report = Report(swept=store.sweep_lapsed(action))
+        report.now = store.now()
+        # Listed before any hook is asked, so a record asked in this pass is not also listed as waiting.
+        report.waiting = [e for e in store.list_effects("ambiguous")
+                          if e.reconcile_after is not None and e.reconcile_after > report.now
+                          and (action is None or e.action == action)]
+        for effect in store.reconcile_candidates(action, limit):
+            report.lines.append(ask(effect, control=control))
     return report
 
 
-def ask(effect: store.EffectView, *, requested_by: str | None = None, trigger: str = "deferred") -> Line:
+def ask(effect: store.EffectView, *, requested_by: str | None = None, trigger: str = "deferred",
+        control: Any = None) -> Line:
     """Ask one ambiguous record's hook and apply the answer; one hook's failure stays its own.
 
     ``trigger`` is recorded in RECONCILIATION_STARTED: ``deferred`` for a reconcile pass,
     ``operator`` for a person's "ask the remote now" (with ``requested_by``)."""
-    hook = hook_for(effect.action)
+    hook = control.hook_for(effect.action) if control is not None else hook_for(effect.action)
     if hook is None:
         return Line(effect.effect_key, effect.action, "needs_human",
                     f"no reconcile hook is registered for {effect.action} (import the module that protects it "

@@ -206,3 +206,25 @@ def test_policy_object_and_options_are_checked():
             Control(**options)
     with pytest.raises(ctrlrun.InvalidArgument, match="ctrlrun.Control"):
         ctrlrun.protect("audit.note", control="default")
+
+
+def test_a_controls_hooks_answer_its_deferred_reconcile(strict, hook_registry):
+    """reconcile.run_once(control=...) asks the hook registered on that Control; the default pass
+    (which knows only the default's hooks) leaves the record to a person."""
+    from ctrlrun import reconcile
+
+    asked = []
+
+    def hook(key: str) -> str:
+        asked.append(key)
+        return "committed"
+
+    def lose() -> None:
+        raise TimeoutError("lost")
+
+    with pytest.raises(TimeoutError):
+        strict.call("stripe.refund", {"payment_id": "p9", "amount": 5}, lose, principal="a", reconcile=hook)
+    assert [line.outcome for line in reconcile.run_once().lines] == ["needs_human"]
+    assert [line.outcome for line in reconcile.run_once(control=strict).lines] == ["committed"]
+    assert asked == ["refund:p9"]
+    assert EffectRecord.objects.get(pk="refund:p9").state == "committed"
