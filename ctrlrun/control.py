@@ -268,7 +268,7 @@ class Control:
                principal: Principal | str | None, options: dict[str, Any]) -> tuple[Any, bool]:
         from .protect import plan_for
 
-        plan = plan_for(name, **options)
+        plan = plan_for(name, options)
         if not callable(executor):
             raise InvalidArgument(f"{name}: the executor must be callable (a function of no arguments), "
                                   f"not {type(executor).__name__}")

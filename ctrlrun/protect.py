@@ -13,7 +13,7 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from .canonical import Template, canonical_arguments
@@ -83,17 +83,20 @@ def _template(value: Any, what: str, name: str) -> Template | None:
         raise InvalidArgument(f"protect({name!r}, {what}=...): {exc}") from None
 
 
-def plan_for(
-    name: str,
-    *,
-    effect: str | None = None,
-    resource: str | None = None,
-    lease: dt.timedelta | None = None,
-    reconcile: Callable[[str], Any] | None = None,
-    reconcile_eagerly: bool = False,
-    wait: bool = False,
-) -> Plan:
+#: The options of one guarded action (``protect``'s, and ``Control.call``'s), with their defaults.
+OPTIONS: dict[str, Any] = {"effect": None, "resource": None, "lease": None, "reconcile": None,
+                           "reconcile_eagerly": False, "wait": False}
+
+
+def plan_for(name: str, options: Mapping[str, Any]) -> Plan:
     """Check one guarded action's wiring (``protect``'s options) and fix it as a ``Plan``."""
+    unknown = sorted(set(options) - set(OPTIONS))
+    if unknown:
+        raise InvalidArgument(f"{name!r}: unknown option(s) {', '.join(unknown)}; the options are "
+                              f"{', '.join(OPTIONS)}")
+    chosen = {**OPTIONS, **options}
+    effect, resource, lease, reconcile = chosen["effect"], chosen["resource"], chosen["lease"], chosen["reconcile"]
+    reconcile_eagerly, wait = chosen["reconcile_eagerly"], chosen["wait"]
     if not isinstance(name, str) or not name.strip():
         raise InvalidArgument("protect(name=...) must be a non-empty action name")
     effect_template = _template(effect, "effect", name)
@@ -141,8 +144,8 @@ def protect(
     the same steps without blocking the event loop. ``control`` is the ``ctrlrun.Control`` to
     run under (default: the process-wide one from settings).
     """
-    plan = plan_for(name, effect=effect, resource=resource, lease=lease, reconcile=reconcile,
-                    reconcile_eagerly=reconcile_eagerly, wait=wait)
+    plan = plan_for(name, {"effect": effect, "resource": resource, "lease": lease, "reconcile": reconcile,
+                           "reconcile_eagerly": reconcile_eagerly, "wait": wait})
     if control is not None:
         from .control import Control
 

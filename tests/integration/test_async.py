@@ -49,6 +49,26 @@ def async_refund(remote: AsyncRemote, **options):
     return refund
 
 
+async def lose_reply(refund, remote: AsyncRemote, payment_id: str, error: BaseException | None = None) -> None:
+    """One awaited call whose reply is lost (the remote raises ``error``, a timeout by default)."""
+    remote.fail_with = error or TimeoutError("read timed out")
+    with pytest.raises(type(remote.fail_with)):
+        await refund(payment_id=payment_id, amount=5)
+    remote.fail_with = None
+
+
+class AsyncHook:
+    """An ``async def``-style reconcile hook: records what it was asked and answers ``answer``."""
+
+    def __init__(self, answer: str) -> None:
+        self.answer, self.asked = answer, []
+
+    async def __call__(self, effect_key: str) -> str:
+        self.asked.append(effect_key)
+        await asyncio.sleep(0)
+        return self.answer
+
+
 def state(key: str) -> str:
     return EffectRecord.objects.get(pk=key).state
 
@@ -77,21 +97,12 @@ def test_protected_async_def_is_a_coroutine_function():
 def test_seed_story_lost_reply_then_reconciled(hook_registry):
     """The seed's lost reply, async: ambiguous, a retry refused until the hook (async) says committed."""
     remote = AsyncRemote()
-    answers: list[str] = []
-
-    async def reconcile(effect_key: str) -> str:
-        answers.append(effect_key)
-        await asyncio.sleep(0)
-        return "committed"
-
-    refund = async_refund(remote, reconcile=reconcile)
+    hook = AsyncHook("committed")
+    refund = async_refund(remote, reconcile=hook)
 
     async def story():
         with ctrlrun.context(agent="support-agent"):
-            remote.fail_with = TimeoutError("read timed out")
-            with pytest.raises(TimeoutError):
-                await refund(payment_id="txn_9", amount=50)
-            remote.fail_with = None
+            await lose_reply(refund, remote, "txn_9")
             assert await db(state, "refund:txn_9") == "ambiguous"
             # The retry meets the ambiguous record: the blocking trigger asks the hook, which says
             # the first attempt happened; the retry is refused as a duplicate, never run.
@@ -100,7 +111,7 @@ def test_seed_story_lost_reply_then_reconciled(hook_registry):
 
     asyncio.run(story())
     assert remote.calls == ["txn_9"]
-    assert answers == ["refund:txn_9"]
+    assert hook.asked == ["refund:txn_9"]
     assert state("refund:txn_9") == "committed"
     assert "RECONCILIATION_RESOLVED" in events()
 
@@ -112,18 +123,12 @@ def test_retry_table():
 
     async def table():
         with ctrlrun.context(agent="support-agent"):
-            remote.fail_with = ctrlrun.NotExecuted("connection refused")
-            with pytest.raises(ctrlrun.NotExecuted):
-                await refund(payment_id="txn_1", amount=10)
+            await lose_reply(refund, remote, "txn_1", ctrlrun.NotExecuted("connection refused"))
             assert await db(state, "refund:txn_1") == "failed"
-            remote.fail_with = None
             assert (await refund(payment_id="txn_1", amount=10))["id"] == "re_txn_1"
             with pytest.raises(ctrlrun.DuplicateEffect):
                 await refund(payment_id="txn_1", amount=10)
-            remote.fail_with = ConnectionResetError("reset")
-            with pytest.raises(ConnectionResetError):
-                await refund(payment_id="txn_2", amount=10)
-            remote.fail_with = None
+            await lose_reply(refund, remote, "txn_2", ConnectionResetError("reset"))
             with pytest.raises(ctrlrun.AmbiguousEffect):
                 await refund(payment_id="txn_2", amount=10)
 
@@ -313,10 +318,7 @@ def test_reconcile_eagerly_with_an_async_hook(hook_registry):
 
     async def run():
         with ctrlrun.context(agent="support-agent"):
-            remote.fail_with = TimeoutError("lost")
-            with pytest.raises(TimeoutError):
-                await refund(payment_id="txn_e", amount=5)
-            remote.fail_with = None
+            await lose_reply(refund, remote, "txn_e")
             assert await db(state, "refund:txn_e") == "failed"
             await refund(payment_id="txn_e", amount=5)
 
@@ -330,18 +332,11 @@ def test_deferred_reconcile_asks_an_async_hook(hook_registry):
     from ctrlrun import reconcile
 
     remote = AsyncRemote()
-
-    async def hook(effect_key: str) -> str:
-        await asyncio.sleep(0)
-        return "committed"
-
-    refund = async_refund(remote, reconcile=hook)
-    remote.fail_with = TimeoutError("lost")
+    refund = async_refund(remote, reconcile=AsyncHook("committed"))
 
     async def lose():
         with ctrlrun.context(agent="support-agent"):
-            with pytest.raises(TimeoutError):
-                await refund(payment_id="txn_d", amount=5)
+            await lose_reply(refund, remote, "txn_d")
 
     asyncio.run(lose())
     report = reconcile.run_once()
@@ -357,10 +352,7 @@ def test_a_sync_hook_blocking_trigger_from_async(hook_registry):
 
     async def run():
         with ctrlrun.context(agent="support-agent"):
-            remote.fail_with = TimeoutError("lost")
-            with pytest.raises(TimeoutError):
-                await refund(payment_id="txn_s", amount=5)
-            remote.fail_with = None
+            await lose_reply(refund, remote, "txn_s")
             return await refund(payment_id="txn_s", amount=5)
 
     assert asyncio.run(run())["id"] == "re_txn_s"

@@ -228,3 +228,10 @@ def test_a_controls_hooks_answer_its_deferred_reconcile(strict, hook_registry):
     assert [line.outcome for line in reconcile.run_once(control=strict).lines] == ["committed"]
     assert asked == ["refund:p9"]
     assert EffectRecord.objects.get(pk="refund:p9").state == "committed"
+
+
+def test_call_refuses_an_unknown_option():
+    """A misspelt option of call() is named, with the options there are; nothing is recorded."""
+    with pytest.raises(ctrlrun.InvalidArgument, match=r"unknown option\(s\) efect; the options are effect"):
+        Control().call("audit.note", {"text": "x"}, lambda: None, principal="a", efect="n:{text}")
+    assert receipts() == []
