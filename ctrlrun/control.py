@@ -67,10 +67,14 @@ class Control:
         elif policy is not None and not isinstance(policy, Policy):
             raise InvalidArgument(f"Control(policy=...) must be a Policy or a path to a policy file, not "
                                   f"{type(policy).__name__}")
-        if database is not None and (not isinstance(database, str) or not database.strip()):
-            raise InvalidArgument("Control(database=...) must name an entry of settings.DATABASES")
-        if clock is not None and not callable(clock):
-            raise InvalidArgument("Control(clock=...) must be a function returning the current time")
+        if database is not None:
+            _check_database(database)
+        if clock is not None:
+            _check_clock(clock)
+        if approvals is not None and not (callable(getattr(approvals, "request", None))
+                                          and callable(getattr(approvals, "check", None))):
+            raise InvalidArgument(f"Control(approvals=...): {approvals!r} is not an approval provider (it needs "
+                                  f"request(call, ttl) and check(request_id); see ctrlrun.approvals)")
         for observer in observers:
             if not (callable(getattr(observer, "on_event", None)) or callable(getattr(observer, "on_receipt", None))):
                 raise InvalidArgument(f"Control(observers=...): {observer!r} has neither on_event() nor on_receipt()")
@@ -173,6 +177,23 @@ class Control:
             return _NOTHING
         return self._own_scope()
 
+    def bound_scope(self) -> Callable[[], contextlib.AbstractContextManager[Any]] | None:
+        """A factory that enters, from any thread, the database and clock this Control's phases use
+        here and now (its own, or the caller's ``store.using`` block's): the lease-renewal thread
+        renews the record where it was written. None when that is the process's default anyway."""
+        alias = self._alias_now()
+        if self._clock is None and self._database is None and alias == conf.database_alias():
+            return None
+        store, clock = self.store, self._clock
+
+        def enter() -> contextlib.AbstractContextManager[Any]:
+            stack = contextlib.ExitStack()
+            stack.enter_context(store.using(alias))
+            stack.enter_context(conf.scoped_clock(clock))
+            return stack
+
+        return enter
+
     @contextlib.contextmanager
     def _own_scope(self) -> Iterator[None]:
         from . import observers, store
@@ -252,20 +273,17 @@ class Control:
         ``options`` are ``protect``'s: ``effect``, ``resource``, ``lease``, ``reconcile``,
         ``reconcile_eagerly``, ``wait``.
         """
-        steps, awaitable = self._steps(name, arguments, executor, principal, options)
-        if awaitable:
-            raise InvalidArgument(f"{name}: the executor is an 'async def'; use 'await control.acall(...)'")
-        return drive.run_sync(steps, self)
+        return drive.run_sync(self._steps(name, arguments, executor, principal, options, asynchronous=False), self)
 
     async def acall(self, name: str, arguments: Mapping[str, Any], executor: Callable[[], Any], *,
                     principal: Principal | str | None = None, **options: Any) -> Any:
         """``call`` from an event loop: the executor may be ``async def`` (awaited) or a plain
         function (run in a thread); the store is never waited on in the loop."""
-        steps, _ = self._steps(name, arguments, executor, principal, options)
-        return await drive.run_async(steps, self)
+        return await drive.run_async(self._steps(name, arguments, executor, principal, options, asynchronous=True),
+                                     self)
 
     def _steps(self, name: str, arguments: Mapping[str, Any], executor: Callable[[], Any],
-               principal: Principal | str | None, options: dict[str, Any]) -> tuple[Any, bool]:
+               principal: Principal | str | None, options: dict[str, Any], *, asynchronous: bool) -> Any:
         from .protect import plan_for
 
         plan = plan_for(name, options)
@@ -282,12 +300,37 @@ class Control:
             raise InvalidArgument(f"{name}: principal must be a ctrlrun.Principal or an agent name, not "
                                   f"{type(principal).__name__}")
         given = _arguments(name, arguments)
-        if plan.reconcile is not None:
-            self.register_hook(name, plan.reconcile)
         awaitable = inspect.iscoroutinefunction(executor)
-        steps = call_steps(self, plan, lambda: given, lambda action: executor(), awaitable=awaitable,
-                           principal=principal)
-        return steps, awaitable
+        if awaitable and not asynchronous:
+            raise InvalidArgument(f"{name}: the executor is an 'async def'; use 'await control.acall(...)'")
+        if plan.reconcile is not None:
+            # Deferred reconciliation (reconcile.run_once(control=...)) finds the hook by action name.
+            self.register_hook(name, plan.reconcile)
+        return call_steps(self, plan, lambda: given, lambda action: executor(), awaitable=awaitable,
+                          principal=principal)
+
+
+def _check_database(database: Any) -> None:
+    if not isinstance(database, str) or not database.strip():
+        raise InvalidArgument("Control(database=...) must name an entry of settings.DATABASES")
+    from django.db import connections
+
+    from . import standalone
+
+    standalone.configure_settings()
+    if database not in connections.settings:
+        raise InvalidArgument(f"Control(database={database!r}): settings.DATABASES has no such entry (it has "
+                              f"{', '.join(sorted(connections.settings))}); add it, and run 'python manage.py "
+                              f"migrate --database {database}'")
+
+
+def _check_clock(clock: Any) -> None:
+    if not callable(clock):
+        raise InvalidArgument("Control(clock=...) must be a function returning the current time")
+    now = clock()
+    if not isinstance(now, dt.datetime) or now.tzinfo is None or now.utcoffset() is None:
+        raise InvalidArgument(f"Control(clock=...) must return an aware datetime (e.g. datetime.now(timezone.utc)), "
+                              f"got {now!r}")
 
 
 def _arguments(name: str, arguments: Mapping[str, Any]) -> dict[str, Any]:

@@ -12,6 +12,7 @@ Renewals are cheap and rare: none at all for a call shorter than a third of its 
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import heapq
 import itertools
@@ -19,6 +20,8 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,6 +49,9 @@ class Held:
     attempt: int
     lease: dt.timedelta
     interval: float
+    #: Enters the database and clock the call's store phases use (its Control's, or a ``store.using``
+    #: block's): a renewal must reach the very record the reservation wrote, on that store's clock.
+    scope: Callable[[], AbstractContextManager[Any]] | None = None
     stopped: bool = False
     renewals: int = 0
     order: int = field(default_factory=itertools.count().__next__)
@@ -58,9 +64,10 @@ class _Heartbeat:
         self._live = 0  # entries of _due not stopped
         self._thread: threading.Thread | None = None
 
-    def hold(self, call: Any, attempt: int, lease: dt.timedelta) -> Held:
+    def hold(self, call: Any, attempt: int, lease: dt.timedelta,
+             scope: Callable[[], AbstractContextManager[Any]] | None = None) -> Held:
         interval = max(lease.total_seconds() / RENEW_FRACTION, MIN_INTERVAL_SECONDS)
-        held = Held(call, attempt, lease, interval)
+        held = Held(call, attempt, lease, interval, scope)
         with self._wake:
             if len(self._due) > COMPACT_FACTOR * self._live + COMPACT_SLACK:
                 # Most calls end long before their first renewal: drop their entries now rather
@@ -123,7 +130,8 @@ class _Heartbeat:
             if call is None or held.stopped:
                 continue
             try:
-                renewed = store.renew_lease(call, held.attempt, held.lease)
+                with held.scope() if held.scope is not None else contextlib.nullcontext():
+                    renewed = store.renew_lease(call, held.attempt, held.lease)
             except Exception as exc:  # the database, or anything else: keep trying while the lease lasts
                 if not held.stopped:
                     logger.warning("could not renew the lease of effect %s (attempt %s): %s; trying again",
@@ -152,9 +160,11 @@ class _Heartbeat:
 _heartbeat = _Heartbeat()
 
 
-def hold(call: Any, attempt: int, lease: dt.timedelta) -> Held:
-    """Start renewing ``call``'s lease (its effect key, at ``attempt``) until :func:`release`."""
-    return _heartbeat.hold(call, attempt, lease)
+def hold(call: Any, attempt: int, lease: dt.timedelta,
+         scope: Callable[[], AbstractContextManager[Any]] | None = None) -> Held:
+    """Start renewing ``call``'s lease (its effect key, at ``attempt``) until :func:`release`; each
+    renewal runs inside ``scope()`` (the call's database and clock) when given."""
+    return _heartbeat.hold(call, attempt, lease, scope)
 
 
 def release(held: Held) -> None:

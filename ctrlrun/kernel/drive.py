@@ -23,18 +23,26 @@ runs in a thread of the loop's default executor (it may be slow, and must not ho
 thread). Async reconcile hooks are awaited; sync ones run in a thread.
 
 Cancellation (``task.cancel()``, a timeout): a store phase already started runs to its end in its
-thread (a transaction is never cut in half), and the cancellation is delivered at the next step:
-before the function starts, the reservation is released as ``failed`` ("cancelled before it
-started"; nothing ran, a retry is allowed); while an ``async def`` runs, ``Abandoned`` is thrown
-into the steps, nothing is recorded, the lease stops being renewed, and the sweeper later marks
-the record ambiguous - an interrupted call, never ``failed``. A synchronous function running in a
-thread cannot be interrupted: it is waited for, its outcome recorded, and then the task is
-cancelled. The caller always gets ``CancelledError``.
+thread (a transaction is never cut in half), and the cancellation is delivered at the next step.
+From then on only ``Record`` phases run (what already happened is written down); no other phase
+starts - no key is taken, no approval spent, nobody is waited for. Cancelled after the key was
+taken but before the function started: the reservation is released as ``failed`` ("cancelled
+before its function started"; nothing ran, a retry is allowed). Cancelled while an ``async def``
+runs: ``Abandoned`` is thrown into the steps; a keyed call records nothing, its lease stops being
+renewed and the sweeper later marks it ambiguous (an interrupted call, never ``failed``); an
+unkeyed call, which no sweeper will find, is recorded ambiguous at once. A synchronous function
+running in a thread cannot be interrupted: it is waited for, its outcome recorded, and then the
+task is cancelled. The caller always gets ``CancelledError``. A ``CancelledError`` the function
+raises itself, its task not being cancelled, is an outcome like any other exception (ambiguous).
+
+The default executor's threads (sync executors of ``acall``, sync reconcile hooks) are the
+loop's, not ctrlrun's: if they use the ORM, their connections are the application's to close.
 """
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import contextvars
 import inspect
 import logging
@@ -50,7 +58,7 @@ from ..canonical import evidence_text
 from ..errors import NotExecuted
 from ..states import RECONCILE_ANSWERS
 from .context import running_attempt
-from .steps import Abandoned, Ask, Pause, Phase, Run, Steps
+from .steps import Abandoned, Ask, Pause, Phase, Record, Run, Steps
 
 logger = logging.getLogger("ctrlrun")
 
@@ -114,30 +122,31 @@ async def acall_hook(hook: Callable[[str], Any], effect_key: str) -> Any:
 
 
 class _Running:
-    """Around the user's function: its attempt in the context, its lease renewed, the transport
-    register open (so ``ctrlrun.transport`` can tell a call that never connected)."""
+    """Around the user's function: the transport register open (so ``ctrlrun.transport`` can tell
+    a call that never connected), its attempt in the context, and its lease renewed on its store."""
 
-    def __init__(self, op: Run) -> None:
-        self.op = op
+    def __init__(self, op: Run, control: Any) -> None:
+        self.op, self.control = op, control
 
     def __enter__(self) -> _Running:
-        op = self.op
-        self.token = running_attempt.set((op.call.effect_key, op.attempt)) if op.call is not None else None
-        self.renewing = heartbeat.hold(op.call, op.attempt, op.lease) if op.call is not None else None
         from .. import transport
 
-        self.scope = transport.executor_scope()
-        self.scope.__enter__()
+        op, stack = self.op, contextlib.ExitStack()
+        self.stack = stack
+        try:
+            stack.enter_context(transport.executor_scope())
+            if op.call is not None:
+                token = running_attempt.set((op.call.effect_key, op.attempt))
+                stack.callback(running_attempt.reset, token)
+                renewing = heartbeat.hold(op.call, op.attempt, op.lease, self.control.bound_scope())
+                stack.callback(heartbeat.release, renewing)  # the moment the function is done, renewal stops
+        except BaseException:
+            stack.close()
+            raise
         return self
 
-    def __exit__(self, *exc: Any) -> None:
-        try:
-            self.scope.__exit__(*exc)
-        finally:
-            if self.renewing is not None:
-                heartbeat.release(self.renewing)  # the moment the function is done, renewal stops
-            if self.token is not None:
-                running_attempt.reset(self.token)
+    def __exit__(self, *exc: Any) -> bool:
+        return bool(self.stack.__exit__(*exc))
 
 
 def _phase(control: Any, op: Phase) -> Any:
@@ -162,7 +171,7 @@ def run_sync(steps: Steps, control: Any) -> Any:
             if isinstance(op, Phase):
                 send = _phase(control, op)
             elif isinstance(op, Run):
-                with _Running(op):
+                with _Running(op, control):
                     send = op.invoke(op.action)
             elif isinstance(op, Ask):
                 send = call_hook(op.hook, op.effect_key)
@@ -271,13 +280,16 @@ async def _uncut(future: concurrent.futures.Future[Any]) -> Any:
         raise _PhaseCancelled(future, cancel) from None
 
 
-async def _run_function(op: Run) -> Any:
-    with _Running(op):
+async def _run_function(op: Run, control: Any) -> Any:
+    with _Running(op, control):
         if op.awaitable:
             try:
                 return await op.invoke(op.action)
             except asyncio.CancelledError as cancel:
-                raise _Interrupted(cancel) from None
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise _Interrupted(cancel) from None
+                raise _Raised(cancel) from None  # the function's own CancelledError: an outcome like any other
         context = contextvars.copy_context()
         loop = asyncio.get_running_loop()
         return await _uncut(loop.run_in_executor(None, context.run, op.invoke, op.action))  # type: ignore[arg-type]
@@ -286,6 +298,13 @@ async def _run_function(op: Run) -> Any:
 class _Interrupted(Exception):
     def __init__(self, cancel: asyncio.CancelledError) -> None:
         self.cancel = cancel
+
+
+class _Raised(Exception):
+    """The function raised ``CancelledError`` itself while its task was not being cancelled."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
 
 
 async def run_async(steps: Steps, control: Any) -> Any:
@@ -307,15 +326,16 @@ async def run_async(steps: Steps, control: Any) -> Any:
                 raise cancelled from None
             raise
         send = throw = None
-        if cancelled is not None and not isinstance(op, Phase):
-            # After a cancellation only the steps' own bookkeeping (store phases) still runs.
+        if cancelled is not None and not isinstance(op, Record):
+            # After a cancellation only the steps' recording of what already happened still runs:
+            # no key is taken, no approval spent, no function started, nobody waited for.
             throw = NotExecuted(CANCELLED_BEFORE_START) if isinstance(op, Run) else cancelled
             continue
         try:
             if isinstance(op, Phase):
                 send = await _run_phase(control, op)
             elif isinstance(op, Run):
-                send = await _run_function(op)
+                send = await _run_function(op, control)
             elif isinstance(op, Ask):
                 send = await acall_hook(op.hook, op.effect_key)
             elif isinstance(op, Pause):
@@ -331,6 +351,8 @@ async def run_async(steps: Steps, control: Any) -> Any:
         except _Interrupted as interrupted:
             cancelled = interrupted.cancel
             throw = Abandoned()
+        except _Raised as raised:
+            throw = raised.error
         except asyncio.CancelledError as cancel:
             cancelled = throw = cancel
         except BaseException as exc:

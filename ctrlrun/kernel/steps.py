@@ -49,7 +49,7 @@ from .context import current_principal, presented_approval
 
 logger = logging.getLogger("ctrlrun")
 
-__all__ = ["Plan", "Phase", "Run", "Ask", "Pause", "Abandoned", "call_steps", "Steps"]
+__all__ = ["Plan", "Phase", "Record", "Run", "Ask", "Pause", "Abandoned", "call_steps", "Steps"]
 
 
 # --------------------------------------------------------------------------- instructions
@@ -62,6 +62,11 @@ class Phase:
     fn: Callable[..., Any]
     args: tuple[Any, ...] = ()
     kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+
+class Record(Phase):
+    """A phase that records what already happened (an outcome, a refusal, a denial, a hook's
+    answer): it runs even after the caller cancelled, where any other phase is not started."""
 
 
 @dataclass(frozen=True)
@@ -191,7 +196,7 @@ def call_steps(control: Any, plan: Plan, bind: Callable[[], Mapping[str, Any]], 
         effect_key = _effect_key(plan, effect, action)
     except EffectKeyError as exc:
         call = store.Call(action, Decision.DENY, "effect_key_error", policy.hash, None)
-        yield Phase(store.record_denial, (call, {"reason": "effect_key_error", "effect": effect.text if effect else None,
+        yield Record(store.record_denial, (call, {"reason": "effect_key_error", "effect": effect.text if effect else None,
                                                  "error": str(exc)}), {"with_policy": False})
         raise
     run = _Running(control, plan, policy, action, effect_key, invoke, awaitable)
@@ -219,7 +224,7 @@ class _Running:
         evaluation = self.policy.evaluate(self.name, self.action.arguments)
         call = store.Call(self.action, evaluation.decision, evaluation.reason, self.policy.hash, self.effect_key)
         if evaluation.decision is Decision.DENY:
-            yield Phase(store.record_denial, (replace(call, approval_id=presented), {"reason": evaluation.reason}))
+            yield Record(store.record_denial, (replace(call, approval_id=presented), {"reason": evaluation.reason}))
             raise ActionDenied(_denial_message(self.name, evaluation.reason), reason=evaluation.reason,
                                action_id=self.action.action_id)
         if evaluation.decision is Decision.APPROVE and presented is None:
@@ -243,7 +248,7 @@ class _Running:
                 break
             yield Pause(self.control.poll_interval)
         if current.status in ("pending", "expired") or (current.status == "granted" and now >= current.expires_at):
-            yield Phase(self.control.store.expire_if_due, (request.approval_id,))
+            yield Record(self.control.store.expire_if_due, (request.approval_id,))
             raise ApprovalTimeout(
                 f"approval request {request.approval_id} for {self.name} was not answered before it expired at "
                 f"{evidence_time(current.expires_at)}; the call did not run. Ask again",
@@ -265,12 +270,12 @@ class _Running:
                 assert plan.reconcile is not None
                 try:
                     answer = yield Ask(plan.reconcile, key)
-                    yield Phase(store.record_reconciliation, (key, call.action.action_id, f"reconcile:{self.name}",
+                    yield Record(store.record_reconciliation, (key, call.action.action_id, f"reconcile:{self.name}",
                                                               "blocking", answer), {"attempt": taken.attempt})
                 except BaseException:
                     # The hook never answered, or its answer could not be recorded: the refusal the
                     # caller gets still leaves its receipt (if the store takes it).
-                    yield from _best_effort(Phase(store.record_refusal, (taken,)))
+                    yield from _best_effort(Record(store.record_refusal, (taken,)))
                     raise
                 taken = yield Phase(store.reserve, (call, lease), {
                     "opening": False, "hold_ambiguous": False, "presented": presented})
@@ -281,7 +286,9 @@ class _Running:
             value = yield Run(self.invoke, call.action, self.awaitable, call if key is not None else None, attempt,
                               lease)
         except Abandoned:
-            raise  # held: its lease lapses and the sweeper marks it ambiguous, as for a worker that died
+            if key is None:  # no record, no lease, no sweeper: its outcome is recorded here
+                yield from self.finish(call, attempt, Result.AMBIGUOUS, CANCELLED_WHILE_RUNNING, None, None)
+            raise  # keyed: held; its lease lapses and the sweeper marks it ambiguous, as for a worker that died
         except NotExecuted as exc:
             yield from self.finish(call, attempt, Result.FAILED, evidence_text(str(exc)), None, exc)
             raise
@@ -289,16 +296,11 @@ class _Running:
             yield from self.finish(call, attempt, Result.AMBIGUOUS, evidence_text(f"{type(exc).__name__}: {exc}"),
                                    None, exc)
             raise
-        if inspect.isawaitable(value):
-            # A synchronous wrapper around an async function: nothing of its body has run yet, and
-            # "committed" would be a lie. Close it unrun, record that it did not execute, refuse.
-            close = getattr(value, "close", None)
-            if close is not None:
-                close()
-            problem = (f"{self.name}: the protected function returned an awaitable ({type(value).__name__}), so its "
-                       f"body never ran here; protect the async function itself, or run it to completion inside "
-                       f"a synchronous one")
-            yield from self.finish(call, attempt, Result.FAILED, problem, None, None)
+        unrun = _not_a_result(value)
+        if unrun is not None:
+            result, problem = unrun
+            problem = f"{self.name}: {problem}"
+            yield from self.finish(call, attempt, result, problem, None, None)
             raise InvalidArgument(problem)
         yield from self.finish(call, attempt, Result.COMMITTED, None, value, None)
         return value
@@ -311,7 +313,7 @@ class _Running:
         eager = (result is Result.AMBIGUOUS and key is not None and plan.reconcile_eagerly
                  and isinstance(exc, Exception))
         try:
-            written = yield Phase(store.record_outcome, (call, attempt, result), {
+            written = yield Record(store.record_outcome, (call, attempt, result), {
                 "error": error, "value": value, "write_receipt": not eager})
         except Exception as failure:  # the database, or anything else: the outcome is not recorded
             if result is Result.AMBIGUOUS:
@@ -333,7 +335,7 @@ class _Running:
             assert key is not None and plan.reconcile is not None
             try:
                 answer = yield Ask(plan.reconcile, key)
-                yield Phase(store.record_reconciliation, (key, call.action.action_id, f"reconcile:{self.name}",
+                yield Record(store.record_reconciliation, (key, call.action.action_id, f"reconcile:{self.name}",
                                                           "eager", answer),
                             {"attempt": attempt, "receipt_for": call, "receipt_attempt": attempt,
                              "receipt_error": error})
@@ -342,10 +344,40 @@ class _Running:
                 # receipt, and the caller the function's own exception.
                 logger.error("%s: the eager reconcile of %s could not be recorded; it stays ambiguous", self.name,
                              key, exc_info=True)
-                yield from _best_effort(Phase(store.write_ambiguous_receipt, (call, attempt, error or "")))
+                yield from _best_effort(Record(store.write_ambiguous_receipt, (call, attempt, error or "")))
             except BaseException:
-                yield from _best_effort(Phase(store.write_ambiguous_receipt, (call, attempt, error or "")))
+                yield from _best_effort(Record(store.write_ambiguous_receipt, (call, attempt, error or "")))
                 raise
+
+
+#: What an attempt whose async function was cut off by a cancellation left unknown.
+CANCELLED_WHILE_RUNNING = "cancelled while the function ran: part of it may have happened"
+
+
+def _not_a_result(value: Any) -> tuple[Result, str] | None:
+    """A returned value that is not the function's result but a promise of it - (how to record it,
+    why), else None. Nothing of an unstarted coroutine or generator has run (``failed``); a started
+    one, or another awaitable (a Task, a Future), may be running now (``ambiguous``)."""
+    if inspect.iscoroutine(value):
+        started = inspect.getcoroutinestate(value) != inspect.CORO_CREATED
+    elif inspect.isgenerator(value):
+        started = inspect.getgeneratorstate(value) != inspect.GEN_CREATED
+    elif inspect.isasyncgen(value):  # (inspect.getasyncgenstate is 3.12's): a fresh one is at offset 0
+        started = value.ag_running or value.ag_frame is None or value.ag_frame.f_lasti > 0
+    elif inspect.isawaitable(value):
+        started = True
+    else:
+        return None
+    if not started and not inspect.isasyncgen(value):
+        value.close()  # closed unrun: nothing of its body will ever run
+    kind = "an awaitable" if inspect.isawaitable(value) else "a generator"
+    advice = ("protect the async function itself, or run it to completion inside a synchronous one"
+              if inspect.isawaitable(value) else "return the result, not a generator of it")
+    if started:
+        return Result.AMBIGUOUS, (f"the protected function returned {kind} ({type(value).__name__}) that may be "
+                                  f"running now, not a result; {advice}")
+    return Result.FAILED, (f"the protected function returned {kind} ({type(value).__name__}), so its body never "
+                           f"ran here; {advice}")
 
 
 def _best_effort(phase: Phase) -> Steps:

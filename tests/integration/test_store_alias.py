@@ -97,3 +97,39 @@ def test_the_default_control_stores_its_policy_in_a_using_block(refund, agent):
     with store.using("other"):
         refund(payment_id="there", amount=1)
     assert PolicyDocument.objects.using("other").filter(pk=default_control().policy.hash).exists()
+
+
+def test_a_slow_call_on_a_controls_database_keeps_its_lease(agent):
+    """The heartbeat renews the lease where the record is (the Control's database): a second caller
+    during a call three leases long is refused, and the effect runs once."""
+    import datetime as dt
+    import threading
+    import time
+
+    from ctrlrun.control import Control
+
+    tenant = Control(database="other", lease=dt.timedelta(seconds=0.3))
+    ran = []
+
+    def hook(key):  # the remote knows nothing yet: the first call is still in flight
+        return "not_executed"
+
+    @ctrlrun.protect("email.send", effect="email:{msg_id}", control=tenant, reconcile=hook)
+    def send(msg_id: str) -> str:
+        ran.append(msg_id)
+        time.sleep(1.0)
+        return "sent"
+
+    def first():
+        with ctrlrun.context(agent="a"):
+            send(msg_id="m2")
+
+    worker = threading.Thread(target=first)
+    worker.start()
+    time.sleep(0.7)  # past the lease, inside the function: only renewals keep the key held
+    with pytest.raises(ctrlrun.DuplicateEffect):
+        send(msg_id="m2")
+    worker.join()
+    assert ran == ["m2"]
+    with store.using("other"):
+        assert store.get_effect("email:m2").state == "committed"
