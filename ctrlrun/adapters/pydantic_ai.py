@@ -1,0 +1,186 @@
+"""Pydantic AI: ctrlrun enforced at every tool call of a toolset.
+
+``CtrlrunToolset(wrapped, control)`` is a ``WrapperToolset``: each call of a tool of ``wrapped`` goes
+through ``control.acall`` (policy, approval, effect key, receipts), and only ctrlrun's consent runs it.
+
+- allow: the tool runs (once per effect key); its value is the tool's result.
+- approve: Pydantic AI's ``ApprovalRequired`` is raised with metadata ``{"ctrlrun_request_id": ...,
+  "ctrlrun_action_hash": ...}``, so the run ends with ``DeferredToolRequests``. When the run is
+  resumed with ``DeferredToolResults(approvals={tool_call_id: True})`` the call runs only under
+  ``ctrlrun.with_approval(request_id)``: ctrlrun runs it only if a person granted that exact action
+  hash, once. ``ToolApproved(override_args=...)`` with other arguments is refused (``ApprovalMismatch``).
+  A request nobody answered yet defers the call again.
+- deny, and every refusal (``ActionDenied``, ``ApprovalMismatch``, ``DuplicateEffect``,
+  ``AmbiguousEffect``, a resumed call with no known request): the tool does not run and the model
+  gets the refusal as the tool's result (a string starting ``ctrlrun refused``), so the agent can
+  say so instead of crashing the run. Override ``refusal(...)`` to change the text.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+try:
+    from pydantic_ai.exceptions import ApprovalRequired as _FrameworkApprovalRequired
+    from pydantic_ai.messages import ModelResponse, ToolCallPart
+    from pydantic_ai.toolsets import AbstractToolset, WrapperToolset
+except ImportError as missing:  # pragma: no cover - exercised only without the extra
+    raise ImportError(
+        "ctrlrun.adapters.pydantic_ai needs Pydantic AI: pip install 'ctrlrun[pydantic-ai]'"
+    ) from missing
+
+import ctrlrun
+from ctrlrun.errors import CTRLRunError
+
+__all__ = ["CtrlrunToolset", "REQUEST_ID", "ACTION_HASH"]
+
+#: The keys of the metadata of a deferred call (``DeferredToolRequests.metadata[tool_call_id]``).
+REQUEST_ID = "ctrlrun_request_id"
+ACTION_HASH = "ctrlrun_action_hash"
+
+_REFUSALS = (ctrlrun.ActionDenied, ctrlrun.ApprovalMismatch, ctrlrun.DuplicateEffect, ctrlrun.AmbiguousEffect)
+
+
+@dataclass(frozen=True)
+class _Pending:
+    request_id: str
+    action_hash: str
+    arguments: str  # canonical JSON of the arguments the request was made for
+
+
+def _canonical(arguments: Mapping[str, Any]) -> str:
+    return json.dumps(arguments, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
+
+
+def _read_approval(request_id: str, database: str | None) -> Any:
+    """The stored request, read in a worker thread whose connection is closed afterwards."""
+    from django.db import connections
+
+    from ctrlrun import store
+
+    try:
+        if database:
+            with store.using(database):
+                return store.get_approval(request_id)
+        return store.get_approval(request_id)
+    finally:
+        connections.close_all()  # this thread's connections only
+
+
+@dataclass
+class CtrlrunToolset(WrapperToolset):
+    """Guard every tool call of ``wrapped`` with ``control`` (a ``ctrlrun.Control``; default: the
+    process-wide one).
+
+    ``effects``: ``{tool_name: "refund:{payment_id}"}``, an effect key template per tool (else the
+    policy entry's). ``actions``: ``{tool_name: "stripe.refund"}``, the policy's action name for a tool
+    (default: the tool's name). ``principal``: a ``ctrlrun.Principal``, an agent name, or a function of
+    the ``RunContext`` returning one; ``None`` acts for ``ctrlrun.context()``.
+    """
+
+    control: Any = None
+    effects: Mapping[str, str] = field(default_factory=dict, kw_only=True)
+    actions: Mapping[str, str] = field(default_factory=dict, kw_only=True)
+    principal: Any = field(default=None, kw_only=True)
+    #: ``{tool_call_id: request}`` of calls deferred for approval in this process.
+    pending: dict[str, _Pending] = field(default_factory=dict, kw_only=True, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.control is None:
+            self.control = ctrlrun.Control()
+        if not isinstance(self.wrapped, AbstractToolset):
+            raise ctrlrun.InvalidArgument("CtrlrunToolset wraps a Pydantic AI toolset (e.g. FunctionToolset([...]))")
+        for option in ("effects", "actions"):
+            value = getattr(self, option)
+            if not isinstance(value, Mapping) or not all(isinstance(v, str) and v for v in value.values()):
+                raise ctrlrun.InvalidArgument(f"CtrlrunToolset({option}=...) must map tool names to strings")
+
+    # -- the guard ------------------------------------------------------------------------------------
+
+    async def call_tool(self, name: str, tool_args: dict[str, Any], ctx: Any, tool: Any) -> Any:
+        action = self.actions.get(name, name)
+        options: dict[str, Any] = {}
+        if name in self.effects:
+            options["effect"] = self.effects[name]
+        principal = self.principal(ctx) if callable(self.principal) else self.principal
+
+        async def executor() -> Any:
+            return await self.wrapped.call_tool(name, tool_args, ctx, tool)
+
+        call_id = ctx.tool_call_id
+        try:
+            if ctx.tool_call_approved:
+                pending = self._pending_for(ctx, name)
+                if pending is None:
+                    return self.refusal(action, ctrlrun.ApprovalMismatch(
+                        f"{action}: approved in Pydantic AI, but no ctrlrun approval request is known for tool call "
+                        f"{call_id!r}; nothing ran", reason="no_request"))
+                if pending.arguments is not None and pending.arguments != _canonical(tool_args):
+                    return self.refusal(action, ctrlrun.ApprovalMismatch(
+                        f"{action}: the approval {pending.request_id} was asked for other arguments than these; "
+                        "nothing ran", reason="mismatch", approval_id=pending.request_id))
+                try:
+                    with ctrlrun.with_approval(pending.request_id):
+                        result = await self.control.acall(action, tool_args, executor, principal=principal, **options)
+                except ctrlrun.ApprovalMismatch as error:
+                    if error.reason == "pending":  # nobody answered in ctrlrun yet: ask again, same request
+                        raise self._defer(pending) from None
+                    raise
+                self.pending.pop(call_id, None)
+                return result
+            return await self.control.acall(action, tool_args, executor, principal=principal, **options)
+        except ctrlrun.ApprovalRequired as asked:
+            approval = await asyncio.to_thread(_read_approval, asked.request_id, self.control.database)
+            if approval is None:  # pragma: no cover - ctrlrun just wrote it
+                return self.refusal(action, ctrlrun.ApprovalMismatch(
+                    f"{action}: approval request {asked.request_id} not found", reason="unknown"))
+            pending = _Pending(asked.request_id, approval.action_hash, _canonical(tool_args))
+            if call_id:
+                self.pending[call_id] = pending
+            raise self._defer(pending) from None
+        except _REFUSALS as refused:
+            return self.refusal(action, refused)
+
+    def refusal(self, action: str, error: CTRLRunError) -> str:
+        """What the model reads as the tool's result when ctrlrun refused the call (nothing ran)."""
+        kind = type(error).__name__
+        reason = getattr(error, "reason", None) or getattr(error, "state", None) or ""
+        return f"ctrlrun refused {action} ({kind}{': ' + reason if reason else ''}): {error}"
+
+    # -- helpers --------------------------------------------------------------------------------------
+
+    @staticmethod
+    def _defer(pending: _Pending) -> _FrameworkApprovalRequired:
+        return _FrameworkApprovalRequired(metadata={REQUEST_ID: pending.request_id, ACTION_HASH: pending.action_hash})
+
+    def _pending_for(self, ctx: Any, name: str) -> _Pending | None:
+        """The request a resumed call presents: this toolset's own record of the deferred call, else
+        the ``ctrlrun_request_id`` the caller passed back in ``DeferredToolResults.metadata`` (another
+        process resuming). In the second case the arguments are compared with the model's call in the
+        message history; either way ctrlrun itself checks the grant against the executed arguments."""
+        known = self.pending.get(ctx.tool_call_id)
+        if known is not None:
+            return known
+        metadata = ctx.tool_call_metadata
+        request_id = metadata.get(REQUEST_ID) if isinstance(metadata, Mapping) else None
+        if not isinstance(request_id, str) or not request_id.startswith("apr_"):
+            return None
+        original = _model_arguments(ctx, name)
+        return _Pending(request_id, str(metadata.get(ACTION_HASH, "")), original)
+
+
+def _model_arguments(ctx: Any, name: str) -> str | None:
+    """The canonical arguments the model gave this call, from the run's messages (None if not found)."""
+    for message in reversed(getattr(ctx, "messages", None) or []):
+        if not isinstance(message, ModelResponse):
+            continue
+        for part in message.parts:
+            if isinstance(part, ToolCallPart) and part.tool_call_id == ctx.tool_call_id and part.tool_name == name:
+                try:
+                    return _canonical(part.args_as_dict())
+                except Exception:  # noqa: BLE001 - malformed args: cannot compare, so refuse
+                    return _canonical({"__unreadable__": True})
+    return None
