@@ -48,7 +48,7 @@ _REFUSALS = (ctrlrun.ActionDenied, ctrlrun.ApprovalMismatch, ctrlrun.DuplicateEf
 class _Pending:
     request_id: str
     action_hash: str
-    arguments: str  # canonical JSON of the arguments the request was made for
+    arguments: str | None  # canonical JSON of the arguments the request was made for (None: unknown)
 
 
 def _canonical(arguments: Mapping[str, Any]) -> str:

@@ -11,19 +11,17 @@ import json
 
 import pytest
 
-pydantic_ai = pytest.importorskip("pydantic_ai")
+from pydantic_ai import Agent, FunctionToolset  # the test extra installs it: missing is a failure, not a skip
+from pydantic_ai.exceptions import UserError
+from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart, ToolReturnPart
+from pydantic_ai.models.function import FunctionModel
+from pydantic_ai.tools import DeferredToolRequests, DeferredToolResults, ToolApproved, ToolDenied
 
-from pydantic_ai import Agent, FunctionToolset  # noqa: E402
-from pydantic_ai.exceptions import UserError  # noqa: E402
-from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart, ToolReturnPart  # noqa: E402
-from pydantic_ai.models.function import FunctionModel  # noqa: E402
-from pydantic_ai.tools import DeferredToolRequests, DeferredToolResults, ToolApproved, ToolDenied  # noqa: E402
-
-import ctrlrun  # noqa: E402
-from ctrlrun import store  # noqa: E402
-from ctrlrun.adapters.pydantic_ai import ACTION_HASH, REQUEST_ID, CtrlrunToolset  # noqa: E402
-from ctrlrun.models import EffectRecord  # noqa: E402
-from tests.support import events, receipts  # noqa: E402
+import ctrlrun
+from ctrlrun import store
+from ctrlrun.adapters.pydantic_ai import ACTION_HASH, REQUEST_ID, CtrlrunToolset
+from ctrlrun.models import EffectRecord
+from tests.support import events, receipts
 
 pytestmark = pytest.mark.usefixtures("store_db")
 
