@@ -98,11 +98,22 @@ def _read_resume(tool: str, answer: Any) -> str:
     )
 
 
-def _payload(tool: str, action: str, arguments: Mapping[str, Any], tool_call_id: str | None,
-             request_id: str) -> dict[str, Any]:
-    from ctrlrun import store
+def _request(control: Any, request_id: str) -> Any:
+    """The stored request, read as one of the Control's store phases (its database and clock)."""
+    with control.scope():
+        return control.store.get_approval(request_id)
 
-    request = store.get_approval(request_id)
+
+async def _arequest(control: Any, request_id: str) -> Any:
+    """``_request`` on ctrlrun's store threads: never the event loop, never a stray connection."""
+    from ctrlrun.kernel.drive import _run_phase
+    from ctrlrun.kernel.steps import Phase
+
+    return await _run_phase(control, Phase(control.store.get_approval, (request_id,)))
+
+
+def _payload(request: Any, tool: str, action: str, arguments: Mapping[str, Any], tool_call_id: str | None,
+             request_id: str) -> dict[str, Any]:
     return {
         "kind": PAYLOAD_KIND,
         "ctrlrun_request_id": request_id,
@@ -160,7 +171,8 @@ class _Guard:
                 try:
                     return self.control.call(action, arguments, executor, **options)
                 except ctrlrun.ApprovalRequired as asked:
-                    raise _pause(paused, _payload(tool, action, arguments, tool_call_id, asked.request_id)) from None
+                    raise _pause(paused, _payload(_request(self.control, asked.request_id), tool, action, arguments, tool_call_id,
+                                               asked.request_id)) from None
             request_id = _read_resume(tool, answer)
             with ctrlrun.with_approval(request_id):
                 return self.control.call(action, arguments, executor, **options)
@@ -181,9 +193,8 @@ class _Guard:
                 try:
                     return await self.control.acall(action, arguments, executor, **options)
                 except ctrlrun.ApprovalRequired as asked:
-                    import asyncio
-
-                    body = await asyncio.to_thread(_payload, tool, action, arguments, tool_call_id, asked.request_id)
+                    request = await _arequest(self.control, asked.request_id)
+                    body = _payload(request, tool, action, arguments, tool_call_id, asked.request_id)
                     raise _pause(paused, body) from None
             request_id = _read_resume(tool, answer)
             with ctrlrun.with_approval(request_id):

@@ -282,3 +282,14 @@ def test_importing_ctrlrun_does_not_import_langchain():
     code = "import sys, ctrlrun, ctrlrun.adapters; print(any(m.split('.')[0] in ('langchain', 'langgraph') for m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_without_langchain_the_import_names_the_extra():
+    """Importing the adapter without LangChain raises ImportError naming pip install 'ctrlrun[langchain]'."""
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['langchain'] = None\n"
+            "try:\n    import ctrlrun.adapters.langchain\nexcept ImportError as e:\n    print(e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert "pip install 'ctrlrun[langchain]'" in out.stdout
