@@ -91,6 +91,13 @@ def paused_on(result) -> dict:
     return pause.value
 
 
+def paused_refund(tools, payment_id: str, amount: int = 200_000):
+    """An agent paused on one refund in the approve band: (graph, config, the ctrlrun request id)."""
+    graph, config = agent(tools, [("refund", {"payment_id": payment_id, "amount": amount})]), thread()
+    request_id = paused_on(graph.invoke({"messages": [("user", "refund")]}, config))["ctrlrun_request_id"]
+    return graph, config, request_id
+
+
 def test_an_allowed_call_runs_once_and_leaves_a_committed_receipt(tools, ran):
     """An allowed tool call runs once through ctrlrun: a committed receipt for stripe.refund."""
     result = agent(tools, [("refund", {"payment_id": "txn_1", "amount": 500})]).invoke(
@@ -127,8 +134,7 @@ def test_the_approve_band_pauses_with_the_ctrlrun_request_and_its_hash(tools, ra
 
 def test_a_call_a_person_denied_never_reaches_the_tool(tools, ran):
     """A person denies in ctrlrun; resuming the run (even 'approved') does not run the tool."""
-    graph, config = agent(tools, [("refund", {"payment_id": "txn_4", "amount": 200_000})]), thread()
-    request_id = paused_on(graph.invoke({"messages": [("user", "refund")]}, config))["ctrlrun_request_id"]
+    graph, config, request_id = paused_refund(tools, "txn_4")
     store.answer_approval(request_id, False, by="alice")
     result = graph.invoke(resume(request_id), config)
     assert ran == []
@@ -138,8 +144,7 @@ def test_a_call_a_person_denied_never_reaches_the_tool(tools, ran):
 
 def test_a_call_never_answered_never_reaches_the_tool(tools, ran):
     """Resumed while the request is still pending: refused, the tool did not run."""
-    graph, config = agent(tools, [("refund", {"payment_id": "txn_5", "amount": 200_000})]), thread()
-    request_id = paused_on(graph.invoke({"messages": [("user", "refund")]}, config))["ctrlrun_request_id"]
+    graph, config, request_id = paused_refund(tools, "txn_5")
     result = graph.invoke(resume(request_id), config)  # the framework says approved; no person did
     assert ran == []
     assert "ApprovalMismatch" in tool_messages(result)[0].content
@@ -150,9 +155,8 @@ def test_a_call_never_answered_never_reaches_the_tool(tools, ran):
                                       {"ctrlrun_request_id": "apr_x", "approved": "yes"}],
                          ids=["empty-string", "true", "word", "list", "no-id", "bad-id", "bad-flag"])
 def test_a_missing_or_malformed_decision_fails_closed(tools, ran, decision):
-    """A resume value naming no ctrlrun request (None, True, 'approved', ...) runs nothing, even granted."""
-    graph, config = agent(tools, [("refund", {"payment_id": "txn_6", "amount": 200_000})]), thread()
-    request_id = paused_on(graph.invoke({"messages": [("user", "refund")]}, config))["ctrlrun_request_id"]
+    """A resume value naming no ctrlrun request ('', True, 'approved', ...) runs nothing, even granted."""
+    graph, config, request_id = paused_refund(tools, "txn_6")
     store.answer_approval(request_id, True, by="alice")
     result = graph.invoke(Command(resume=decision), config)
     assert ran == []
@@ -162,8 +166,7 @@ def test_a_missing_or_malformed_decision_fails_closed(tools, ran, decision):
 
 def test_a_framework_reject_runs_nothing_even_when_ctrlrun_granted(tools, ran):
     """resume(request_id, approved=False) runs nothing, whatever ctrlrun holds."""
-    graph, config = agent(tools, [("refund", {"payment_id": "txn_7", "amount": 200_000})]), thread()
-    request_id = paused_on(graph.invoke({"messages": [("user", "refund")]}, config))["ctrlrun_request_id"]
+    graph, config, request_id = paused_refund(tools, "txn_7")
     store.answer_approval(request_id, True, by="alice")
     result = graph.invoke(resume(request_id, approved=False), config)
     assert ran == [] and "rejected" in tool_messages(result)[0].content
