@@ -35,7 +35,6 @@ except ImportError as missing:  # pragma: no cover - exercised only without the 
     ) from missing
 
 import ctrlrun
-from ctrlrun import store
 from ctrlrun.errors import (
     ActionDenied,
     AmbiguousEffect,
@@ -78,6 +77,12 @@ def refusal_text(name: str, error: BaseException) -> str:
     else:
         why = f"{type(error).__name__}: {error}"
     return f"{REFUSED} {name}: {why}. The tool did not run."
+
+
+def _store() -> Any:
+    from ctrlrun import store  # imported late: its models need Django's settings (ctrlrun.setup)
+
+    return store
 
 
 async def _in_store(control: ctrlrun.Control, fn: Callable[[], Any]) -> Any:
@@ -139,7 +144,7 @@ def guarded_tool(control: ctrlrun.Control, name: str, fn: Callable[..., Any], *,
         try:
             await control.acall(name, arguments, never, principal=principal, **call_options)
         except ApprovalRequired as asked:
-            approval = await _in_store(control, lambda: store.get_approval(asked.request_id))
+            approval = await _in_store(control, lambda: _store().get_approval(asked.request_id))
             requests[call_id] = CtrlrunRequest(asked.request_id, approval.action_hash, call_id, arguments,
                                                approval.effect_key)
         except Exception:
@@ -169,7 +174,7 @@ def guarded_tool(control: ctrlrun.Control, name: str, fn: Callable[..., Any], *,
         except ApprovalMismatch as refused:
             if refused.reason == "consumed" and request is not None and request.effect_key:
                 # A resumed run repeating the call its approval already ran: say it is a duplicate.
-                effect = await _in_store(control, lambda: store.get_effect(request.effect_key))
+                effect = await _in_store(control, lambda: _store().get_effect(request.effect_key))
                 if effect is not None and effect.state in ("committed", "reserved", "executing"):
                     duplicate = DuplicateEffect(state=effect.state, effect_key=request.effect_key)
                     return refusal_text(name, duplicate) + f" (approval {request.request_id} was used by it)"
