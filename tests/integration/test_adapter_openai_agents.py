@@ -73,6 +73,16 @@ def resumed(agent, state):
     return run(agent, state)
 
 
+def each_dict(node):
+    """Every dict inside a JSON document, depth first."""
+    if isinstance(node, dict):
+        yield node
+        node = list(node.values())
+    if isinstance(node, list):
+        for value in node:
+            yield from each_dict(value)
+
+
 def tamper(state_json: str, call_id: str, arguments: dict) -> str:
     """The paused run's JSON with one tool call's arguments changed, consistently (the SDK's
     invocation fingerprint is an unkeyed hash: whoever can edit the state can recompute it)."""
@@ -80,34 +90,15 @@ def tamper(state_json: str, call_id: str, arguments: dict) -> str:
 
     state = json.loads(state_json)
     encoded = json.dumps(arguments, separators=(",", ":"))
-
-    def walk(node):
-        if isinstance(node, dict):
-            if node.get("call_id") == call_id and "arguments" in node:
-                node["arguments"] = encoded
-            for value in node.values():
-                walk(value)
-        elif isinstance(node, list):
-            for value in node:
-                walk(value)
-
-    walk(state)
     raw = {"type": "function_call", "call_id": call_id, "name": "refund", "arguments": encoded, "id": call_id}
     _, _, scope, fingerprint = tool_invocation_identity_and_scope(raw)
-
-    def refingerprint(node):
-        if isinstance(node, dict):
-            record = node.get(call_id)
-            if isinstance(record, dict) and "fingerprint" in record:
-                assert record["approval_scope"] == scope
-                record["fingerprint"] = fingerprint
-            for value in node.values():
-                refingerprint(value)
-        elif isinstance(node, list):
-            for value in node:
-                refingerprint(value)
-
-    refingerprint(state)
+    for node in list(each_dict(state)):
+        if node.get("call_id") == call_id and "arguments" in node:
+            node["arguments"] = encoded
+        record = node.get(call_id)
+        if isinstance(record, dict) and "fingerprint" in record:
+            assert record["approval_scope"] == scope
+            record["fingerprint"] = fingerprint
     return json.dumps(state)
 
 
@@ -152,7 +143,7 @@ def test_a_framework_approval_for_other_arguments_is_an_approval_mismatch():
 
 
 def test_a_missing_or_malformed_decision_fails_closed(monkeypatch):
-    """A malformed verdict interrupts and still needs a ctrlrun grant; bad arguments or an unknown request run nothing."""
+    """A malformed verdict or unreadable arguments interrupt and still need a ctrlrun grant; a forged request runs nothing."""
     control, ran = ctrlrun.Control(), []
     tool = refund_tool(control, ran)
     monkeypatch.setattr(control, "evaluate", lambda name, arguments: object())  # no .decision at all
@@ -195,7 +186,8 @@ def test_a_resumed_run_that_repeats_a_committed_call_is_a_duplicate():
     assert "ctrlrun refused" in outputs(again)[0]
     assert "duplicate effect refund:txn_big (committed)" in outputs(again)[0]
 
-    agent, _ = agent_calling(tool, ("c7", {"payment_id": "txn_s", "amount": 10}), ("c8", {"payment_id": "txn_s", "amount": 10}))
+    small = {"payment_id": "txn_s", "amount": 10}
+    agent, _ = agent_calling(tool, ("c7", small), ("c8", small))  # the model repeats an allowed call
     repeated = run(agent, "refund twice")
     assert outputs(repeated)[0] == "refunded 10 on txn_s"
     assert "duplicate effect refund:txn_s (committed)" in outputs(repeated)[1]
@@ -212,7 +204,8 @@ def test_sync_and_async_tools_run_and_the_model_sees_a_denial(asynchronous):
     result = run(agent, "refund")
     assert result.interruptions == []
     assert ran == [("txn_a", 100)]
-    shown = [item for item in model.last_call.input if isinstance(item, dict) and item.get("type") == "function_call_output"]
+    shown = [item for item in model.last_call.input
+             if isinstance(item, dict) and item.get("type") == "function_call_output"]
     assert shown[0]["output"] == "refunded 100 on txn_a"
     assert shown[1]["output"].startswith("ctrlrun refused stripe.refund: denied (")
     assert "did not run" in shown[1]["output"]
