@@ -143,7 +143,7 @@ def test_a_framework_approval_for_other_arguments_is_an_approval_mismatch():
 
 
 def test_a_missing_or_malformed_decision_fails_closed(monkeypatch):
-    """A malformed verdict or unreadable arguments interrupt and still need a ctrlrun grant; a forged request runs nothing."""
+    """A malformed verdict or unreadable arguments interrupt and still need a grant; a forged request runs nothing."""
     control, ran = ctrlrun.Control(), []
     tool = refund_tool(control, ran)
     monkeypatch.setattr(control, "evaluate", lambda name, arguments: object())  # no .decision at all
