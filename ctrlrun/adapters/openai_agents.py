@@ -1,0 +1,214 @@
+"""ctrlrun for the OpenAI Agents SDK: a ``FunctionTool`` whose every call goes through ``Control.acall``.
+
+``guarded_tool(control, "stripe.refund", refund)`` (or the decorator ``ctrlrun_tool(control,
+"stripe.refund")``) turns a plain or ``async def`` function into an ``agents.FunctionTool``:
+
+- the JSON schema is the SDK's own (``function_tool`` reads the signature and docstring);
+- ``needs_approval`` asks ctrlrun's policy (``control.evaluate``). In the approve band it creates the
+  ctrlrun approval request for these exact arguments and returns True, so the SDK interrupts the run
+  with a ``ToolApprovalItem``; ``request_for(tool, item)`` names the ctrlrun request (id and action
+  hash) a person answers in the console or with ``ctrlrun approve``;
+- every invocation runs inside ``Control.acall`` (policy, effect key, receipts), under
+  ``ctrlrun.with_approval(request_id)`` when a request was made for that tool call: after
+  ``RunState.approve()`` the tool runs only if ctrlrun holds a grant, by a person, for the exact
+  action hash of the arguments being executed, once;
+- a refusal (``ActionDenied``, ``ApprovalRequired``, ``ApprovalMismatch``, ``DuplicateEffect``,
+  ``AmbiguousEffect``, any ctrlrun error) comes back to the model as the tool's output, a string
+  starting ``ctrlrun refused``: the SDK's idiom for a tool that did not act (``RunState.reject``
+  does the same), so the run goes on and the model can tell the user. Nothing ran.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+try:
+    from agents import FunctionTool, RunContextWrapper, function_tool
+    from agents.function_schema import function_schema
+    from agents.items import ToolApprovalItem
+except ImportError as missing:  # pragma: no cover - exercised only without the extra
+    raise ImportError(
+        "ctrlrun.adapters.openai_agents needs the OpenAI Agents SDK: pip install 'ctrlrun[openai-agents]'"
+    ) from missing
+
+import ctrlrun
+from ctrlrun.errors import (
+    ActionDenied,
+    AmbiguousEffect,
+    ApprovalMismatch,
+    ApprovalRequired,
+    CTRLRunError,
+    DuplicateEffect,
+    NotExecuted,
+)
+from ctrlrun.policy import Decision
+
+__all__ = ["CtrlrunRequest", "guarded_tool", "ctrlrun_tool", "request_for", "refusal_text"]
+
+REFUSED = "ctrlrun refused"
+
+
+@dataclass(frozen=True)
+class CtrlrunRequest:
+    """The ctrlrun approval request behind one SDK interruption."""
+
+    request_id: str
+    action_hash: str
+    call_id: str
+    arguments: dict[str, Any]
+    effect_key: str | None = None
+
+
+def refusal_text(name: str, error: BaseException) -> str:
+    """What the model reads when ctrlrun refused the call (nothing ran)."""
+    if isinstance(error, ApprovalRequired):
+        why = f"approval required: ctrlrun request {error.request_id} is waiting for a person"
+    elif isinstance(error, ApprovalMismatch):
+        why = f"approval does not authorise this call ({error.reason}): {error}"
+    elif isinstance(error, ActionDenied):
+        why = f"denied ({error.reason}): {error}"
+    elif isinstance(error, DuplicateEffect):
+        why = f"duplicate effect {error.effect_key} ({error.state}): it already happened or is happening"
+    elif isinstance(error, AmbiguousEffect):
+        why = f"effect {error.effect_key} is ambiguous: a person or a reconcile hook must resolve it first"
+    else:
+        why = f"{type(error).__name__}: {error}"
+    return f"{REFUSED} {name}: {why}. The tool did not run."
+
+
+def _store() -> Any:
+    from ctrlrun import store  # imported late: its models need Django's settings (ctrlrun.setup)
+
+    return store
+
+
+async def _in_store(control: ctrlrun.Control, fn: Callable[[], Any]) -> Any:
+    """Run a store read on one of ctrlrun's store threads (never on the event loop)."""
+    from ctrlrun.kernel import drive
+
+    def scoped() -> Any:
+        with control.scope():
+            return fn()
+
+    return await asyncio.wrap_future(drive._threads.submit(scoped))
+
+
+def guarded_tool(control: ctrlrun.Control, name: str, fn: Callable[..., Any], *, effect: str | None = None,
+                 principal: ctrlrun.Principal | str | None = None, tool_name: str | None = None,
+                 description: str | None = None, **options: Any) -> FunctionTool:
+    """``fn`` as an ``agents.FunctionTool`` guarded by ``control`` as the action ``name``.
+
+    ``tool_name`` is the name the model sees (default ``fn.__name__``: tool names cannot hold dots);
+    ``effect``, ``principal`` and ``options`` (``resource``, ``lease``, ``reconcile``, ...) are
+    ``Control.call``'s. The tool's ``ctrlrun_requests`` maps an SDK tool call id to the
+    ``CtrlrunRequest`` made for it; give it ``requests=`` entries to resume in another process.
+    """
+    if not isinstance(control, ctrlrun.Control):
+        raise ctrlrun.InvalidArgument(f"guarded_tool: control must be a ctrlrun.Control, not {type(control).__name__}")
+    requests: dict[str, CtrlrunRequest] = dict(options.pop("requests", None) or {})
+    call_options = dict(options)
+    if effect is not None:
+        call_options["effect"] = effect
+    schema = function_schema(fn, name_override=tool_name, description_override=description)
+    shell = function_tool(fn, name_override=tool_name, description_override=description)
+
+    def arguments_of(raw: Any) -> tuple[dict[str, Any], list[Any], dict[str, Any]]:
+        """The validated arguments: the dict ctrlrun decides and hashes, and what ``fn`` is called with."""
+        data = json.loads(raw) if isinstance(raw, str) else raw
+        if not isinstance(data, dict):
+            raise ValueError(f"the arguments must be a JSON object, not {type(data).__name__}")
+        parsed = schema.params_pydantic_model(**data)
+        args, kwargs = schema.to_call_args(parsed)
+        return parsed.model_dump(mode="json"), args, kwargs
+
+    async def needs_approval(run_context: RunContextWrapper[Any], params: dict[str, Any], call_id: str) -> bool:
+        # Anything but a well-formed allow/deny verdict interrupts the run (fails closed): the
+        # invocation still goes through Control.acall, which needs a ctrlrun grant to run.
+        try:
+            arguments, _, _ = arguments_of(params)
+            verdict = control.evaluate(name, arguments)
+            decision = verdict.decision
+        except Exception:
+            return True
+        if decision is Decision.ALLOW or decision is Decision.DENY:
+            return False  # allow runs; deny comes back to the model as the tool's refusal
+        if decision is not Decision.APPROVE:
+            return True
+
+        def never() -> None:
+            raise NotExecuted("ctrlrun: the approval step never runs the tool")
+
+        try:
+            await control.acall(name, arguments, never, principal=principal, **call_options)
+        except ApprovalRequired as asked:
+            approval = await _in_store(control, lambda: _store().get_approval(asked.request_id))
+            requests[call_id] = CtrlrunRequest(asked.request_id, approval.action_hash, call_id, arguments,
+                                               approval.effect_key)
+        except Exception:
+            pass  # refused or broken: the interruption stands, and the invocation refuses again
+        return True
+
+    async def on_invoke_tool(ctx: Any, raw_arguments: str) -> Any:
+        call_id = getattr(ctx, "tool_call_id", None)
+        try:
+            arguments, args, kwargs = arguments_of(raw_arguments)
+        except Exception as invalid:
+            return f"{REFUSED} {name}: invalid arguments ({invalid}). The tool did not run."
+        if schema.takes_context:
+            args = [ctx, *args]
+        if asyncio.iscoroutinefunction(fn):
+            async def executor() -> Any:
+                return await fn(*args, **kwargs)
+        else:
+            def executor() -> Any:
+                return fn(*args, **kwargs)
+        request = requests.get(call_id) if call_id is not None else None
+        try:
+            if request is None:
+                return await control.acall(name, arguments, executor, principal=principal, **call_options)
+            with ctrlrun.with_approval(request.request_id):
+                return await control.acall(name, arguments, executor, principal=principal, **call_options)
+        except ApprovalMismatch as refused:
+            if refused.reason == "consumed" and request is not None and request.effect_key:
+                # A resumed run repeating the call its approval already ran: say it is a duplicate.
+                effect = await _in_store(control, lambda: _store().get_effect(request.effect_key))
+                if effect is not None and effect.state in ("committed", "reserved", "executing"):
+                    duplicate = DuplicateEffect(state=effect.state, effect_key=request.effect_key)
+                    return refusal_text(name, duplicate) + f" (approval {request.request_id} was used by it)"
+            return refusal_text(name, refused)
+        except CTRLRunError as refused:
+            return refusal_text(name, refused)
+
+    tool = FunctionTool(
+        name=shell.name,
+        description=shell.description,
+        params_json_schema=shell.params_json_schema,
+        on_invoke_tool=on_invoke_tool,
+        strict_json_schema=shell.strict_json_schema,
+        needs_approval=needs_approval,
+    )
+    tool.ctrlrun_requests = requests  # type: ignore[attr-defined]
+    tool.ctrlrun_action = name  # type: ignore[attr-defined]
+    return tool
+
+
+def ctrlrun_tool(control: ctrlrun.Control, name: str, **options: Any) -> Callable[[Callable[..., Any]], FunctionTool]:
+    """Decorator form of ``guarded_tool``: ``@ctrlrun_tool(control, "stripe.refund")``."""
+
+    def wrap(fn: Callable[..., Any]) -> FunctionTool:
+        return guarded_tool(control, name, fn, **options)
+
+    return wrap
+
+
+def request_for(tool: FunctionTool, item: ToolApprovalItem | str) -> CtrlrunRequest | None:
+    """The ctrlrun request behind an SDK interruption (a ``ToolApprovalItem`` or its call id)."""
+    requests: Mapping[str, CtrlrunRequest] = getattr(tool, "ctrlrun_requests", {})
+    if isinstance(item, str):
+        return requests.get(item)
+    raw = item.raw_item
+    call_id = raw.get("call_id") if isinstance(raw, dict) else getattr(raw, "call_id", None)
+    return requests.get(call_id) if call_id else None
