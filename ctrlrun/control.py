@@ -242,6 +242,21 @@ class Control:
         """The request as it stands (or ``last``, if the provider cannot say), and the store's time."""
         return self.approvals.check(request_id) or last, self.store.now()
 
+    def read(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``fn(*args, **kwargs)`` - a ``ctrlrun.store`` read such as ``store.get_approval`` - on this
+        Control's database and clock (and the caller's ``store.using`` block, if it has none)."""
+        self.policy  # noqa: B018 - the store is ready (a plain script's first use configures it)
+        with self.scope():
+            return fn(*args, **kwargs)
+
+    async def aread(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``read`` from an event loop: run on ctrlrun's store threads, never on the loop."""
+        from .kernel.steps import Phase
+
+        if self.loaded_policy is None:
+            await drive.run_phase(self, Phase(self.load))
+        return await drive.run_phase(self, Phase(fn, args, kwargs))
+
     # ------------------------------------------------------------------ hooks
 
     def register_hook(self, action: str, hook: Callable[[str], Any]) -> None:

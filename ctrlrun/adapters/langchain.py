@@ -19,15 +19,17 @@ do it", which lets the model tell the user - not as a crash.
 """
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+import contextlib
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Any
 
 try:
     from langchain.agents.middleware import AgentMiddleware
     from langchain_core.messages import ToolMessage
     from langchain_core.tools import BaseTool, StructuredTool, ToolException
-    from langgraph.errors import GraphInterrupt
+    from langgraph.errors import GraphBubbleUp, GraphInterrupt
     from langgraph.types import Command, Interrupt, interrupt
+    from pydantic import BaseModel, ValidationError
 except ImportError as missing:  # pragma: no cover - exercised only without the extra
     raise ImportError(
         f"ctrlrun.adapters.langchain needs LangChain v1 and LangGraph ({missing}): "
@@ -99,17 +101,11 @@ def _read_resume(tool: str, answer: Any) -> str:
 
 
 def _request(control: Any, request_id: str) -> Any:
-    """The stored request, read as one of the Control's store phases (its database and clock)."""
-    with control.scope():
-        return control.store.get_approval(request_id)
+    return control.read(control.store.get_approval, request_id)
 
 
 async def _arequest(control: Any, request_id: str) -> Any:
-    """``_request`` on ctrlrun's store threads: never the event loop, never a stray connection."""
-    from ctrlrun.kernel.drive import _run_phase
-    from ctrlrun.kernel.steps import Phase
-
-    return await _run_phase(control, Phase(control.store.get_approval, (request_id,)))
+    return await control.aread(control.store.get_approval, request_id)
 
 
 def _payload(request: Any, tool: str, action: str, arguments: Mapping[str, Any], tool_call_id: str | None,
@@ -176,8 +172,9 @@ class _Guard:
             request_id = _read_resume(tool, answer)
             with ctrlrun.with_approval(request_id):
                 return self.control.call(action, arguments, executor, **options)
-        except REFUSALS as refused:
-            raise _Refused(_refusal_text(tool, refused)) from refused
+        except ctrlrun.CTRLRunError as error:
+            _for_the_model(tool, error)
+            raise
 
     async def arun(self, tool: str, arguments: Any, tool_call_id: str | None,
                    executor: Callable[[], Any]) -> Any:
@@ -199,8 +196,19 @@ class _Guard:
             request_id = _read_resume(tool, answer)
             with ctrlrun.with_approval(request_id):
                 return await self.control.acall(action, arguments, executor, **options)
-        except REFUSALS as refused:
-            raise _Refused(_refusal_text(tool, refused)) from refused
+        except ctrlrun.CTRLRunError as error:
+            _for_the_model(tool, error)
+            raise
+
+
+def _for_the_model(tool: str, error: ctrlrun.CTRLRunError) -> None:
+    """Raise what a ctrlrun error from a tool call becomes: the tool's own ``interrupt()`` again
+    (LangGraph pauses the run), or a refusal for the model. Anything else - the store unreachable,
+    say - returns, and the caller re-raises it as it is."""
+    if isinstance(error, ctrlrun.NotExecuted) and isinstance(error.__cause__, GraphBubbleUp):
+        raise error.__cause__ from None
+    if isinstance(error, REFUSALS):
+        raise _Refused(_refusal_text(tool, error)) from error
 
 
 def _probe(tool: str, arguments: Mapping[str, Any]) -> Any:
@@ -216,6 +224,43 @@ def _pause(paused: GraphInterrupt, payload: dict[str, Any]) -> GraphInterrupt:
     """The same interrupt (same id, so ``Command(resume=...)`` finds it) carrying the ctrlrun request."""
     (first, *rest) = paused.args[0]
     return GraphInterrupt((Interrupt(value=payload, id=first.id), *rest))
+
+
+def _as_the_tool_runs_them(tool: Any, name: str, arguments: Any) -> Any:
+    """``arguments`` as ``tool`` will run them: validated and coerced by the tool's own schema, its
+    defaults filled in. ctrlrun must decide on, hash, and show the approver exactly what runs - a
+    model's ``"900000"`` that the tool coerces to ``900000`` is 900000 to the policy too. Arguments
+    the tool refuses are refused here, before ctrlrun records anything (nothing ran). A tool with a
+    JSON-schema (not pydantic) schema, or no tool, gets the arguments as given."""
+    schema = getattr(tool, "tool_call_schema", None) if tool is not None else None
+    if not (isinstance(schema, type) and issubclass(schema, BaseModel)) or not isinstance(arguments, Mapping):
+        return arguments
+    try:
+        return schema.model_validate(dict(arguments)).model_dump(mode="json")
+    except ValidationError as invalid:
+        first = invalid.errors()[0] if invalid.errors() else {}
+        where = ".".join(str(part) for part in first.get("loc", ())) or "arguments"
+        raise _Refused(f"{name}: the arguments do not fit the tool ({where}: {first.get('msg', invalid)}); "
+                       f"the tool did not run.") from None
+
+
+def _as_the_tool_gets_it(request: Any) -> Any:
+    """The middleware's tool call, its arguments as the tool will run them (the handler gets those)."""
+    call = request.tool_call
+    arguments = _as_the_tool_runs_them(getattr(request, "tool", None), call.get("name"), call.get("args"))
+    return request if arguments is call.get("args") else request.override(tool_call={**call, "args": arguments})
+
+
+@contextlib.contextmanager
+def _steering(tool: str | None) -> Iterator[None]:
+    """A tool that calls LangGraph's ``interrupt()`` itself pauses the run (``GraphBubbleUp``): not an
+    outcome. It is recorded as not executed - the node re-runs the tool from its start on resume, as
+    LangGraph does for any interrupt - and re-raised to LangGraph by the guard."""
+    try:
+        yield
+    except GraphBubbleUp as pausing:
+        raise ctrlrun.NotExecuted(f"{tool}: the tool paused the run ({type(pausing).__name__}); recorded as not "
+                                  f"executed, it runs again from its start when the run resumes") from pausing
 
 
 def _record_of(message: Any) -> Any:
@@ -248,14 +293,16 @@ class CtrlrunMiddleware(AgentMiddleware):
         return ToolMessage(content=text, tool_call_id=call.get("id") or "", name=call.get("name"), status="error")
 
     def wrap_tool_call(self, request: Any, handler: Callable[[Any], Any]) -> Any:
-        call = request.tool_call
         box: list[Any] = []
-
-        def executor() -> Any:
-            box.append(handler(request))
-            return _record_of(box[-1])
-
         try:
+            request = _as_the_tool_gets_it(request)
+            call = request.tool_call
+
+            def executor() -> Any:
+                with _steering(call.get("name")):
+                    box.append(handler(request))
+                return _record_of(box[-1])
+
             self._guard.run(call["name"], call.get("args"), call.get("id"), executor)
         except _Refused as refused:
             return self._refused(request, refused.text)
@@ -264,14 +311,16 @@ class CtrlrunMiddleware(AgentMiddleware):
         return box[-1]
 
     async def awrap_tool_call(self, request: Any, handler: Callable[[Any], Awaitable[Any]]) -> Any:
-        call = request.tool_call
         box: list[Any] = []
-
-        async def executor() -> Any:
-            box.append(await handler(request))
-            return _record_of(box[-1])
-
         try:
+            request = _as_the_tool_gets_it(request)
+            call = request.tool_call
+
+            async def executor() -> Any:
+                with _steering(call.get("name")):
+                    box.append(await handler(request))
+                return _record_of(box[-1])
+
             await self._guard.arun(call["name"], call.get("args"), call.get("id"), executor)
         except _Refused as refused:
             return self._refused(request, refused.text)
@@ -293,17 +342,25 @@ def guard_tool(control: Any, tool: BaseTool, *, effect: str | None = None, actio
     guard = _Guard(control, effects={tool.name: effect} if effect else None,
                    actions={tool.name: action} if action else None, principal=principal)
 
-    def run(**arguments: Any) -> Any:
+    def run(**given: Any) -> Any:
         try:
-            return guard.run(tool.name, arguments, None, lambda: tool.invoke(arguments))
+            arguments = _as_the_tool_runs_them(tool, tool.name, given)
+            def executor() -> Any:
+                with _steering(tool.name):
+                    return tool.invoke(arguments)
+
+            return guard.run(tool.name, arguments, None, executor)
         except _Refused as refused:
             raise ToolException(refused.text) from None
 
-    async def arun(**arguments: Any) -> Any:
-        async def executor() -> Any:
-            return await tool.ainvoke(arguments)
-
+    async def arun(**given: Any) -> Any:
         try:
+            arguments = _as_the_tool_runs_them(tool, tool.name, given)
+
+            async def executor() -> Any:
+                with _steering(tool.name):
+                    return await tool.ainvoke(arguments)
+
             return await guard.arun(tool.name, arguments, None, executor)
         except _Refused as refused:
             raise ToolException(refused.text) from None

@@ -13,7 +13,7 @@
   ``RunState.approve()`` the tool runs only if ctrlrun holds a grant, by a person, for the exact
   action hash of the arguments being executed, once;
 - a refusal (``ActionDenied``, ``ApprovalRequired``, ``ApprovalMismatch``, ``DuplicateEffect``,
-  ``AmbiguousEffect``, any ctrlrun error) comes back to the model as the tool's output, a string
+  ``AmbiguousEffect``, a bad argument) comes back to the model as the tool's output, a string
   starting ``ctrlrun refused``: the SDK's idiom for a tool that did not act (``RunState.reject``
   does the same), so the run goes on and the model can tell the user. Nothing ran.
 """
@@ -79,6 +79,11 @@ def refusal_text(name: str, error: BaseException) -> str:
     return f"{REFUSED} {name}: {why}. The tool did not run."
 
 
+#: What is refused before the tool runs, and so comes back to the model as the tool's output.
+_REFUSALS = (ctrlrun.ActionDenied, ctrlrun.ApprovalRequired, ApprovalMismatch, DuplicateEffect, ctrlrun.AmbiguousEffect,
+             ctrlrun.ApprovalTimeout, ctrlrun.InvalidArgument)
+
+
 def _store() -> Any:
     from ctrlrun import store  # imported late: its models need Django's settings (ctrlrun.setup)
 
@@ -86,14 +91,9 @@ def _store() -> Any:
 
 
 async def _in_store(control: ctrlrun.Control, fn: Callable[[], Any]) -> Any:
-    """Run a store read on one of ctrlrun's store threads (never on the event loop)."""
-    from ctrlrun.kernel import drive
-
-    def scoped() -> Any:
-        with control.scope():
-            return fn()
-
-    return await asyncio.wrap_future(drive._threads.submit(scoped))
+    """Run a store read on one of ctrlrun's store threads (never on the event loop), in the Control's
+    scope and the caller's context (its ``store.using`` block)."""
+    return await control.aread(fn)
 
 
 def guarded_tool(control: ctrlrun.Control, name: str, fn: Callable[..., Any], *, effect: str | None = None,
@@ -179,7 +179,9 @@ def guarded_tool(control: ctrlrun.Control, name: str, fn: Callable[..., Any], *,
                     duplicate = DuplicateEffect(state=effect.state, effect_key=request.effect_key)
                     return refusal_text(name, duplicate) + f" (approval {request.request_id} was used by it)"
             return refusal_text(name, refused)
-        except CTRLRunError as refused:
+        except _REFUSALS as refused:
+            # Refused before the tool ran. Anything else - StoreUnavailable after the tool ran (its
+            # outcome could not be recorded) - is not a refusal and is raised, never called "did not run".
             return refusal_text(name, refused)
 
     tool = FunctionTool(

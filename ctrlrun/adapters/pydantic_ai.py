@@ -25,6 +25,7 @@ from typing import Any
 
 try:
     from pydantic_ai.exceptions import ApprovalRequired as _FrameworkApprovalRequired
+    from pydantic_ai.exceptions import CallDeferred, ModelRetry
     from pydantic_ai.messages import ModelResponse, ToolCallPart
     from pydantic_ai.toolsets import AbstractToolset, WrapperToolset
 except ImportError as missing:  # pragma: no cover - exercised only without the extra
@@ -41,6 +42,8 @@ __all__ = ["CtrlrunToolset", "REQUEST_ID", "ACTION_HASH"]
 REQUEST_ID = "ctrlrun_request_id"
 ACTION_HASH = "ctrlrun_action_hash"
 
+#: What a tool raises to steer Pydantic AI (retry with other arguments, defer the call), not an outcome.
+_FLOW = (ModelRetry, CallDeferred, _FrameworkApprovalRequired)
 _REFUSALS = (ctrlrun.ActionDenied, ctrlrun.ApprovalMismatch, ctrlrun.DuplicateEffect, ctrlrun.AmbiguousEffect)
 
 
@@ -53,21 +56,6 @@ class _Pending:
 
 def _canonical(arguments: Mapping[str, Any]) -> str:
     return json.dumps(arguments, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
-
-
-def _read_approval(request_id: str, database: str | None) -> Any:
-    """The stored request, read in a worker thread whose connection is closed afterwards."""
-    from django.db import connections
-
-    from ctrlrun import store
-
-    try:
-        if database:
-            with store.using(database):
-                return store.get_approval(request_id)
-        return store.get_approval(request_id)
-    finally:
-        connections.close_all()  # this thread's connections only
 
 
 @dataclass
@@ -108,7 +96,13 @@ class CtrlrunToolset(WrapperToolset):
         principal = self.principal(ctx) if callable(self.principal) else self.principal
 
         async def executor() -> Any:
-            return await self.wrapped.call_tool(name, tool_args, ctx, tool)
+            try:
+                return await self.wrapped.call_tool(name, tool_args, ctx, tool)
+            except _FLOW as flow:
+                # The tool asked Pydantic AI to retry or defer it: that is not an outcome. Recorded as
+                # not executed (the key stays free for the call the model makes next), re-raised below.
+                raise ctrlrun.NotExecuted(f"{name}: the tool raised {type(flow).__name__} (Pydantic AI's control "
+                                          f"flow), recorded as not executed") from flow
 
         call_id = ctx.tool_call_id
         try:
@@ -133,7 +127,7 @@ class CtrlrunToolset(WrapperToolset):
                 return result
             return await self.control.acall(action, tool_args, executor, principal=principal, **options)
         except ctrlrun.ApprovalRequired as asked:
-            approval = await asyncio.to_thread(_read_approval, asked.request_id, self.control.database)
+            approval = await self.control.aread(self.control.store.get_approval, asked.request_id)
             if approval is None:  # pragma: no cover - ctrlrun just wrote it
                 return self.refusal(action, ctrlrun.ApprovalMismatch(
                     f"{action}: approval request {asked.request_id} not found", reason="unknown"))
@@ -141,6 +135,10 @@ class CtrlrunToolset(WrapperToolset):
             if call_id:
                 self.pending[call_id] = pending
             raise self._defer(pending) from None
+        except ctrlrun.NotExecuted as not_run:
+            if isinstance(not_run.__cause__, _FLOW):
+                raise not_run.__cause__ from None
+            raise
         except _REFUSALS as refused:
             return self.refusal(action, refused)
 

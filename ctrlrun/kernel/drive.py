@@ -62,7 +62,7 @@ from .steps import Abandoned, Ask, Pause, Phase, Record, Run, Steps
 
 logger = logging.getLogger("ctrlrun")
 
-__all__ = ["run_sync", "run_async", "call_hook", "acall_hook", "shutdown", "CANCELLED_BEFORE_START"]
+__all__ = ["run_sync", "run_async", "run_phase", "call_hook", "acall_hook", "shutdown", "CANCELLED_BEFORE_START"]
 
 CANCELLED_BEFORE_START = "the call was cancelled before its function started; nothing ran"
 
@@ -264,6 +264,15 @@ async def _run_phase(control: Any, op: Phase) -> Any:
     context = contextvars.copy_context()
     future = _threads.submit(lambda: context.run(_phase, control, op))
     return await _uncut(future)
+
+
+async def run_phase(control: Any, op: Phase) -> Any:
+    """One store operation from an event loop, on a store thread in ``control``'s scope (the
+    caller's context copied in); a cancellation waits for it to finish, then is raised."""
+    try:
+        return await _run_phase(control, op)
+    except _PhaseCancelled as stopped:
+        raise stopped.cancel from None
 
 
 async def _uncut(future: concurrent.futures.Future[Any]) -> Any:

@@ -2,6 +2,8 @@
 store's per-process caches never take one database's state for another's."""
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from django.db import connections
 
@@ -133,3 +135,29 @@ def test_a_slow_call_on_a_controls_database_keeps_its_lease(agent):
     assert ran == ["m2"]
     with store.using("other"):
         assert store.get_effect("email:m2").state == "committed"
+
+
+def test_openai_interruption_under_store_using_names_its_ctrlrun_request():
+    """Inside store.using('other'), the OpenAI adapter's approval request is read from that database,
+    and the interruption names it."""
+    from agents import Agent, RunConfig, Runner
+    from agents.testing import ScriptedModel, assistant_message, function_call
+
+    from ctrlrun.adapters.openai_agents import guarded_tool, request_for
+
+    def refund(payment_id: str, amount: int) -> str:
+        """Refund."""
+        return "refunded"
+
+    tool = guarded_tool(ctrlrun.Control(), "stripe.refund", refund, principal="a")
+    model = ScriptedModel([[function_call(tool.name, {"payment_id": "t", "amount": 200_000}, call_id="c1")],
+                           [assistant_message("done")]])
+
+    async def go():
+        with store.using("other"):
+            return await Runner.run(Agent(name="x", model=model, tools=[tool]), "go",
+                                    run_config=RunConfig(tracing_disabled=True))
+
+    result = asyncio.run(go())
+    assert len(result.interruptions) == 1
+    assert request_for(tool, result.interruptions[0]) is not None
