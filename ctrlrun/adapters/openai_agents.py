@@ -40,7 +40,6 @@ from ctrlrun.errors import (
     AmbiguousEffect,
     ApprovalMismatch,
     ApprovalRequired,
-    CTRLRunError,
     DuplicateEffect,
     NotExecuted,
 )
@@ -82,18 +81,6 @@ def refusal_text(name: str, error: BaseException) -> str:
 #: What is refused before the tool runs, and so comes back to the model as the tool's output.
 _REFUSALS = (ctrlrun.ActionDenied, ctrlrun.ApprovalRequired, ApprovalMismatch, DuplicateEffect, ctrlrun.AmbiguousEffect,
              ctrlrun.ApprovalTimeout, ctrlrun.InvalidArgument)
-
-
-def _store() -> Any:
-    from ctrlrun import store  # imported late: its models need Django's settings (ctrlrun.setup)
-
-    return store
-
-
-async def _in_store(control: ctrlrun.Control, fn: Callable[[], Any]) -> Any:
-    """Run a store read on one of ctrlrun's store threads (never on the event loop), in the Control's
-    scope and the caller's context (its ``store.using`` block)."""
-    return await control.aread(fn)
 
 
 def guarded_tool(control: ctrlrun.Control, name: str, fn: Callable[..., Any], *, effect: str | None = None,
@@ -144,7 +131,7 @@ def guarded_tool(control: ctrlrun.Control, name: str, fn: Callable[..., Any], *,
         try:
             await control.acall(name, arguments, never, principal=principal, **call_options)
         except ApprovalRequired as asked:
-            approval = await _in_store(control, lambda: _store().get_approval(asked.request_id))
+            approval = await control.aread(control.store.get_approval, asked.request_id)
             requests[call_id] = CtrlrunRequest(asked.request_id, approval.action_hash, call_id, arguments,
                                                approval.effect_key)
         except Exception:
@@ -174,7 +161,7 @@ def guarded_tool(control: ctrlrun.Control, name: str, fn: Callable[..., Any], *,
         except ApprovalMismatch as refused:
             if refused.reason == "consumed" and request is not None and request.effect_key:
                 # A resumed run repeating the call its approval already ran: say it is a duplicate.
-                effect = await _in_store(control, lambda: _store().get_effect(request.effect_key))
+                effect = await control.aread(control.store.get_effect, request.effect_key)
                 if effect is not None and effect.state in ("committed", "reserved", "executing"):
                     duplicate = DuplicateEffect(state=effect.state, effect_key=request.effect_key)
                     return refusal_text(name, duplicate) + f" (approval {request.request_id} was used by it)"

@@ -17,8 +17,6 @@ through ``control.acall`` (policy, approval, effect key, receipts), and only ctr
 """
 from __future__ import annotations
 
-import asyncio
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,6 +32,7 @@ except ImportError as missing:  # pragma: no cover - exercised only without the 
     ) from missing
 
 import ctrlrun
+from ctrlrun.canonical import canonical_arguments, canonical_bytes
 from ctrlrun.errors import CTRLRunError
 
 __all__ = ["CtrlrunToolset", "REQUEST_ID", "ACTION_HASH"]
@@ -54,8 +53,16 @@ class _Pending:
     arguments: str | None  # canonical JSON of the arguments the request was made for (None: unknown)
 
 
+#: What arguments that cannot be canonical compare as: never equal to any canonical text.
+_UNREADABLE = "\x00unreadable"
+
+
 def _canonical(arguments: Mapping[str, Any]) -> str:
-    return json.dumps(arguments, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
+    """The arguments in ctrlrun's canonical form (the bytes the action hash is taken over)."""
+    try:
+        return canonical_bytes(canonical_arguments(arguments)).decode("utf-8")
+    except CTRLRunError:
+        return _UNREADABLE
 
 
 @dataclass
@@ -180,5 +187,5 @@ def _model_arguments(ctx: Any, name: str) -> str | None:
                 try:
                     return _canonical(part.args_as_dict())
                 except Exception:  # noqa: BLE001 - malformed args: cannot compare, so refuse
-                    return _canonical({"__unreadable__": True})
+                    return _UNREADABLE
     return None

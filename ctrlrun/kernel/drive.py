@@ -53,10 +53,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .. import heartbeat
+from .. import heartbeat, transport
 from ..canonical import evidence_text
 from ..errors import NotExecuted
 from ..states import RECONCILE_ANSWERS
+from ..values import HookAnswer
 from .context import running_attempt
 from .steps import Abandoned, Ask, Pause, Phase, Record, Run, Steps
 
@@ -71,8 +72,6 @@ CANCELLED_BEFORE_START = "the call was cancelled before its function started; no
 
 
 def _answer(answer: Any, effect_key: str, started: float) -> Any:
-    from ..values import HookAnswer
-
     if isinstance(answer, str) and answer in RECONCILE_ANSWERS:
         return HookAnswer(answer, duration=time.monotonic() - started)
     logger.warning("reconcile hook for %s returned %r, not one of %s", effect_key, answer, sorted(RECONCILE_ANSWERS))
@@ -80,8 +79,6 @@ def _answer(answer: Any, effect_key: str, started: float) -> Any:
 
 
 def _raised(exc: Exception, effect_key: str, started: float) -> Any:
-    from ..values import HookAnswer
-
     logger.warning("reconcile hook for %s raised %s: %s", effect_key, type(exc).__name__, exc)
     return HookAnswer("unknown", "raised", evidence_text(f"{type(exc).__name__}: {exc}"), time.monotonic() - started)
 
@@ -129,8 +126,6 @@ class _Running:
         self.op, self.control = op, control
 
     def __enter__(self) -> _Running:
-        from .. import transport
-
         op, stack = self.op, contextlib.ExitStack()
         self.stack = stack
         try:
