@@ -1304,7 +1304,7 @@ def _current_policy_hash() -> str | None:
     """The hash of the policy this server reads, loaded again only when its file changed (the policy
     list shows it on every row)."""
     try:
-        path, environment = conf.policy_path(), conf.environment()
+        path, environment = conf.policy_path(), conf.environment_override()
         stat = path.stat()
     except (CTRLRunError, OSError):
         return None
@@ -1312,7 +1312,7 @@ def _current_policy_hash() -> str | None:
 
 
 @functools.lru_cache(maxsize=8)
-def _policy_hash_of(path: str, mtime_ns: int, size: int, environment: str) -> str | None:
+def _policy_hash_of(path: str, mtime_ns: int, size: int, environment: str | None) -> str | None:
     from .policy import load_policy
 
     try:

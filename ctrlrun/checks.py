@@ -27,7 +27,7 @@ def check_policy(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMes
             )
         ]
     try:
-        load_policy(path, environment=conf.environment())
+        load_policy(path, environment=conf.environment_override())
     except CTRLRunError as exc:
         return [checks.Error(str(exc), hint="fix the policy file, then run the check again", id="ctrlrun.E002")]
     return []

@@ -65,12 +65,19 @@ def policy_path() -> Path:
     return Path(from_env) if from_env else Path.cwd() / "ctrlrun.yaml"
 
 
-def environment() -> str:
-    """The environment stamped on every action (and so part of its hash)."""
+def environment_override() -> str | None:
+    """The deployment's environment, when it names one: ``CTRLRUN_ENVIRONMENT`` (setting, else the
+    variable). It ranks above the policy's own ``environment:``; None leaves that to the policy."""
     configured = _setting("CTRLRUN_ENVIRONMENT")
     if configured:
         return str(configured).strip()
-    return _env("CTRLRUN_ENVIRONMENT") or "production"
+    return _env("CTRLRUN_ENVIRONMENT") or None
+
+
+def environment() -> str:
+    """The deployment's environment, else ``production`` (a loaded policy's own ``environment:``
+    is on ``Policy.environment``, which is what actions are stamped with)."""
+    return environment_override() or "production"
 
 
 def _positive_seconds(name: str, default: int) -> dt.timedelta:

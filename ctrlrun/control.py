@@ -360,11 +360,12 @@ def _arguments(name: str, arguments: Mapping[str, Any]) -> dict[str, Any]:
     return dict(arguments)
 
 
-def _environment() -> str:
+def _environment() -> str | None:
+    """The deployment's environment if it names one (the policy's own ``environment:`` ranks below)."""
     from . import standalone
 
     standalone.configure_settings()
-    return conf.environment()
+    return conf.environment_override()
 
 
 _default: Control | None = None

@@ -16,10 +16,12 @@ Pure: the standard library and PyYAML only, no Django. Three stages, each in its
    expanded (:data:`MAX_POLICY_NODES`), so an alias bomb is refused before anything walks it.
    libyaml's parser is used when PyYAML has it, the pure-Python one otherwise.
 2. **Validation** (:class:`_Reader`). Closed key sets at every level; a key that belongs to a
-   later schema is refused naming the schema it needs; documents declaring a schema this
-   version cannot read (v3 and later) are refused as a whole rather than half-read, because
-   silently ignoring e.g. an ``authority:`` section would make the policy *more* permissive
-   than its author wrote.
+   later schema than the document declares is refused naming the schema it needs (an older reader
+   would not know it). Every key of v1..v8 is read and validated; the few whose behaviour this
+   version does not have yet (``_NOT_BUILT``: ``authority``, M-of-N approvals, ``approver_role``,
+   ``upstream``, the ``ctrlrun.policy.change`` action) refuse the whole document by name, because
+   silently ignoring e.g. an ``authority:`` section would make the policy *more* permissive than
+   its author wrote.
 3. **Evaluation** (:meth:`Policy.evaluate`). Pure and cheap: it runs on every protected call,
    so everything that can be decided at load time (condition operators, operand checks, the
    :class:`Evaluation` objects themselves) is decided there.
@@ -57,6 +59,7 @@ __all__ = [
     "SUPPORTED_SCHEMAS",
     "KNOWN_SCHEMAS",
     "Condition",
+    "ControlEntry",
     "Rule",
     "ActionEntry",
     "Evaluation",
@@ -67,23 +70,13 @@ __all__ = [
 
 logger = logging.getLogger("ctrlrun.policy")
 
-#: The schemas this version reads. Each is a superset of the one before.
-SUPPORTED_SCHEMAS = ("ctrlrun.policy/v1", "ctrlrun.policy/v2")
-#: Every schema of the format, including the later ones this version recognises but refuses.
+#: Every schema of the format. Each is a superset of the one before; this version reads them all.
 KNOWN_SCHEMAS = tuple(f"ctrlrun.policy/v{n}" for n in range(1, 9))
+#: The schemas this version reads (all of them; a few features of the later ones are refused by
+#: name until they are built, see :data:`_NOT_BUILT`).
+SUPPORTED_SCHEMAS = KNOWN_SCHEMAS
 _SCHEMA_VERSION = {name: number for number, name in enumerate(KNOWN_SCHEMAS, start=1)}
 _NEWEST_SUPPORTED = SUPPORTED_SCHEMAS[-1]
-
-#: What each later schema adds, so that refusing a document can say what reading it would take.
-_SCHEMA_FEATURES = {
-    3: "top-level 'environment', 'authority' and 'mode' (v3)",
-    4: "'version', the 'controls' registry with 'controls' citations on entries and rules, "
-    "and entry 'data' with the data_scope subject (v4)",
-    5: "entry 'max_attempts' (v5)",
-    6: "entry 'approvals_required', control 'approver_role' and the 'ctrlrun.policy.change' action (v6)",
-    7: "grant 'tasks' and 'budgets' (v7)",
-    8: "entry 'upstream' (v8)",
-}
 
 # Closed key sets: every key the format defines at each level, with the schema it first
 # appears in. A key missing here is unknown at any schema; a key present with a number above
@@ -111,6 +104,29 @@ _ENTRY_KEYS = {
 }
 _RULE_KEYS = {"when": 1, "decision": 1, "controls": 4}
 _MCP_KEYS = {"not_executed_on_error": 2}
+_CONTROL_KEYS = {"title": 4, "source": 4, "approver_role": 6}
+_DATA_KEYS = {"label": 4}
+_UPSTREAM_KEYS = {"tls_cert_sha256": 8, "tls_cert_file": 8, "tool_schema_sha256": 8}
+_AUTHORITY_KEYS = {"max_delegation_depth": 3, "grants": 3, "break_glass": 3}
+_GRANT_KEYS = {
+    "id": 3, "subject": 3, "actions": 3, "resources": 3, "constraints": 3, "environments": 3,
+    "expires_at": 3, "delegable": 3, "tasks": 7, "budgets": 7,
+}
+_MODES = ("enforce", "observe")
+#: The longest control id; ids are shown in the console and on every receipt that cites them.
+MAX_CONTROL_ID = 200
+
+#: Features of the format that this version reads and validates but cannot enforce yet. A policy
+#: that uses one is refused whole, never half-applied: ignoring an ``authority:`` section would
+#: let every principal do what the actions allow, and ignoring ``approvals_required: 2`` would let
+#: one person approve what needs two.
+_NOT_BUILT = {
+    "authority": "the 'authority' section (grants, delegation, budgets)",
+    "approvals_required": "'approvals_required' above 1 (M-of-N approvals)",
+    "approver_role": "'approver_role' on a control (verified approvers)",
+    "upstream": "'upstream' pins (the MCP gateway)",
+    "policy_change": "the 'ctrlrun.policy.change' action (the approved-policy flow)",
+}
 
 #: Action name reserved for the approved-policy flow of v6; no earlier document may use it.
 _POLICY_CHANGE_ACTION = "ctrlrun.policy.change"
@@ -149,6 +165,9 @@ class Evaluation:
 
     decision: Decision
     reason: str
+    #: The controls cited for this verdict (v4): the entry's and the matched rule's, in the
+    #: order of the ``controls:`` registry. Empty when nothing is cited.
+    controls: tuple[str, ...] = ()
 
 
 _UNKNOWN_ACTION = Evaluation(Decision.DENY, "unknown_action")
@@ -216,6 +235,11 @@ def _test_in(condition: Condition, action: str, value: Any) -> bool:
     return any(_equal(value, item) for item in condition.operand)
 
 
+def _test_scope_in(condition: Condition, action: str, value: Any) -> bool:
+    """``data_scope_in``: the call carries at least one of the listed labels."""
+    return any(label in condition.operand for label in value)
+
+
 _TESTS: dict[str, Callable[[Condition, str, Any], bool]] = {
     "eq": _test_eq,
     "neq": _test_neq,
@@ -246,10 +270,15 @@ class Condition:
         test = _TESTS.get(self.op)
         if test is None:
             raise InvalidArgument(f"unknown condition operator {self.op!r}; expected one of {_OPS_LISTED}")
+        if self.argument == _DERIVED_SUBJECT and self.op == "in":
+            test = _test_scope_in  # any label of the call's among the listed ones
         object.__setattr__(self, "_test", test)
 
     def holds(self, action: str, arguments: Mapping[str, Any]) -> bool:
         """Whether the condition holds for ``arguments`` of a call to ``action``.
+
+        For the derived subject ``data_scope`` (v4) the entry passes the call's labels in
+        ``arguments`` under that name (it can be no argument's name: it is reserved).
 
         A missing argument makes the condition false for every operator, ``neq`` included: a
         rule written about an argument says nothing about calls without it, and treating
@@ -268,16 +297,21 @@ class Condition:
 
 @dataclass(frozen=True)
 class Rule:
-    """One element of an entry's ``rules``: all of ``when`` (ANDed; empty = always) -> ``decision``."""
+    """One element of an entry's ``rules``: all of ``when`` (ANDed; empty = always) -> ``decision``.
+
+    ``controls`` is what a match cites: the entry's citations and the rule's own, in registry order.
+    """
 
     index: int
     when: tuple[Condition, ...]
     decision: Decision
+    controls: tuple[str, ...] = ()
     _evaluation: Evaluation = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         # Built once here: evaluate() hands out this same frozen object on every match.
-        object.__setattr__(self, "_evaluation", Evaluation(Decision(self.decision), f"rule[{self.index}]"))
+        object.__setattr__(self, "_evaluation",
+                           Evaluation(Decision(self.decision), f"rule[{self.index}]", self.controls))
 
     def matches(self, action: str, arguments: Mapping[str, Any]) -> bool:
         """Whether every condition holds (stops at the first that does not)."""
@@ -292,7 +326,9 @@ class ActionEntry:
     """The policy for one action name: a bare ``decision`` or ordered ``rules`` (never both).
 
     ``effect`` and ``resource`` are the entry's templates (schema v2), ``mcp`` the gateway's
-    options as written (a plain dict), each None when absent.
+    options as written (a plain dict), each None when absent. From v4: ``controls`` (the entry's
+    citations, in registry order) and ``data`` (argument name -> data label); from v5
+    ``max_attempts`` (None: unbounded); from v6 ``approvals_required`` (1 unless written).
     """
 
     name: str
@@ -301,20 +337,46 @@ class ActionEntry:
     effect: Template | None = None
     resource: Template | None = None
     mcp: dict | None = None
+    controls: tuple[str, ...] = ()
+    data: Mapping[str, str] = field(default_factory=dict)
+    max_attempts: int | None = None
+    approvals_required: int = 1
     _evaluation: Evaluation | None = field(init=False, repr=False, compare=False)
+    _no_match: Evaluation = field(init=False, repr=False, compare=False)
+    _scoped: bool = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        fixed = None if self.decision is None else Evaluation(Decision(self.decision), "decision")
+        fixed = None if self.decision is None else Evaluation(Decision(self.decision), "decision", self.controls)
         object.__setattr__(self, "_evaluation", fixed)
+        no_match = Evaluation(Decision.DENY, "no_matching_rule", self.controls) if self.controls else _NO_MATCHING_RULE
+        object.__setattr__(self, "_no_match", no_match)
+        scoped = any(c.argument == _DERIVED_SUBJECT for rule in self.rules for c in rule.when)
+        object.__setattr__(self, "_scoped", scoped)
+
+    def data_scope(self, arguments: Mapping[str, Any]) -> list[str]:
+        """The labels of this call's data (v4): those of the labelled arguments present, sorted, once each."""
+        return sorted({label for argument, label in self.data.items() if argument in arguments})
 
     def evaluate(self, arguments: Mapping[str, Any]) -> Evaluation:
         """The entry's verdict: its bare decision, else the first matching rule, else deny."""
         if self._evaluation is not None:
             return self._evaluation
+        if self._scoped:  # the derived subject, where the rules can see it (never an argument's name)
+            arguments = {**arguments, _DERIVED_SUBJECT: self.data_scope(arguments)}
         for rule in self.rules:
             if rule.matches(self.name, arguments):
                 return rule._evaluation
-        return _NO_MATCHING_RULE
+        return self._no_match
+
+
+@dataclass(frozen=True)
+class ControlEntry:
+    """One entry of the ``controls:`` registry (v4): the written expectation a decision is attributed to."""
+
+    id: str
+    title: str
+    source: str | None = None
+    approver_role: str | None = None
 
 
 @dataclass(frozen=True)
@@ -332,6 +394,12 @@ class Policy:
     source: str
     text: str
     environment: str
+    #: ``enforce``, or ``observe`` (v3): every call runs and receipts say what would have happened.
+    mode: str = "enforce"
+    #: The document's ``version:`` label (v4), recorded on receipts as ``policy_version``; not hashed.
+    version: str | None = None
+    #: The ``controls:`` registry (v4): control id -> :class:`ControlEntry`, in the order written.
+    controls: Mapping[str, ControlEntry] = field(default_factory=dict)
 
     def __hash__(self) -> int:
         # The generated hash would try to hash the actions mapping; the policy hash already
@@ -339,9 +407,9 @@ class Policy:
         return hash((self.hash, self.source, self.text))
 
     @property
-    def mode(self) -> str:
-        """Always ``enforce``: ``mode: observe`` needs schema v3, which this version refuses."""
-        return "enforce"
+    def observing(self) -> bool:
+        """Whether this policy is in observe mode (nothing is refused; see ``mode``)."""
+        return self.mode == "observe"
 
     def entry(self, name: str) -> ActionEntry | None:
         """The entry for ``name`` (matched exactly), or None when the policy does not name it."""
@@ -952,6 +1020,7 @@ def _type_name(value: Any) -> str:
 
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_GRANT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*\Z")
 
 
 def _join(path: str, key: Any) -> str:
@@ -976,6 +1045,20 @@ def _plain(value: Any) -> Any:
 # --------------------------------------------------------------------------------------------
 
 
+@dataclass
+class _Document:
+    """What a valid document says, as the reader found it."""
+
+    schema: str
+    entries: dict[str, ActionEntry] = field(default_factory=dict)
+    raw_actions: Any = None
+    environment: str | None = None
+    mode: str = "enforce"
+    version: str | None = None
+    controls: dict[str, ControlEntry] = field(default_factory=dict)
+    raw_controls: Any = None
+
+
 class _Reader:
     """Walks one loaded document, raising PolicyError at the first problem, building the entries."""
 
@@ -983,6 +1066,7 @@ class _Reader:
         self.source = source
         self.schema = ""
         self.version = 0
+        self.registry: dict[str, ControlEntry] = {}
 
     def fail(self, line: int | None, location: str, message: str) -> NoReturn:
         """Raise the PolicyError for ``message`` at ``line`` / ``location`` of this source."""
@@ -1051,8 +1135,8 @@ class _Reader:
                     f"is; remove it",
                 )
 
-    def read(self, document: Any) -> tuple[str, dict[str, ActionEntry], dict[str, Any]]:
-        """Validate the loaded document; return its schema, the entries and the raw actions."""
+    def read(self, document: Any) -> _Document:
+        """Validate the loaded document; return what it says, ready to build the Policy from."""
         if document is None:
             self.fail(None, "", f"the policy is empty; it needs 'schema: {_NEWEST_SUPPORTED}' and 'actions:'")
         if not isinstance(document, dict):
@@ -1063,6 +1147,19 @@ class _Reader:
         self.check_values(document, "", document.line, set())
         self.read_schema(document)
         self.check_keys(document, _TOP_KEYS, document.line, "top level")
+        read = _Document(schema=self.schema)
+        if "environment" in document:
+            read.environment = self.read_label(document, "environment", "top level")
+        if "mode" in document:
+            read.mode = self.read_mode(document["mode"], document.key_lines["mode"])
+        if "version" in document:
+            read.version = self.read_label(document, "version", "top level")
+        if "controls" in document:
+            read.raw_controls = _plain(document["controls"])
+            read.controls = self.read_registry(document["controls"], document.key_lines["controls"])
+        self.registry = read.controls
+        if "authority" in document:
+            self.read_authority(document["authority"], document.key_lines["authority"])
         actions = document.get("actions")
         actions_line = document.key_lines.get("actions")
         if not isinstance(actions, dict):
@@ -1071,29 +1168,19 @@ class _Reader:
                 actions_line, "top level",
                 f"'actions' must be a mapping of action name to entry, got {_type_name(actions)}{missing}",
             )
-        entries: dict[str, ActionEntry] = {}
         for name, entry in actions.items():
-            entries[name] = self.read_entry(name, entry, actions.key_lines[name])
-        return self.schema, entries, _plain(actions)
+            read.entries[name] = self.read_entry(name, entry, actions.key_lines[name])
+        read.raw_actions = _plain(actions)
+        return read
 
     def read_schema(self, document: _YamlMap) -> None:
-        """Accept v1/v2; refuse v3..v8 as a whole (naming what they add) and anything else."""
+        """Accept a known schema (v1..v8); refuse anything else, listing them."""
         schema = document.get("schema")
         line = document.key_lines.get("schema", document.line)
         if schema in SUPPORTED_SCHEMAS:
             self.schema = schema
             self.version = _SCHEMA_VERSION[schema]
             return
-        if schema in _SCHEMA_VERSION:
-            number = _SCHEMA_VERSION[schema]
-            needs = "; ".join(_SCHEMA_FEATURES[n] for n in range(3, number + 1))
-            self.fail(
-                line, "top level",
-                f"schema {schema!r} is recognised but not supported yet by this version of ctrlrun, "
-                f"which reads {' and '.join(SUPPORTED_SCHEMAS)} only. The document is refused rather "
-                f"than half-read: reading it would need {needs}. Use 'schema: {_NEWEST_SUPPORTED}' "
-                f"without those features, or upgrade ctrlrun",
-            )
         self.fail(
             line if "schema" in document else None, "top level",
             f"unknown policy schema {schema!r}, expected one of {', '.join(SUPPORTED_SCHEMAS)}",
@@ -1104,7 +1191,15 @@ class _Reader:
         if "mode" in mapping and "mode" not in known:
             self.fail(
                 mapping.key_lines.get("mode", line), location,
-                "'mode' is only allowed at the top level of the document (it applies to the whole process)",
+                "'mode' is only allowed at the top level of the document: it applies to every action of "
+                "the process at once, and a policy enforced for some actions and only observed for others "
+                "is exactly the half-enforced configuration nobody notices; move it to the top level",
+            )
+        if "redact" in mapping and "redact" not in known:
+            self.fail(
+                mapping.key_lines.get("redact", line), location,
+                "'redact' is not part of the format: redaction of labelled data was cut, and receipts keep "
+                "the arguments as the hash covers them; remove it (a 'data' label only names the data class)",
             )
         unknown = [key for key in mapping if key not in known]
         if unknown:
@@ -1120,23 +1215,181 @@ class _Reader:
 
     def needs_schema(self, what: str, needed: int) -> str:
         """The sentence for a feature of schema v``needed`` found in an older document."""
-        message = f"{what} needs 'schema: ctrlrun.policy/v{needed}'; this document declares {self.schema!r}"
-        if needed <= _SCHEMA_VERSION[_NEWEST_SUPPORTED]:
-            return message + f", so change its schema line to 'schema: ctrlrun.policy/v{needed}'"
         return (
-            message + f", and this version of ctrlrun reads only up to {_NEWEST_SUPPORTED}: "
-            f"remove it, or upgrade ctrlrun"
+            f"{what} needs 'schema: ctrlrun.policy/v{needed}'; this document declares {self.schema!r}, so "
+            f"change its schema line to 'schema: ctrlrun.policy/v{needed}' (a reader of {self.schema!r} would "
+            f"not know what to do with it, so it is refused rather than ignored)"
         )
+
+    def not_built(self, line: int | None, location: str, feature: str) -> NoReturn:
+        """Refuse a feature this version reads but cannot enforce yet (see ``_NOT_BUILT``)."""
+        self.fail(
+            line, location,
+            f"{_NOT_BUILT[feature]} is valid {self.schema!r}, but this version of ctrlrun does not enforce it "
+            f"yet, and a policy is never half-applied: the whole document is refused. Remove it (or upgrade "
+            f"ctrlrun when it is built)",
+        )
+
+    # -- top-level settings (v3, v4) ---------------------------------------------------------
+
+    def read_label(self, mapping: _YamlMap, key: str, where: str) -> str:
+        """A non-empty one-line string (``environment``, ``version``), stripped."""
+        value, line = mapping[key], mapping.key_lines[key]
+        if not isinstance(value, str) or not value.strip():
+            got = "a blank string" if isinstance(value, str) else _type_name(value)
+            self.fail(line, where, f"'{key}' must be a non-empty string, got {got}")
+        value = value.strip()
+        self.check_one_line(value, line, where, f"'{key}'")
+        return value
+
+    def check_one_line(self, value: str, line: int, where: str, what: str) -> None:
+        for char in value:
+            if char in "\n\r\t\u2028\u2029" or unicodedata.category(char) in ("Cc", "Cf"):
+                self.fail(
+                    line, where,
+                    f"{what} {_shown(value)} contains {_describe_character(char)}; it is shown on one line in "
+                    f"receipts and the console, so it must be visible text: remove it",
+                )
+
+    def read_mode(self, value: Any, line: int) -> str:
+        if isinstance(value, str) and value in _MODES:
+            return value
+        hint = ""
+        if isinstance(value, bool):
+            hint = " (YAML reads unquoted on/off/yes/no/true/false as booleans: write 'observe' or 'enforce')"
+        self.fail(line, "top level", f"'mode' must be 'enforce' or 'observe', got {value!r}{hint}")
+
+    def read_registry(self, value: Any, line: int) -> dict[str, ControlEntry]:
+        """The ``controls:`` registry: id -> {title, source?, approver_role? (v6)}."""
+        where = "controls"
+        if not isinstance(value, dict):
+            self.fail(line, where, f"'controls' must be a mapping of control id to {{title: ...}}, got "
+                                   f"{_type_name(value)}")
+        registry: dict[str, ControlEntry] = {}
+        for ident, body in value.items():
+            id_line = value.key_lines.get(ident, line)
+            this = f"control {_shown(ident)}"
+            if not ident or len(ident) > MAX_CONTROL_ID:
+                self.fail(id_line, where, f"control ids must be 1 to {MAX_CONTROL_ID} characters, got {len(ident)}")
+            self.check_one_line(ident, id_line, where, "the control id")
+            if not isinstance(body, dict):
+                self.fail(id_line, this, f"a control must be a mapping with 'title' (and optionally 'source'), "
+                                         f"got {_type_name(body)}")
+            self.check_keys(body, _CONTROL_KEYS, id_line, this)
+            if "title" not in body:
+                self.fail(id_line, this, "a control needs a 'title' (what it requires, as auditors know it)")
+            title = self.read_label(body, "title", this)
+            source = self.read_label(body, "source", this) if "source" in body else None
+            role = None
+            if "approver_role" in body:
+                raw = body["approver_role"]
+                if isinstance(raw, str) and raw != raw.strip():
+                    self.fail(body.key_lines["approver_role"], this,
+                              f"'approver_role' {raw!r} has leading or trailing whitespace; roles are matched "
+                              f"exactly, so write it without")
+                role = self.read_label(body, "approver_role", this)
+                self.not_built(body.key_lines["approver_role"], this, "approver_role")
+            registry[ident] = ControlEntry(ident, title, source, role)
+        return registry
+
+    def read_citations(self, value: Any, line: int, where: str) -> list[str]:
+        """A ``controls: [id, ...]`` citation on an entry or a rule: ids declared in the registry."""
+        if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+            self.fail(line, where, f"'controls' must be a list of control ids, got {_type_name(value)}")
+        declared = self.registry
+        for item in value:
+            if item not in declared:
+                listed = ", ".join(repr(ident) for ident in declared) or "none (there is no 'controls:' registry)"
+                self.fail(line, where, f"cites the control {_shown(item)}, which the 'controls:' registry does "
+                                       f"not declare; declared: {listed}")
+        if len(set(value)) != len(value):
+            self.fail(line, where, "'controls' cites the same control twice")
+        return value
+
+    def in_registry_order(self, *citations: list[str]) -> tuple[str, ...]:
+        cited = {ident for group in citations for ident in group}
+        return tuple(ident for ident in self.registry if ident in cited)
+
+    # -- authority (v3; read and validated, not enforced yet) ---------------------------------
+
+    def read_authority(self, value: Any, line: int) -> None:
+        where = "authority"
+        if not isinstance(value, dict):
+            self.fail(line, where, f"'authority' must be a mapping with 'grants', got {_type_name(value)}")
+        self.check_keys(value, _AUTHORITY_KEYS, line, where)
+        depth = value.get("max_delegation_depth", 3)
+        if not _is_int(depth) or depth < 0:
+            self.fail(value.key_lines.get("max_delegation_depth", line), where,
+                      f"'max_delegation_depth' must be an int of 0 or more, got {depth!r}")
+        if "grants" not in value:
+            self.fail(line, where, "'authority' needs 'grants' (a list; 'grants: []' permits nothing)")
+        grants = value["grants"]
+        if not isinstance(grants, list):
+            self.fail(value.key_lines["grants"], where, f"'grants' must be a list of grants, got {_type_name(grants)}")
+        seen: set[str] = set()
+        for index, grant in enumerate(grants):
+            self.read_grant(grant, grants.item_lines[index], f"authority grants[{index}]", seen)
+        envelopes = value.get("break_glass")
+        if envelopes is not None:
+            if not isinstance(envelopes, dict):
+                self.fail(value.key_lines["break_glass"], where,
+                          f"'break_glass' must be a mapping of envelope id to grant, got {_type_name(envelopes)}")
+            for ident, body in envelopes.items():
+                if isinstance(body, dict):  # the v7 gates apply inside envelopes too
+                    for key in ("tasks", "budgets"):
+                        if key in body and self.version < 7:
+                            self.fail(body.key_lines[key], f"authority break_glass {ident!r}",
+                                      self.needs_schema(repr(key), 7))
+        self.not_built(line, where, "authority")
+
+    def read_grant(self, grant: Any, line: int, where: str, seen: set[str]) -> None:
+        if not isinstance(grant, dict):
+            self.fail(line, where, f"a grant must be a mapping, got {_type_name(grant)}")
+        self.check_keys(grant, _GRANT_KEYS, line, where)
+        ident = grant.get("id")
+        if not isinstance(ident, str) or not _GRANT_ID.match(ident) or ident.startswith("dlg_"):
+            self.fail(grant.key_lines.get("id", line), where,
+                      f"a grant needs an 'id' of letters, digits, '.', '_' and '-' (starting with a letter or "
+                      f"digit, not 'dlg_', which delegations use), got {ident!r}")
+        if ident in seen:
+            self.fail(grant.key_lines["id"], where, f"grant id {ident!r} is used twice")
+        seen.add(ident)
+        subject = grant.get("subject")
+        if not isinstance(subject, dict) or not subject or set(subject) - {"agent", "user"}:
+            self.fail(grant.key_lines.get("subject", line), where,
+                      "a grant needs a 'subject' mapping with 'agent' and/or 'user'")
+        for key in ("actions", "resources", "environments"):
+            if key in grant or key == "actions":
+                items = grant.get(key)
+                if not isinstance(items, list) or not items or not all(isinstance(i, str) and i for i in items):
+                    self.fail(grant.key_lines.get(key, line), where,
+                              f"'{key}' must be a non-empty list of non-empty strings, got {items!r}")
+        if "constraints" in grant:
+            constraints = grant["constraints"]
+            if not isinstance(constraints, dict) or not constraints:
+                self.fail(grant.key_lines["constraints"], where, "'constraints' must be a non-empty mapping")
+            for key, operand in constraints.items():
+                if _split_condition(key)[0] == _DERIVED_SUBJECT:
+                    self.fail(constraints.key_lines[key], where,
+                              f"constraint {key!r}: '{_DERIVED_SUBJECT}' belongs to the policy's rules, not "
+                              f"to authority constraints")
+                self.read_condition(key, operand, constraints.key_lines[key], where)
+        if "delegable" in grant and not isinstance(grant["delegable"], bool):
+            self.fail(grant.key_lines["delegable"], where, "'delegable' must be true or false")
+        if grant.get("delegable") is True and "expires_at" not in grant:
+            self.fail(grant.key_lines["delegable"], where, "a delegable grant needs 'expires_at'")
 
     # -- one action --------------------------------------------------------------------------
 
     def read_entry(self, name: str, entry: Any, line: int) -> ActionEntry:
-        """One ``actions`` item: exactly one of decision/rules, plus optional templates and mcp."""
+        """One ``actions`` item: exactly one of decision/rules, plus optional templates and options."""
         if not name:
             self.fail(line, "actions", "action names must be non-empty strings")
         where = f"action {name!r}"
         if name == _POLICY_CHANGE_ACTION:
-            self.fail(line, where, self.needs_schema(f"the reserved action {name!r}", 6))
+            if self.version < 6:
+                self.fail(line, where, self.needs_schema(f"the reserved action {name!r}", 6))
+            self.not_built(line, where, "policy_change")
         if not isinstance(entry, dict):
             self.fail(
                 line, where,
@@ -1146,19 +1399,82 @@ class _Reader:
         if ("decision" in entry) == ("rules" in entry):
             self.fail(line, where, "entry must have exactly one of 'decision' or 'rules'")
 
+        cited: list[str] = []
+        if "controls" in entry:
+            cited = self.read_citations(entry["controls"], entry.key_lines["controls"], where)
         decision: Decision | None = None
         rules: tuple[Rule, ...] = ()
         if "decision" in entry:
             decision = self.read_decision(entry["decision"], entry.key_lines["decision"], where)
         else:
-            rules = self.read_rules(entry["rules"], entry.key_lines["rules"], where)
+            rules = self.read_rules(entry["rules"], entry.key_lines["rules"], where, cited)
 
         effect = self.read_template(entry, "effect", where) if "effect" in entry else None
         resource = self.read_template(entry, "resource", where) if "resource" in entry else None
         mcp = self.read_mcp(entry["mcp"], entry.key_lines["mcp"], where) if "mcp" in entry else None
+        data = self.read_data(entry["data"], entry.key_lines["data"], where) if "data" in entry else {}
+        max_attempts = None
+        if "max_attempts" in entry:
+            max_attempts = self.read_count(entry, "max_attempts", where, "executions of one effect key, the "
+                                                                         "first included")
+        approvals = 1
+        if "approvals_required" in entry:
+            approvals = self.read_count(entry, "approvals_required", where, "people who must approve")
+            if approvals > 1:
+                self.not_built(entry.key_lines["approvals_required"], where, "approvals_required")
+        if "upstream" in entry:
+            self.read_upstream(entry["upstream"], entry.key_lines["upstream"], where)
         return ActionEntry(
-            name=name, decision=decision, rules=rules, effect=effect, resource=resource, mcp=mcp
+            name=name, decision=decision, rules=rules, effect=effect, resource=resource, mcp=mcp,
+            controls=self.in_registry_order(cited), data=types.MappingProxyType(data),
+            max_attempts=max_attempts, approvals_required=approvals,
         )
+
+    def read_count(self, entry: _YamlMap, key: str, where: str, what: str) -> int:
+        value, line = entry[key], entry.key_lines[key]
+        if not _is_int(value) or value < 1:
+            got = f"{_type_name(value)} ({value!r})" if isinstance(value, bool) else repr(value)
+            self.fail(line, where, f"'{key}' must be an int of 1 or more (the number of {what}), "
+                                   f"got {got}")
+        return value
+
+    def read_data(self, value: Any, line: int, where: str) -> dict[str, str]:
+        """``data: {argument: label}`` or ``{argument: {label: label}}`` (v4)."""
+        where = f"{where} data"
+        if not isinstance(value, dict) or not value:
+            self.fail(line, where, f"'data' must be a non-empty mapping of argument name to data label, got "
+                                   f"{_type_name(value)}")
+        labels: dict[str, str] = {}
+        for argument, body in value.items():
+            item_line = value.key_lines.get(argument, line)
+            if argument == _DERIVED_SUBJECT:
+                self.fail(item_line, where, f"{_DERIVED_SUBJECT!r} is the derived subject (the labels of a "
+                                            f"call's data), so it cannot be labelled itself; rename the argument")
+            if not argument.isidentifier():
+                self.fail(item_line, where, f"{_shown(argument)} is not an argument name")
+            if isinstance(body, dict):
+                self.check_keys(body, _DATA_KEYS, item_line, f"{where} {argument!r}")
+                if "label" not in body:
+                    self.fail(item_line, where, f"{argument!r} needs a 'label'")
+                label = self.read_label(body, "label", f"{where} {argument!r}")
+            elif isinstance(body, str) and body.strip():
+                label = body.strip()
+                self.check_one_line(label, item_line, where, "the label")
+            else:
+                self.fail(item_line, where, f"the label of {argument!r} must be a non-empty string (or "
+                                            f"{{label: ...}}), got {_type_name(body)}")
+            labels[argument] = label
+        return labels
+
+    def read_upstream(self, value: Any, line: int, where: str) -> None:
+        where = f"{where} upstream"
+        if not isinstance(value, dict) or not value:
+            self.fail(line, where, f"'upstream' must be a non-empty mapping of pins, got {_type_name(value)}")
+        self.check_keys(value, _UPSTREAM_KEYS, line, where)
+        for key, pin in value.items():
+            if not isinstance(pin, str) or not pin.strip():
+                self.fail(value.key_lines[key], where, f"'{key}' must be a non-empty string")
+        self.not_built(line, where, "upstream")
 
     def read_decision(self, value: Any, line: int, where: str) -> Decision:
         if isinstance(value, str):
@@ -1173,7 +1489,7 @@ class _Reader:
             f"got {_type_name(value)}{hint}",
         )
 
-    def read_rules(self, value: Any, line: int, where: str) -> tuple[Rule, ...]:
+    def read_rules(self, value: Any, line: int, where: str, cited: list[str]) -> tuple[Rule, ...]:
         if not isinstance(value, list):
             self.fail(line, where, f"'rules' must be a non-empty list of rules, got {_type_name(value)}")
         if not value:
@@ -1194,7 +1510,11 @@ class _Reader:
             when: tuple[Condition, ...] = ()
             if "when" in rule:
                 when = self.read_when(rule["when"], rule.key_lines["when"], rule_where)
-            rules.append(Rule(index=index, when=when, decision=decision))
+            own: list[str] = []
+            if "controls" in rule:
+                own = self.read_citations(rule["controls"], rule.key_lines["controls"], rule_where)
+            rules.append(Rule(index=index, when=when, decision=decision,
+                              controls=self.in_registry_order(cited, own)))
         return tuple(rules)
 
     # -- conditions --------------------------------------------------------------------------
@@ -1225,13 +1545,23 @@ class _Reader:
                 f"condition {key!r} names the Action field {argument!r}, not an argument; conditions "
                 f"see only the call's arguments",
             )
-        if argument == _DERIVED_SUBJECT:
-            self.fail(
-                line, where,
-                f"condition {key!r}: "
-                + self.needs_schema(f"the derived subject {_DERIVED_SUBJECT!r} (not an argument)", 4),
-            )
         this = f"condition {key!r}"
+        if argument == _DERIVED_SUBJECT:
+            if self.version < 4:
+                # (The reference reads it under v3 as a missing argument, always false, so a 'deny'
+                # rule written on it would silently never fire: refused here instead.)
+                self.fail(
+                    line, where,
+                    f"{this}: " + self.needs_schema(f"the derived subject {_DERIVED_SUBJECT!r} (not an argument)", 4),
+                )
+            if op not in ("in", "eq", "neq") or not isinstance(operand, list) or not all(
+                    isinstance(item, str) for item in operand):
+                self.fail(
+                    line, where,
+                    f"{this}: '{_DERIVED_SUBJECT}' is the set of the call's data labels; test it with "
+                    f"'{_DERIVED_SUBJECT}_in', '_eq' or '_neq' and a list of labels",
+                )
+            return Condition(key=key, argument=argument, op=op, operand=sorted(set(operand)))
         if op in _NUMERIC_OPS:
             if not _is_int(operand):
                 shown = "" if operand is None or isinstance(operand, (dict, list)) else f" ({operand!r})"
@@ -1261,6 +1591,12 @@ class _Reader:
             template = Template.parse(value)
         except InvalidArgument as exc:
             self.fail(line, f"{where} {key}", str(exc))
+        if _DERIVED_SUBJECT in template.names:
+            self.fail(
+                line, f"{where} {key}",
+                f"{template.text!r}: '{{{_DERIVED_SUBJECT}}}' is reserved (the derived subject of data labels) and "
+                f"can be no argument's name; use another placeholder",
+            )
         if key == "effect" and template.text.startswith(_RESERVED_EFFECT_PREFIX):
             self.fail(
                 line, f"{where} {key}",
@@ -1302,16 +1638,19 @@ def _split_condition(key: str) -> tuple[str, str | None]:
 # --------------------------------------------------------------------------------------------
 
 
-def policy_hash(schema: str, actions: Any, environment: str) -> str:
-    """§1.7: the hash of what decides calls. ``authority``/``controls`` are null below v3/v4."""
+def policy_hash(schema: str, actions: Any, environment: str, *, mode: str = "enforce",
+                controls: Any = None, authority: Any = None) -> str:
+    """§1.7: the hash of what decides calls: the actions and the ``controls:`` registry as written,
+    the authority enforced (none yet), the resolved environment, the mode and the schema.
+    ``version:`` is left out: relabelling a policy does not change what it decides."""
     return sha256_hash(
         canonical_bytes(
             {
                 "actions": actions,
-                "authority": None,
-                "controls": None,
+                "authority": authority,
+                "controls": controls,
                 "environment": environment,
-                "mode": "enforce",
+                "mode": mode,
                 "schema": schema,
             }
         )
@@ -1336,36 +1675,41 @@ def _collector_paused() -> Iterator[None]:
             gc.enable()
 
 
-def parse_policy(text: str, source: str = "<string>", *, environment: str = DEFAULT_ENVIRONMENT) -> Policy:
+def parse_policy(text: str, source: str = "<string>", *, environment: str | None = None) -> Policy:
     """Validate a policy document and return the :class:`Policy`; PolicyError names what is wrong.
 
-    ``environment`` is the resolved environment of the caller (its Control): it is part of the
-    hash, because the same rules approved for staging are not an approval for production.
+    ``environment`` is the caller's explicit environment (``Control(environment=)``, else the
+    ``CTRLRUN_ENVIRONMENT`` setting or variable), or None: then the document's own
+    ``environment:`` (v3) applies, else ``production``. The resolved value is part of the hash
+    and of every action, because rules approved for staging are not an approval for production.
     """
     if not isinstance(text, str):
         raise InvalidArgument(f"a policy must be text (str), not {type(text).__name__}")
-    if not isinstance(environment, str) or not environment.strip():
+    if environment is not None and (not isinstance(environment, str) or not environment.strip()):
         raise InvalidArgument(f"environment must be a non-empty string, got {environment!r}")
-    environment = environment.strip()
     source = str(source)
     reader = _Reader(source)
     with _collector_paused():
-        schema, entries, raw_actions = reader.read(_load_yaml(text, source))
+        read = reader.read(_load_yaml(text, source))
+        resolved = environment.strip() if environment is not None else read.environment or DEFAULT_ENVIRONMENT
         try:
-            digest = policy_hash(schema, raw_actions, environment)
+            digest = policy_hash(read.schema, read.raw_actions, resolved, mode=read.mode, controls=read.raw_controls)
         except InvalidArgument as exc:  # a safety net: the loader refuses what canonical JSON cannot hold
             raise _policy_error(source, None, "actions", f"cannot be hashed: {exc}") from None
     return Policy(
-        schema=schema,
-        actions=types.MappingProxyType(entries),
+        schema=read.schema,
+        actions=types.MappingProxyType(read.entries),
         hash=digest,
         source=source,
         text=text,
-        environment=environment,
+        environment=resolved,
+        mode=read.mode,
+        version=read.version,
+        controls=types.MappingProxyType(read.controls),
     )
 
 
-def load_policy(path: str | os.PathLike[str], *, environment: str = DEFAULT_ENVIRONMENT) -> Policy:
+def load_policy(path: str | os.PathLike[str], *, environment: str | None = None) -> Policy:
     """Read and parse the policy file at ``path``; messages name the path as given."""
     source = os.fspath(path)
     try:
