@@ -60,6 +60,9 @@ class Call:
     approval_id: str | None = None
     approver: str | None = None
     pending: Pending | None = field(default=None, compare=False, repr=False)
+    #: The controls the verdict cites (policy v4), in registry order, and the policy's ``version:``.
+    controls: tuple[str, ...] = ()
+    policy_version: str | None = None
 
 
 @dataclass(frozen=True)

@@ -195,7 +195,8 @@ def call_steps(control: Any, plan: Plan, bind: Callable[[], Mapping[str, Any]], 
     try:
         effect_key = _effect_key(plan, effect, action)
     except EffectKeyError as exc:
-        call = store.Call(action, Decision.DENY, "effect_key_error", policy.hash, None)
+        call = store.Call(action, Decision.DENY, "effect_key_error", policy.hash, None,
+                          policy_version=policy.version)
         yield Record(store.record_denial, (call, {"reason": "effect_key_error", "effect": effect.text if effect else None,
                                                  "error": str(exc)}), {"with_policy": False})
         raise
@@ -222,7 +223,8 @@ class _Running:
     def decide_and_run(self, presented: str | None) -> Steps:
         store = self.control.store
         evaluation = self.policy.evaluate(self.name, self.action.arguments)
-        call = store.Call(self.action, evaluation.decision, evaluation.reason, self.policy.hash, self.effect_key)
+        call = store.Call(self.action, evaluation.decision, evaluation.reason, self.policy.hash, self.effect_key,
+                          controls=evaluation.controls, policy_version=self.policy.version)
         if evaluation.decision is Decision.DENY:
             yield Record(store.record_denial, (replace(call, approval_id=presented), {"reason": evaluation.reason}))
             raise ActionDenied(_denial_message(self.name, evaluation.reason), reason=evaluation.reason,

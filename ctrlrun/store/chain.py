@@ -40,6 +40,9 @@ class _ReceiptSpec:
     error: str | None
     attempt: int | None
     decision_reason: str | None = None
+    #: Observe mode: what enforcing would have done ({decision, reason, blocked_reason}); the receipt
+    #: then says ``observed``, with ``result`` above as its ``execution``.
+    would_have: dict[str, Any] | None = None
 
 
 def _receipt_doc(spec: _ReceiptSpec, when: dt.datetime) -> dict[str, Any]:
@@ -59,11 +62,15 @@ def _receipt_doc(spec: _ReceiptSpec, when: dt.datetime) -> dict[str, Any]:
         approver=call.approver,
         effect_key=call.effect_key,
         attempt=spec.attempt,
-        result=spec.result.value,
+        result=spec.result.value if spec.would_have is None else Result.OBSERVED.value,
+        execution=None if spec.would_have is None else spec.result.value,
+        would_have=spec.would_have,
         error=spec.error,
         started_at=evidence_time(call.started_at or when),
         finished_at=evidence_time(when),
         policy_hash=call.policy_hash,
+        policy_version=call.policy_version,
+        controls=list(call.controls),
     )
 
 
@@ -190,7 +197,8 @@ def _stash(call: Call, attempt: int, events: Sequence[EventRow]) -> Pending:
         "call": {"action": None if proposed else call.action.canonical(), "action_id": call.action.action_id,
                  "decision": call.decision.value, "reason": call.reason, "policy_hash": call.policy_hash,
                  "approval_id": call.approval_id, "approver": call.approver,
-                 "started_at": _iso(call.started_at), "effect_key": call.effect_key, "attempt": attempt},
+                 "started_at": _iso(call.started_at), "effect_key": call.effect_key, "attempt": attempt,
+                 "controls": list(call.controls), "policy_version": call.policy_version},
         "events": [[event_time(ts), type_, action_id, key, approval_id, text]
                    for ts, type_, action_id, key, approval_id, _, text in rows],
     }
@@ -209,7 +217,8 @@ def _unstash(text: str) -> tuple[Call, int, list[EventRow]]:
                     action_id=info["action_id"])
     call = Call(action, Decision(info["decision"]), info["reason"], info["policy_hash"], info["effect_key"],
                 dt.datetime.fromisoformat(info["started_at"]) if info["started_at"] else None,
-                info["approval_id"], info["approver"])
+                info["approval_id"], info["approver"], controls=tuple(info.get("controls") or ()),
+                policy_version=info.get("policy_version"))
     return call, info["attempt"], events
 
 
