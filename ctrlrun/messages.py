@@ -216,3 +216,10 @@ def state_conflict(conflict: StateConflict, command_line: Callable[[str], str] |
 
 def head_missing_restore() -> str:
     return f"{HEAD_MISSING}; run 'ctrlrun receipts --verify-chain' and restore the store from a backup"
+
+
+def attempt_ceiling(action: str, effect_key: str | None, attempt: int, max_attempts: int) -> str:
+    """The attempt ceiling's refusal (policy v5 ``max_attempts``)."""
+    return (f"{action}: attempt {attempt} of {effect_key!r} refused: max_attempts is {max_attempts}, and it has "
+            f"failed {attempt - 1} time{'s' if attempt != 2 else ''}. Find out why before trying again; if another "
+            f"attempt is right, raise max_attempts in the policy")

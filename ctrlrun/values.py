@@ -66,6 +66,23 @@ class Call:
 
 
 @dataclass(frozen=True)
+class Observation:
+    """What an observe-mode call found when it began (``effects.observe_begin``).
+
+    ``held``: the call took its effect key (a free key) and records its outcome on the row like any
+    call; otherwise the row was left as it was. The three reasons are what would have refused the
+    call at each of the store's decision points (None: nothing).
+    """
+
+    call: Call
+    attempt: int | None
+    held: bool
+    ceiling: bool = False
+    approval_problem: str | None = None
+    reservation_problem: str | None = None
+
+
+@dataclass(frozen=True)
 class Reserved:
     attempt: int
     lease_expires_at: dt.datetime

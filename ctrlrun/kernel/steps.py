@@ -118,12 +118,13 @@ class Plan:
     wait: bool = False
 
 
-_warned: set[tuple[str, str]] = set()
+_warned: set[tuple[str, str, int]] = set()
 
 
-def _warn_once(kind: str, name: str, message: str, *args: Any) -> None:
-    if (kind, name) not in _warned:
-        _warned.add((kind, name))
+def _warn_once(kind: str, name: str, message: str, *args: Any, scope: Any = None) -> None:
+    """Log ``message`` once per (kind, action) - and per Control when ``scope`` is one."""
+    if (kind, name, id(scope)) not in _warned:
+        _warned.add((kind, name, id(scope)))
         logger.warning(message, *args)
 
 
@@ -220,16 +221,34 @@ class _Running:
     def name(self) -> str:
         return self.plan.name
 
+    @property
+    def max_attempts(self) -> int | None:
+        """The policy's attempt ceiling for this action (v5), when it can apply (a keyed call)."""
+        entry = self.policy.entry(self.name)
+        ceiling = entry.max_attempts if entry is not None else None
+        if ceiling is not None and self.effect_key is None:
+            _warn_once("ceiling", self.name, "%s has max_attempts %s but no effect key, so attempts cannot be "
+                       "counted and the ceiling never applies", self.name, ceiling, scope=self.control)
+            return None
+        return ceiling
+
     def decide_and_run(self, presented: str | None) -> Steps:
         store = self.control.store
         evaluation = self.policy.evaluate(self.name, self.action.arguments)
         call = store.Call(self.action, evaluation.decision, evaluation.reason, self.policy.hash, self.effect_key,
                           controls=evaluation.controls, policy_version=self.policy.version)
+        if self.policy.observing:
+            return (yield from self.observe(call, presented))
         if evaluation.decision is Decision.DENY:
             yield Record(store.record_denial, (replace(call, approval_id=presented), {"reason": evaluation.reason}))
             raise ActionDenied(_denial_message(self.name, evaluation.reason), reason=evaluation.reason,
                                action_id=self.action.action_id)
         if evaluation.decision is Decision.APPROVE and presented is None:
+            ceiling = self.max_attempts
+            if ceiling is not None:  # the ceiling's fast path: nobody is asked about a call that cannot run
+                refused = yield Phase(store.check_ceiling, (call, ceiling))
+                if refused is not None:
+                    raise refused.error
             request = yield Phase(self.control.request_approval, (call,))
             if self.plan.wait:
                 return (yield from self.wait_then_run(request))
@@ -267,7 +286,8 @@ class _Running:
             taken = yield Phase(store.begin_unkeyed, (call, presented))
         else:
             taken = yield Phase(store.reserve, (call, lease), {
-                "opening": True, "hold_ambiguous": plan.reconcile is not None, "presented": presented})
+                "opening": True, "hold_ambiguous": plan.reconcile is not None, "presented": presented,
+                "max_attempts": self.max_attempts})
             if isinstance(taken, store.Refused) and not taken.final:
                 assert plan.reconcile is not None
                 try:
@@ -280,43 +300,67 @@ class _Running:
                     yield from _best_effort(Record(store.record_refusal, (taken,)))
                     raise
                 taken = yield Phase(store.reserve, (call, lease), {
-                    "opening": False, "hold_ambiguous": False, "presented": presented})
+                    "opening": False, "hold_ambiguous": False, "presented": presented,
+                    "max_attempts": self.max_attempts})
         if isinstance(taken, store.Refused):
             raise taken.error
-        call, attempt = taken.call, taken.attempt
+        return (yield from self.run(taken.call, taken.attempt, lease, held=key is not None))
+
+    def observe(self, call: Any, presented: str | None) -> Steps:
+        """Observe mode (§B3): the function runs whatever enforcement would say; the receipt says
+        ``observed``, what really happened (``execution``) and what would have been done
+        (``would_have``). The reason is the earliest decision point that would have refused the
+        call: policy, attempt ceiling, approval gate, approval, reservation. Nobody is asked."""
+        store = self.control.store
+        lease = self.plan.lease or self.control.lease
+        seen = yield Phase(store.observe_begin, (call, lease), {"presented": presented,
+                                                              "max_attempts": self.max_attempts})
+        decision = call.decision
+        blocked = (call.reason if decision is Decision.DENY
+                   else "attempt_ceiling" if seen.ceiling
+                   else "approval_required" if decision is Decision.APPROVE and presented is None
+                   else seen.approval_problem or seen.reservation_problem)
+        would_have = {"decision": decision.value, "reason": call.reason, "blocked_reason": blocked}
+        return (yield from self.run(seen.call, seen.attempt, lease, held=seen.held, would_have=would_have))
+
+    def run(self, call: Any, attempt: int, lease: dt.timedelta, *, held: bool,
+            would_have: dict[str, Any] | None = None) -> Steps:
+        """Run the function for ``attempt`` (holding the effect key when ``held``) and record how it ended."""
         try:
-            value = yield Run(self.invoke, call.action, self.awaitable, call if key is not None else None, attempt,
-                              lease)
+            value = yield Run(self.invoke, call.action, self.awaitable, call if held else None, attempt, lease)
         except Abandoned:
-            if key is None:  # no record, no lease, no sweeper: its outcome is recorded here
-                yield from self.finish(call, attempt, Result.AMBIGUOUS, CANCELLED_WHILE_RUNNING, None, None)
+            if not held:  # no record, no lease, no sweeper: its outcome is recorded here
+                yield from self.finish(call, attempt, Result.AMBIGUOUS, CANCELLED_WHILE_RUNNING, None, None,
+                                       held=held, would_have=would_have)
             raise  # keyed: held; its lease lapses and the sweeper marks it ambiguous, as for a worker that died
         except NotExecuted as exc:
-            yield from self.finish(call, attempt, Result.FAILED, evidence_text(str(exc)), None, exc)
+            yield from self.finish(call, attempt, Result.FAILED, evidence_text(str(exc)), None, exc, held=held,
+                                   would_have=would_have)
             raise
         except BaseException as exc:
             yield from self.finish(call, attempt, Result.AMBIGUOUS, evidence_text(f"{type(exc).__name__}: {exc}"),
-                                   None, exc)
+                                   None, exc, held=held, would_have=would_have)
             raise
         unrun = _not_a_result(value)
         if unrun is not None:
             result, problem = unrun
             problem = f"{self.name}: {problem}"
-            yield from self.finish(call, attempt, result, problem, None, None)
+            yield from self.finish(call, attempt, result, problem, None, None, held=held, would_have=would_have)
             raise InvalidArgument(problem)
-        yield from self.finish(call, attempt, Result.COMMITTED, None, value, None)
+        yield from self.finish(call, attempt, Result.COMMITTED, None, value, None, held=held, would_have=would_have)
         return value
 
     def finish(self, call: Any, attempt: int, result: Result, error: str | None, value: Any,
-               exc: BaseException | None) -> Steps:
+               exc: BaseException | None, *, held: bool, would_have: dict[str, Any] | None) -> Steps:
         """Record the outcome; raise the store's refusal where the caller must not see success."""
         store, plan = self.control.store, self.plan
         key = call.effect_key
-        eager = (result is Result.AMBIGUOUS and key is not None and plan.reconcile_eagerly
+        eager = (result is Result.AMBIGUOUS and key is not None and held and plan.reconcile_eagerly
                  and isinstance(exc, Exception))
         try:
             written = yield Record(store.record_outcome, (call, attempt, result), {
-                "error": error, "value": value, "write_receipt": not eager})
+                "error": error, "value": value, "write_receipt": not eager, "would_have": would_have,
+                "held": held})
         except Exception as failure:  # the database, or anything else: the outcome is not recorded
             if result is Result.AMBIGUOUS:
                 logger.error("%s: the ambiguous outcome of %s could not be recorded; %s", self.name, key or "the call",
@@ -340,15 +384,15 @@ class _Running:
                 yield Record(store.record_reconciliation, (key, call.action.action_id, f"reconcile:{self.name}",
                                                           "eager", answer),
                             {"attempt": attempt, "receipt_for": call, "receipt_attempt": attempt,
-                             "receipt_error": error})
+                             "receipt_error": error, "receipt_would_have": would_have})
             except Exception:
                 # The ambiguous outcome is recorded; only the hook's answer is not. The call still gets its
                 # receipt, and the caller the function's own exception.
                 logger.error("%s: the eager reconcile of %s could not be recorded; it stays ambiguous", self.name,
                              key, exc_info=True)
-                yield from _best_effort(Record(store.write_ambiguous_receipt, (call, attempt, error or "")))
+                yield from _best_effort(Record(store.write_ambiguous_receipt, (call, attempt, error or "", would_have)))
             except BaseException:
-                yield from _best_effort(Record(store.write_ambiguous_receipt, (call, attempt, error or "")))
+                yield from _best_effort(Record(store.write_ambiguous_receipt, (call, attempt, error or "", would_have)))
                 raise
 
 

@@ -90,6 +90,8 @@ from .base import _db, _phase, _time_param, alias, now, using
 from .effects import (
     LEASE_LAPSED_ERROR,
     begin_unkeyed,
+    check_ceiling,
+    observe_begin,
     reconcile_candidates,
     record_denial,
     record_outcome,

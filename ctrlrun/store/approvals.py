@@ -148,19 +148,11 @@ def approvals_for_hash(action_hash: str) -> list[ApprovalView]:
     return [_approval_view(r) for r in _q(Approval).filter(action_hash=action_hash).order_by("created_at")]
 
 
-def _take_presented(call: Call, presented: str | None, when: dt.datetime,
-                    events: list[EventRow]) -> tuple[Call, Approval | None, Refused | None]:
-    """Check a presented approval for an ``approve`` decision, in §8.4's order.
-
-    Returns the call stamped with the approval, the row to consume once the effect is taken,
-    or a refusal whose evidence (and the events so far) is already written. An approval that
-    does not carry ctrlrun's signature (a status set around ctrlrun) is refused as ``tampered``
-    before anything it says is believed.
-    """
-    if presented is None or call.decision is not Decision.APPROVE:
-        if presented is not None and call.decision is Decision.DENY:
-            call = replace(call, approval_id=presented)
-        return call, None, None
+def _check_presented(call: Call, presented: str, when: dt.datetime,
+                     events: list[EventRow]) -> tuple[Call, Approval | None, CTRLRunError | None]:
+    """The presented approval of an ``approve`` call, checked in §8.4's order and locked: the call
+    stamped with it, the row if it may be used, else why not (nothing sealed; a lapsed one is
+    marked expired, its event added to ``events``)."""
     row = _q(Approval).select_for_update().filter(pk=presented).first()
     genuine = row is not None and _approval_ok(row)
     call = replace(call, approval_id=presented, approver=row.approver if genuine else None)
@@ -182,10 +174,27 @@ def _take_presented(call: Call, presented: str | None, when: dt.datetime,
         _expire(row, when, events, call)
         error = ApprovalMismatch(messages.approval_expired_ask_again(presented, row.expires_at), reason="expired",
                                  approval_id=presented)
+    return call, (row if error is None else None), error
+
+
+def _take_presented(call: Call, presented: str | None, when: dt.datetime,
+                    events: list[EventRow]) -> tuple[Call, Approval | None, Refused | None]:
+    """Check a presented approval for an ``approve`` decision, in §8.4's order.
+
+    Returns the call stamped with the approval, the row to consume once the effect is taken,
+    or a refusal whose evidence (and the events so far) is already written. An approval that
+    does not carry ctrlrun's signature (a status set around ctrlrun) is refused as ``tampered``
+    before anything it says is believed.
+    """
+    if presented is None or call.decision is not Decision.APPROVE:
+        if presented is not None and call.decision is Decision.DENY:
+            call = replace(call, approval_id=presented)
+        return call, None, None
+    call, row, error = _check_presented(call, presented, when, events)
     if error is None:
         return call, row, None
     if isinstance(error, ActionDenied):
-        events.append(_event(EventType.APPROVAL_DENIED, call, call.effect_key, {"approver": row.approver}, when,
+        events.append(_event(EventType.APPROVAL_DENIED, call, call.effect_key, {"approver": call.approver}, when,
                              presented))
         events.append(_event(EventType.ACTION_DENIED, call, call.effect_key, {"reason": "approval_denied"}, when))
         _seal(events, [_ReceiptSpec(call, Result.DENIED, str(error), None, "approval_denied")], when)

@@ -20,6 +20,7 @@ from django.db.models import Q
 from .. import conf, messages
 from ..canonical import evidence_text, evidence_time
 from ..errors import (
+    ActionDenied,
     AmbiguousEffect,
     CTRLRunError,
     DuplicateEffect,
@@ -30,9 +31,9 @@ from ..errors import (
 )
 from ..models import Approval, ChainHead, EffectRecord, Event, Receipt
 from ..states import HOLDING_STATES, INITIAL_STATE, TRANSITIONS, Decision, EffectState, EventType, Result, held_lapsed
-from ..values import Call, EffectView, EventRow, HookAnswer, OutcomeWrite, Pending, Refused, Reserved
+from ..values import Call, EffectView, EventRow, HookAnswer, Observation, OutcomeWrite, Pending, Refused, Reserved
 from . import sql
-from .approvals import _consumption_event, _mark_consumed, _matching_approval, _take_presented
+from .approvals import _check_presented, _consumption_event, _mark_consumed, _matching_approval, _take_presented
 from .base import _as_datetime, _clock, _cursor, _db, _phase, _q, _reading, _time_param
 from .chain import (
     Built,
@@ -266,8 +267,40 @@ def _taking_events(call: Call, attempt: int, when: dt.datetime, lease_until: dt.
     return events
 
 
+def _over_ceiling(record: _Peek | None, max_attempts: int | None) -> bool:
+    """Whether renewing ``record`` (a failed key) would run attempt ``max_attempts + 1`` or later."""
+    return (max_attempts is not None and record is not None and record.state == S.FAILED
+            and record.attempt + 1 > max_attempts)
+
+
+def _ceiling_refusal(call: Call, record: _Peek, max_attempts: int, when: dt.datetime,
+                     events: list[EventRow]) -> Refused:
+    """Refuse attempt ``record.attempt + 1`` of a key whose policy allows ``max_attempts``: the event, a
+    ``blocked`` receipt at the refused attempt, the row left failed as it is. Sealed here."""
+    attempt = record.attempt + 1
+    error = ActionDenied(messages.attempt_ceiling(call.action.name, call.effect_key, attempt, max_attempts),
+                         reason="attempt_ceiling", action_id=call.action.action_id)
+    events.append(_event(EventType.EFFECT_RESERVATION_REFUSED, call, call.effect_key,
+                         {"reason": "attempt_ceiling", "attempt": attempt, "max_attempts": max_attempts}, when,
+                         call.approval_id))
+    _seal(events, [_ReceiptSpec(call, Result.BLOCKED, str(error), attempt)], when)
+    return Refused(error, attempt, True, call)
+
+
+def check_ceiling(call: Call, max_attempts: int) -> Refused | None:
+    """The attempt ceiling's fast path, before an approval is asked for (§B6): a refusal (its evidence
+    written) when the key's next attempt would pass ``max_attempts``, else None and nothing written."""
+    with _phase() as when:
+        record = _peek(call.effect_key, lock=False)
+        if not _over_ceiling(record, max_attempts):
+            return None
+        assert record is not None
+        call = _started(call, when)
+        return _ceiling_refusal(call, record, max_attempts, when, _opening_events(call, when))
+
+
 def reserve(call: Call, lease: dt.timedelta, *, opening: bool, hold_ambiguous: bool,
-            presented: str | None = None) -> Reserved | Refused:
+            presented: str | None = None, max_attempts: int | None = None) -> Reserved | Refused:
     """Take the call's effect key and mark it executing, or refuse (§5.3, §8.4).
 
     ``opening`` includes the call's opening events. With ``hold_ambiguous`` an ambiguous record is
@@ -278,6 +311,9 @@ def reserve(call: Call, lease: dt.timedelta, *, opening: bool, hold_ambiguous: b
     first (its refusal wins) and consumed only if the reservation succeeds, in this same
     transaction: a refused reservation leaves it granted. For an ``allow`` decision it is
     consumed only if it matches, and never blocks the call.
+
+    ``max_attempts`` (the policy's attempt ceiling) refuses renewing a failed key past it, before
+    the approval is looked at: the ceiling is the earlier decision point.
     """
     with _phase(clock=False) as when:
         # One statement: the key's record (locked), the chain head (checked: nothing acts on a forged
@@ -285,6 +321,10 @@ def reserve(call: Call, lease: dt.timedelta, *, opening: bool, hold_ambiguous: b
         when, record = _open_reservation(call.effect_key, when)
         call = _started(call, when)
         events = _opening_events(call, when) if opening else []
+        if _over_ceiling(record, max_attempts):
+            assert record is not None and max_attempts is not None
+            return _ceiling_refusal(replace(call, approval_id=presented) if presented else call, record,
+                                    max_attempts, when, events)
         call, approval, refusal = _take_presented(call, presented, when, events)
         if refusal is not None:
             return refusal
@@ -307,6 +347,8 @@ def reserve(call: Call, lease: dt.timedelta, *, opening: bool, hold_ambiguous: b
             tampered = not _effect_ok(record) or (record.state == S.FAILED and _rewound(record))
         if record.state == S.FAILED and not tampered:
             attempt = record.attempt + 1
+            if max_attempts is not None and attempt > max_attempts:  # lost a race to the last attempt
+                return _ceiling_refusal(call, record, max_attempts, when, events)
             pending = _stash(taker, attempt, [*events, *_taking_events(taker, attempt, when, lease_until, approval)])
             _renew(record, taker, attempt, when, lease_until, pending)
             if approval is not None:
@@ -342,6 +384,86 @@ def record_refusal(refused: Refused) -> None:
         call = refused.call
         _seal([_refusal_event(call, refused.error, when)],
               [_ReceiptSpec(call, Result.BLOCKED, str(refused.error), refused.attempt or 1)], when)
+
+
+def _problem_name(error: CTRLRunError) -> str:
+    """A reservation refusal as observe mode's ``blocked_reason``."""
+    if isinstance(error, DuplicateEffect):
+        return "duplicate" if error.state == "committed" else "in_progress"
+    return "ambiguous"
+
+
+def observe_begin(call: Call, lease: dt.timedelta, *, presented: str | None = None,
+                  max_attempts: int | None = None) -> Observation:
+    """Begin an observe-mode call (§B3): record it, and take its effect key if the key is free, but
+    refuse nothing. What would have refused it is returned, for its receipt.
+
+    A free key (none yet, or failed under the ceiling) is reserved as usual, so the record says what
+    really happened; a key that is committed, held or ambiguous is left as it is and the refusal is
+    recorded (``EFFECT_RESERVATION_REFUSED``) before the call runs anyway. A presented approval is
+    checked as enforcement would and used up only if it is valid and the key was taken (or there is
+    no key); one that would be refused is left as it is.
+    """
+    key = call.effect_key
+    with _phase(clock=False) as when:
+        record = None
+        if key is not None:
+            when, record = _open_reservation(key, when)
+        when = when or _clock()
+        call = _started(call, when)
+        events = _opening_events(call, when)
+        approval, problem = None, None
+        if presented is not None:
+            if call.decision is Decision.APPROVE:
+                call, approval, error = _check_presented(call, presented, when, events)
+                problem = getattr(error, "reason", None) if error is not None else None
+            elif call.decision is Decision.ALLOW:
+                approval, call = _matching_approval(call, presented, when)
+            else:
+                call = replace(call, approval_id=presented)
+        if key is None:
+            if approval is not None:
+                events.append(_consumption_event(approval, call, when, required=call.decision is Decision.APPROVE))
+                _mark_consumed(approval, call, when)
+            events.append(_event(EventType.EXECUTION_STARTED, call, None, {"task": None, "hop": None}, when,
+                                 call.approval_id))
+            _seal(events, [], when)
+            return Observation(call, 1, False, approval_problem=problem)
+        lease_until = when + lease
+        attempt = 1 if record is None else record.attempt + 1
+        taking = record is None or (record.state == S.FAILED and not _over_ceiling(record, max_attempts)
+                                    and _effect_ok(record) and not _rewound(record))
+        if taking:
+            pending = _stash(call, attempt, [*events, *_taking_events(call, attempt, when, lease_until, approval)])
+            if record is None:
+                taking = _insert_fresh(call, when, lease_until, pending)
+                if not taking:  # a concurrent first reservation won
+                    record = _peek(key)
+            else:
+                _renew(record, call, attempt, when, lease_until, pending)
+            if taking:
+                if approval is not None:
+                    _mark_consumed(approval, call, when)
+                return Observation(replace(call, pending=pending), attempt, True, approval_problem=problem)
+        assert record is not None
+        ceiling = _over_ceiling(record, max_attempts)
+        lapsed_events: list[EventRow] = []
+        lapsed_receipts: list[_ReceiptSpec] = []
+        tampered = not _effect_ok(record) or (record.state == S.FAILED and _rewound(record))
+        if ceiling:
+            refused = {"reason": "attempt_ceiling", "attempt": record.attempt + 1, "max_attempts": max_attempts}
+            reservation = None
+        else:
+            if held_lapsed(record.state, record.lease_expires_at, when) and not tampered:
+                _lapse(record, when, lapsed_events, lapsed_receipts)
+            error = _refusal_for(record, tampered)
+            refused = _refusal_event(call, error, when)[5]
+            reservation = _problem_name(error)
+        events += [_event(EventType.EFFECT_RESERVATION_REFUSED, call, key, refused, when, call.approval_id),
+                   _event(EventType.EXECUTION_STARTED, call, key, {"task": None, "hop": None}, when, call.approval_id)]
+        _seal([*lapsed_events, *events], lapsed_receipts, when)
+        return Observation(call, record.attempt + 1 if ceiling else record.attempt, False, ceiling=ceiling,
+                           approval_problem=problem, reservation_problem=reservation)
 
 
 def renew_lease(call: Call, attempt: int, lease: dt.timedelta) -> bool:
@@ -381,12 +503,16 @@ _STATE_FOR = {Result.COMMITTED: S.COMMITTED, Result.FAILED: S.FAILED, Result.AMB
 _EVENT_FOR = {Result.COMMITTED: EventType.EXECUTION_COMMITTED, Result.FAILED: EventType.EXECUTION_FAILED,
               Result.AMBIGUOUS: EventType.EXECUTION_AMBIGUOUS}
 def record_outcome(call: Call, attempt: int | None, result: Result, *, error: str | None = None,
-                   value: Any = None, write_receipt: bool = True) -> OutcomeWrite:
+                   value: Any = None, write_receipt: bool = True, would_have: dict[str, Any] | None = None,
+                   held: bool = True) -> OutcomeWrite:
     """Record how the function ended (§5.4), if this attempt still holds the row.
 
     ``result`` is committed, failed or ambiguous. When the row moved on meanwhile (this attempt's
     lease lapsed and someone swept it, or a human resolved it since), the row is left as it is
     and the call is recorded ambiguous: the function may have acted, and nobody recorded it.
+
+    Observe mode: ``would_have`` makes the receipt ``observed``; ``held=False`` is a call that ran
+    without taking its key (the row is not touched; only the events and the receipt are written).
     """
     key = call.effect_key
     data = {} if result is Result.COMMITTED else {"error": error}
@@ -395,10 +521,10 @@ def record_outcome(call: Call, attempt: int | None, result: Result, *, error: st
         return _event(_EVENT_FOR[result], call, key, data, when, call.approval_id)
 
     def receipts() -> list[_ReceiptSpec]:
-        return [_ReceiptSpec(call, result, error, attempt)] if write_receipt else []
+        return [_ReceiptSpec(call, result, error, attempt, would_have=would_have)] if write_receipt else []
 
     with _phase(clock=False) as when:
-        if key is None:
+        if key is None or not held:
             _seal((), (), when, build=lambda at: ([outcome(at)], receipts()), sizes=(1, len(receipts())))
             return OutcomeWrite(True)
         state = _STATE_FOR[result]
@@ -426,7 +552,7 @@ def record_outcome(call: Call, attempt: int | None, result: Result, *, error: st
         refusal = _outcome_refusal(key, record)
         why = messages.outcome_refused(result.value, error, str(refusal))
         _seal([_event(EventType.EXECUTION_AMBIGUOUS, call, key, {"error": why}, when, call.approval_id)],
-              [_ReceiptSpec(call, Result.AMBIGUOUS, why, attempt)], when)
+              [_ReceiptSpec(call, Result.AMBIGUOUS, why, attempt, would_have=would_have)], when)
         return OutcomeWrite(False, refusal)
 
 
@@ -457,7 +583,8 @@ def _move_ambiguous(record: EffectRecord, state: EffectState, resolver: str, whe
 def record_reconciliation(effect_key: str, action_id: str | None, resolver: str, trigger: str,
                           answer: HookAnswer, *, attempt: int, receipt_for: Call | None = None,
                           receipt_attempt: int | None = None, receipt_error: str | None = None,
-                          requested_by: str | None = None) -> str | None:
+                          requested_by: str | None = None, receipt_would_have: dict[str, Any] | None = None
+                          ) -> str | None:
     """Record a hook's answer and apply it to an ambiguous record.
 
     Returns the new state (``committed``/``failed``), ``"dropped"`` when the answer no longer
@@ -505,15 +632,16 @@ def record_reconciliation(effect_key: str, action_id: str | None, resolver: str,
                 _move(cursor, sql.RECONCILE_BACKOFF, S.AMBIGUOUS, S.AMBIGUOUS,
                       [_time_param(connections[_db()])(record.reconcile_after), effect_key])
         receipts = [] if receipt_for is None else [
-            _ReceiptSpec(receipt_for, Result.AMBIGUOUS, receipt_error, receipt_attempt)]
+            _ReceiptSpec(receipt_for, Result.AMBIGUOUS, receipt_error, receipt_attempt, would_have=receipt_would_have)]
         _seal(events, receipts, when)
     return moved
 
 
-def write_ambiguous_receipt(call: Call, attempt: int | None, error: str) -> None:
+def write_ambiguous_receipt(call: Call, attempt: int | None, error: str,
+                            would_have: dict[str, Any] | None = None) -> None:
     """The eager trigger's receipt when the hook itself never returned (it raised a BaseException)."""
     with _phase() as when:
-        _seal([], [_ReceiptSpec(call, Result.AMBIGUOUS, error, attempt)], when)
+        _seal([], [_ReceiptSpec(call, Result.AMBIGUOUS, error, attempt, would_have=would_have)], when)
 
 
 def resolve(effect_key: str, outcome: str, *, by: str, reason: str | None = None,
