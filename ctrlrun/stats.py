@@ -152,9 +152,8 @@ def compute(documents: Iterable[Any], *, mode: str, since: dt.datetime,
     return document
 
 
-FOOTNOTE_ENFORCE = ("Enforce mode gives no breakdown of refused duplicates or retries over an ambiguous "
-                    "effect: they are among the actions ('receipts' lists each).")
-FOOTNOTE_WAITING = "Calls waiting for a human's answer are not counted: their receipt is written when they run."
+FOOTNOTE_ENFORCE = "No breakdown of refused duplicates or ambiguous retries in enforce mode ('receipts' lists each)."
+FOOTNOTE_WAITING = "Calls waiting for a human are not counted: their receipt comes when they run or are refused."
 
 
 def rows(document: Mapping[str, Any]) -> list[tuple[int, str, Any]]:

@@ -848,6 +848,46 @@ def test_index_overview_counts_and_links(refund, remote, as_role, client, clock)
     assert listed(client.get(effects_url, {"attention": "lapsed"})) == ["refund:txn_6"]
 
 
+def stats_table(client) -> tuple[str, list[tuple[str, str, str]]]:
+    """The front page's last-24-hours table: its caption and its rows (class, label, count)."""
+    page = text(client.get(url("index")))
+    table = re.search(r'id="ctrlrun-stats">(.*?)</table>', page, re.S).group(1)
+    caption = re.search(r"<caption>(.*?)</caption>", table, re.S).group(1)
+    rows = re.findall(r'<tr class="([^"]*)"><th scope="row">([^<]*)</th><td>([^<]*)</td></tr>', table)
+    return caption, rows
+
+
+def test_index_shows_the_last_24_hours_as_stats_counts_them(refund, remote, as_role, client, clock):
+    """The front page's table: actions, denials by reason and ambiguous outcomes of the last 24 hours (older
+    receipts left out, a call waiting for a human not counted), the same numbers as 'manage.py stats'."""
+    pay(refund, "txn_0")
+    clock.advance(hours=25)  # out of the window from here on
+    pay(refund, "txn_1")
+    with ctrlrun.context(agent="support-agent"), pytest.raises(ctrlrun.ActionDenied):
+        refund(payment_id="txn_2", amount=10**9)
+    with ctrlrun.context(agent="support-agent"), pytest.raises(ctrlrun.ActionDenied):
+        refund(payment_id="txn_3", amount=-5)
+    make_ambiguous(refund, remote, "txn_4")
+    ask(refund, "txn_5")
+    as_role("auditor")
+    caption, rows = stats_table(client)
+    assert caption == "The last 24 hours (enforce mode)"
+    assert rows == [("", "actions", "4"), ("", "denied", "2"), ("reason", "rule[2]", "2"),
+                    ("", "ambiguous outcomes", "1")]
+    [line] = command_lines("stats", "--json")
+    document = json.loads(line)
+    assert (document["actions"], document["denied"], document["ambiguous_outcomes"]) == (4, 2, 1)
+    assert "manage.py stats" in text(client.get(url("index")))
+
+
+def command_lines(*args: str) -> list[str]:
+    from django.core.management import call_command
+
+    out = StringIO()
+    call_command(*args, stdout=out, stderr=StringIO())
+    return out.getvalue().splitlines()
+
+
 def test_approval_list_shows_pending_first_oldest_first(refund, as_role, client, clock):
     """The inbox lists pending requests oldest first, then the answered ones, with age and time to expiry."""
     first = ask(refund, "txn_1")
