@@ -880,6 +880,37 @@ def test_index_shows_the_last_24_hours_as_stats_counts_them(refund, remote, as_r
     assert "manage.py stats" in text(client.get(url("index")))
 
 
+def test_index_stats_table_in_observe_mode(refund, as_role, client, monkeypatch):
+    """When the policy observes (Policy.mode switched here, as a v3 policy will say), the table is observe
+    mode's and says nothing is enforced."""
+    from ctrlrun.policy import Policy
+
+    pay(refund, "txn_1")
+    monkeypatch.setattr(Policy, "mode", property(lambda self: "observe"))
+    as_role("auditor")
+    caption, rows = stats_table(client)
+    assert caption == "The last 24 hours: OBSERVE MODE, nothing is enforced"
+    assert rows == [("", "actions", "1"), ("", "would have been denied", "0"), ("", "would have needed approval", "0"),
+                    ("", "would have been blocked", "0"), ("", "ambiguous outcomes", "0")]
+
+
+def test_index_stats_table_with_a_policy_that_does_not_load(refund, as_role, client, settings, tmp_path):
+    """A broken policy file does not break the front page: the table shows enforce mode's counts and says why."""
+    from ctrlrun.protect import reset_runtime
+
+    pay(refund, "txn_1")
+    bad = tmp_path / "broken.yaml"
+    bad.write_text("schema: nope\n")
+    settings.CTRLRUN_POLICY = str(bad)
+    reset_runtime()
+    as_role("auditor")
+    response = client.get(url("index"))
+    assert response.status_code == 200
+    caption, rows = stats_table(client)
+    assert caption == "The last 24 hours (enforce mode)" and rows[0] == ("", "actions", "1")
+    assert "the policy did not load" in text(response) and str(bad) in text(response)
+
+
 def command_lines(*args: str) -> list[str]:
     from django.core.management import call_command
 

@@ -223,3 +223,21 @@ def test_the_store_reader_streams_in_batches(refund, agent, clock):
     stream = store.receipt_documents_since(dt.datetime(2026, 11, 29, tzinfo=dt.timezone.utc), chunk_size=2)
     assert iter(stream) is stream  # a generator, not a list
     assert sorted(d["effect_key"] for d in stream) == [f"refund:txn_{n}" for n in range(5)]
+
+
+def test_an_observing_policy_prints_the_banner_and_observe_counts(calls, monkeypatch):
+    """With the policy in observe mode (v3 policies will be; Policy.mode is switched here), the banner goes to
+    stderr and the document is observe mode's: these enforce-mode receipts are actions, their lost reply an
+    ambiguous outcome, and nothing else (they carry no would_have)."""
+    from ctrlrun.policy import Policy
+
+    monkeypatch.setattr(Policy, "mode", property(lambda self: "observe"))
+    lines, err = run_stats("--since", "1h")
+    assert err == OBSERVE_BANNER + "\n"
+    assert lines[0].endswith("(observe mode)") and FOOTNOTE_ENFORCE not in lines
+    out, err = StringIO(), StringIO()
+    call_command("stats", "--json", "--since", "1h", stdout=out, stderr=err)
+    doc = json.loads(out.getvalue())
+    assert err.getvalue() == OBSERVE_BANNER + "\n"
+    assert (doc["mode"], doc["actions"], doc["would_have_been_denied"], doc["would_have_needed_approval"],
+            doc["would_have_been_blocked"], doc["ambiguous_outcomes"]) == ("observe", 6, 0, 0, 0, 1)
