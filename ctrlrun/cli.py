@@ -33,8 +33,17 @@ COMMANDS: dict[str, tuple[bool, str]] = {
     "approve": (False, "grant a pending approval request (--by NAME, --note TEXT)"),
     "deny": (False, "deny a pending approval request"),
     "reconcile": (False, "sweep lapsed leases and ask reconcile hooks about AMBIGUOUS effects"),
+    "stats": (False, "count what the receipts of a time window say (--since 24h, --json)"),
+    "init": (False, "write a commented starter ctrlrun.yaml and create .ctrlrun/ beside it"),
     "demo": (False, "run the guided scenarios in a scratch store"),
 }
+
+#: Console-script names whose management command is called something else (``manage.py init``
+#: would be too generic a name inside a project).
+COMMAND_MODULES = {"init": "ctrlrun_init"}
+
+#: Commands that never open a store: the console script configures Django without one.
+NO_STORE = ("demo", "init")
 
 
 def _usage() -> str:
@@ -94,7 +103,7 @@ def _main(argv: list[str] | None) -> int:
     try:
         from . import standalone
 
-        if wants_help or name == "demo":  # the demo keeps a scratch store of its own
+        if wants_help or name in NO_STORE:  # the demo keeps a scratch store of its own; init needs none
             standalone.configure_without_store()
         else:
             standalone.configure(create=COMMANDS[name][0])
@@ -103,7 +112,7 @@ def _main(argv: list[str] | None) -> int:
         return 1
     from django.core.management import load_command_class
 
-    command = load_command_class("ctrlrun", name)
+    command = load_command_class("ctrlrun", COMMAND_MODULES.get(name, name))
     command.console_script = True  # its own options only, and messages that say 'ctrlrun ...'
     try:
         command.run_from_argv(["ctrlrun", name, *argv[1:]])

@@ -14,8 +14,12 @@ from typing import Any
 from django.utils import timezone
 from django.utils.timesince import timesince
 
-from . import conf, store
+from . import conf, stats, store
+from .display import reveal
 from .errors import CTRLRunError
+
+#: The front page's window of receipts: bounded, so the table costs one indexed range read.
+STATS_WINDOW = dt.timedelta(hours=24)
 
 
 def _age(then: dt.datetime, now: dt.datetime) -> str:
@@ -48,14 +52,35 @@ def chain_status(check: store.ChainCheckView | None, head_seq: int, now: dt.date
         "attention" if stale else ""), "label": label, "stale": stale, "check": check}
 
 
+def recent_stats(now: dt.datetime) -> dict[str, Any]:
+    """The last 24 hours as ``stats`` counts them (``ctrlrun.stats``, the same function), for a small
+    table: ``document``, its ``rows`` (indent, label, count; reasons with hidden characters shown),
+    and ``problem`` when the policy did not load (then the counts are enforce mode's)."""
+    from .control import default_control
+
+    problem = None
+    try:
+        mode = getattr(default_control()._read(), "mode", "enforce")  # read only: nothing is stored
+    except CTRLRunError as exc:
+        mode, problem = "enforce", f"the policy did not load ({exc}), so these are enforce mode's counts"
+    document = stats.compute(store.receipt_documents_since(now - STATS_WINDOW), mode=mode,
+                             since=now - STATS_WINDOW)
+    rows = [{"indent": indent, "label": reveal(str(label)), "count": count}
+            for indent, label, count in stats.rows(document)]
+    return {"document": document, "rows": rows, "problem": problem, "observing": mode == "observe"}
+
+
 def overview_context() -> dict[str, Any]:
-    """The front page's counts and the last chain check: a few indexed reads, whatever the store's size."""
+    """The front page's counts, the last 24 hours' stats and the last chain check: a few indexed reads
+    (the stats one bounded to the window), whatever the store's size."""
     counts = store.overview()
     now = store.now()
+    recent = recent_stats(now)
     try:
         max_age = conf.chain_check_max_age()
     except CTRLRunError as exc:  # a bad setting: said on the tile (and by manage.py check), not a 500
         return {"overview": counts, "chain": {"status": "unknown", "level": "alert", "label": str(exc)},
-                "chain_status": "unknown", "now": timezone.now()}
+                "chain_status": "unknown", "now": timezone.now(), "stats": recent}
     chain = chain_status(store.last_check(), counts.receipts, now, max_age)
-    return {"overview": counts, "chain": chain, "chain_status": chain["status"], "now": timezone.now()}
+    return {"overview": counts, "chain": chain, "chain_status": chain["status"], "now": timezone.now(),
+            "stats": recent}

@@ -179,6 +179,8 @@ class Receipt(models.Model):
 
     class Meta:
         ordering = ["seq"]
+        # 'stats --since' and the front page's last 24 hours read a window of receipts by time.
+        indexes = [models.Index(fields=["ts"], name="ctrlrun_receipt_ts_idx")]
 
     def __str__(self) -> str:
         return f"{self.receipt_id} {self.action} {self.result}"

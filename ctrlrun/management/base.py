@@ -131,6 +131,29 @@ class CtrlrunCommand(BaseCommand):
                 f"are missing, {remedy}"
             )) from None
 
+    def load_policy(self) -> Any:
+        """The policy protected calls here use (the default Control's: ``CTRLRUN_POLICY``, else
+        ``$CTRLRUN_CONFIG``, else ``./ctrlrun.yaml``), read without touching the store. A policy that
+        does not load is one ``Error:`` line naming the problem (exit 1)."""
+        from ..control import default_control
+
+        try:
+            # Control._read: the read-only half of Control.load (which would also store the
+            # policy's row: a command that only reads writes nothing).
+            return default_control()._read()
+        except CTRLRunError as exc:
+            raise Error(reveal(f"the policy did not load, so its mode is unknown: {exc}", multiline=True)) from None
+
+    def warn_if_observing(self, policy: Any) -> bool:
+        """Say ``OBSERVE MODE — nothing is enforced`` on stderr when ``policy`` is in observe mode
+        (every command that loads the policy does, before its output); True if it was."""
+        from ..stats import OBSERVE_BANNER
+
+        observing = getattr(policy, "mode", "enforce") == "observe"
+        if observing:
+            self.stderr.write(OBSERVE_BANNER)
+        return observing
+
     def refusal(self, exc: CTRLRunError) -> str:
         """A refusal worded for this command line: a ``StateConflict`` (the store's facts) with the
         commands named as the user runs them here; any other error as it says itself."""

@@ -848,6 +848,77 @@ def test_index_overview_counts_and_links(refund, remote, as_role, client, clock)
     assert listed(client.get(effects_url, {"attention": "lapsed"})) == ["refund:txn_6"]
 
 
+def stats_table(client) -> tuple[str, list[tuple[str, str, str]]]:
+    """The front page's last-24-hours table: its caption and its rows (class, label, count)."""
+    page = text(client.get(url("index")))
+    table = re.search(r'id="ctrlrun-stats">(.*?)</table>', page, re.S).group(1)
+    caption = re.search(r"<caption>(.*?)</caption>", table, re.S).group(1)
+    rows = re.findall(r'<tr class="([^"]*)"><th scope="row">([^<]*)</th><td>([^<]*)</td></tr>', table)
+    return caption, rows
+
+
+def test_index_shows_the_last_24_hours_as_stats_counts_them(refund, remote, as_role, client, clock):
+    """The front page's table: actions, denials by reason and ambiguous outcomes of the last 24 hours (older
+    receipts left out, a call waiting for a human not counted), the same numbers as 'manage.py stats'."""
+    pay(refund, "txn_0")
+    clock.advance(hours=25)  # out of the window from here on
+    pay(refund, "txn_1")
+    with ctrlrun.context(agent="support-agent"), pytest.raises(ctrlrun.ActionDenied):
+        refund(payment_id="txn_2", amount=10**9)
+    with ctrlrun.context(agent="support-agent"), pytest.raises(ctrlrun.ActionDenied):
+        refund(payment_id="txn_3", amount=-5)
+    make_ambiguous(refund, remote, "txn_4")
+    ask(refund, "txn_5")
+    as_role("auditor")
+    caption, rows = stats_table(client)
+    assert caption == "The last 24 hours (enforce mode)"
+    assert rows == [("", "actions", "4"), ("", "denied", "2"), ("reason", "rule[2]", "2"),
+                    ("", "ambiguous outcomes", "1")]
+    [line] = command_lines("stats", "--json")
+    document = json.loads(line)
+    assert (document["actions"], document["denied"], document["ambiguous_outcomes"]) == (4, 2, 1)
+    assert "manage.py stats" in text(client.get(url("index")))
+
+
+def test_index_stats_table_in_observe_mode(refund, as_role, client, monkeypatch):
+    """When the policy observes (Policy.mode switched here, as a v3 policy will say), the table is observe
+    mode's and says nothing is enforced."""
+    from ctrlrun.policy import Policy
+
+    pay(refund, "txn_1")
+    monkeypatch.setattr(Policy, "mode", property(lambda self: "observe"))
+    as_role("auditor")
+    caption, rows = stats_table(client)
+    assert caption == "The last 24 hours: OBSERVE MODE, nothing is enforced"
+    assert rows == [("", "actions", "1"), ("", "would have been denied", "0"), ("", "would have needed approval", "0"),
+                    ("", "would have been blocked", "0"), ("", "ambiguous outcomes", "0")]
+
+
+def test_index_stats_table_with_a_policy_that_does_not_load(refund, as_role, client, settings, tmp_path):
+    """A broken policy file does not break the front page: the table shows enforce mode's counts and says why."""
+    from ctrlrun.protect import reset_runtime
+
+    pay(refund, "txn_1")
+    bad = tmp_path / "broken.yaml"
+    bad.write_text("schema: nope\n")
+    settings.CTRLRUN_POLICY = str(bad)
+    reset_runtime()
+    as_role("auditor")
+    response = client.get(url("index"))
+    assert response.status_code == 200
+    caption, rows = stats_table(client)
+    assert caption == "The last 24 hours (enforce mode)" and rows[0] == ("", "actions", "1")
+    assert "the policy did not load" in text(response) and str(bad) in text(response)
+
+
+def command_lines(*args: str) -> list[str]:
+    from django.core.management import call_command
+
+    out = StringIO()
+    call_command(*args, stdout=out, stderr=StringIO())
+    return out.getvalue().splitlines()
+
+
 def test_approval_list_shows_pending_first_oldest_first(refund, as_role, client, clock):
     """The inbox lists pending requests oldest first, then the answered ones, with age and time to expiry."""
     first = ask(refund, "txn_1")
