@@ -170,6 +170,11 @@ class Control:
         """The policy (loading it, and storing its row, if this is the first use)."""
         return self.loaded_policy or self.load()
 
+    def read_policy(self) -> Policy:
+        """The policy, read (from settings' file if none was given) without touching the store: what
+        a command or page that only reads needs (its mode, its registry)."""
+        return self._read()
+
     def scope(self) -> contextlib.AbstractContextManager[None]:
         """Store calls inside the block use this Control's database, clock and observers (a Control
         with none of its own - the default - changes nothing, at no cost: this runs for every phase)."""

@@ -219,6 +219,48 @@ def approval() -> None:
     say(f"  calls that reached the remote: {stripe.calls}")
 
 
+def observe_mode() -> None:
+    import json
+
+    import ctrlrun
+    from ctrlrun import store
+    from ctrlrun.control import Control
+    from ctrlrun.policy import parse_policy
+
+    heading(8, "The same rules in observe mode: nothing refused, every receipt says what would have been")
+    say("  (mode: observe is how a team adopts ctrlrun: run it beside production, read the receipts, then enforce)")
+    observing = Control(policy=parse_policy(POLICY.replace("schema: ctrlrun.policy/v2",
+                                                           "schema: ctrlrun.policy/v3\nmode: observe")))
+    stripe, iam, db = Remote("api.stripe.com"), Remote("iam"), Remote("postgres")
+
+    @ctrlrun.protect("stripe.refund", effect="refund:{payment_id}", control=observing)
+    def refund(payment_id: str, amount: int) -> dict:
+        return stripe.act(payment_id, {"amount": amount})
+
+    @ctrlrun.protect("iam.grant_admin", control=observing)
+    def grant_admin(user: str) -> None:
+        iam.act(user, {"role": "admin"})
+
+    @ctrlrun.protect("db.drop_table", effect="drop:{table}", control=observing)
+    def drop_table(table: str) -> None:
+        db.act(table, {})
+
+    calls = ((lambda: refund(payment_id="txn_30", amount=9_000_000), "refund of 9,000,000"),
+             (lambda: grant_admin(user="mallory"), "grant admin to mallory"),
+             (lambda: drop_table(table="customers"), "drop_table customers"),
+             (lambda: refund(payment_id="txn_31", amount=500000), "refund of 500,000"),
+             (lambda: refund(payment_id="txn_32", amount=1200), "refund of 1,200"),
+             (lambda: refund(payment_id="txn_32", amount=1200), "the same refund of 1,200 again"))
+    with ctrlrun.context(agent="refund-agent"):
+        for call, label in calls:
+            call()
+            receipt = json.loads(store.list_receipts(1)[0].document)
+            would = receipt["would_have"]
+            say(f"  {label} -> ran ({receipt['execution']}); enforcing would have said {would['decision']} "
+                f"({would['reason']}), blocked: {would['blocked_reason'] or '-'}")
+    say(f"  calls that reached the remotes: {stripe.calls + iam.calls + db.calls} of {len(calls)}")
+
+
 def race(folder: Path) -> None:
     heading(7, f"{RACE_WORKERS} worker processes race for one payout")
     say("  (each worker first sends a warm-up payout of its own, so all of them are ready at the start line)")
@@ -273,6 +315,7 @@ def main(argv: list[str]) -> None:
     for scenario in (lost_reply, blocked_retry, duplicate_after_commit, denied, unknown_action, approval):
         scenario()
     race(folder)
+    observe_mode()
     import ctrlrun.store as store
 
     receipts = store.list_receipts()

@@ -237,14 +237,14 @@ class _Running:
         evaluation = self.policy.evaluate(self.name, self.action.arguments)
         call = store.Call(self.action, evaluation.decision, evaluation.reason, self.policy.hash, self.effect_key,
                           controls=evaluation.controls, policy_version=self.policy.version)
+        ceiling = self.max_attempts
         if self.policy.observing:
-            return (yield from self.observe(call, presented))
+            return (yield from self.observe(call, presented, ceiling))
         if evaluation.decision is Decision.DENY:
             yield Record(store.record_denial, (replace(call, approval_id=presented), {"reason": evaluation.reason}))
             raise ActionDenied(_denial_message(self.name, evaluation.reason), reason=evaluation.reason,
                                action_id=self.action.action_id)
         if evaluation.decision is Decision.APPROVE and presented is None:
-            ceiling = self.max_attempts
             if ceiling is not None:  # the ceiling's fast path: nobody is asked about a call that cannot run
                 refused = yield Phase(store.check_ceiling, (call, ceiling))
                 if refused is not None:
@@ -258,7 +258,7 @@ class _Running:
                 f"ctrlrun.with_approval('{request.approval_id}')",
                 request_id=request.approval_id, action_id=self.action.action_id,
             )
-        return (yield from self.take_and_run(call, presented))
+        return (yield from self.take_and_run(call, presented, ceiling))
 
     def wait_then_run(self, request: Any) -> Steps:
         """``wait=True``: pause until a person answers or the request expires, then run under it."""
@@ -278,7 +278,7 @@ class _Running:
         # The same action, now under the person's answer (a denial is refused by the store, recorded).
         return (yield from self.decide_and_run(request.approval_id))
 
-    def take_and_run(self, call: Any, presented: str | None) -> Steps:
+    def take_and_run(self, call: Any, presented: str | None, ceiling: int | None) -> Steps:
         store, plan = self.control.store, self.plan
         lease = plan.lease or self.control.lease
         key = call.effect_key
@@ -287,7 +287,7 @@ class _Running:
         else:
             taken = yield Phase(store.reserve, (call, lease), {
                 "opening": True, "hold_ambiguous": plan.reconcile is not None, "presented": presented,
-                "max_attempts": self.max_attempts})
+                "max_attempts": ceiling})
             if isinstance(taken, store.Refused) and not taken.final:
                 assert plan.reconcile is not None
                 try:
@@ -301,20 +301,19 @@ class _Running:
                     raise
                 taken = yield Phase(store.reserve, (call, lease), {
                     "opening": False, "hold_ambiguous": False, "presented": presented,
-                    "max_attempts": self.max_attempts})
+                    "max_attempts": ceiling})
         if isinstance(taken, store.Refused):
             raise taken.error
         return (yield from self.run(taken.call, taken.attempt, lease, held=key is not None))
 
-    def observe(self, call: Any, presented: str | None) -> Steps:
+    def observe(self, call: Any, presented: str | None, ceiling: int | None) -> Steps:
         """Observe mode (§B3): the function runs whatever enforcement would say; the receipt says
         ``observed``, what really happened (``execution``) and what would have been done
         (``would_have``). The reason is the earliest decision point that would have refused the
         call: policy, attempt ceiling, approval gate, approval, reservation. Nobody is asked."""
         store = self.control.store
         lease = self.plan.lease or self.control.lease
-        seen = yield Phase(store.observe_begin, (call, lease), {"presented": presented,
-                                                              "max_attempts": self.max_attempts})
+        seen = yield Phase(store.observe_begin, (call, lease), {"presented": presented, "max_attempts": ceiling})
         decision = call.decision
         blocked = (call.reason if decision is Decision.DENY
                    else "attempt_ceiling" if seen.ceiling

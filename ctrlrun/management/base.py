@@ -138,9 +138,9 @@ class CtrlrunCommand(BaseCommand):
         from ..control import default_control
 
         try:
-            # Control._read: the read-only half of Control.load (which would also store the
-            # policy's row: a command that only reads writes nothing).
-            return default_control()._read()
+            # The read-only half of Control.load (which would also store the policy's row: a
+            # command that only reads writes nothing).
+            return default_control().read_policy()
         except CTRLRunError as exc:
             raise Error(reveal(f"the policy did not load, so its mode is unknown: {exc}", multiline=True)) from None
 
@@ -149,7 +149,7 @@ class CtrlrunCommand(BaseCommand):
         (every command that loads the policy does, before its output); True if it was."""
         from ..stats import OBSERVE_BANNER
 
-        observing = getattr(policy, "mode", "enforce") == "observe"
+        observing = policy.observing
         if observing:
             self.stderr.write(OBSERVE_BANNER)
         return observing

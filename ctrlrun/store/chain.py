@@ -44,6 +44,11 @@ class _ReceiptSpec:
     #: then says ``observed``, with ``result`` above as its ``execution``.
     would_have: dict[str, Any] | None = None
 
+    @property
+    def receipt_result(self) -> str:
+        """The receipt's ``result``: ``observed`` in observe mode (``result`` is then its execution)."""
+        return self.result.value if self.would_have is None else Result.OBSERVED.value
+
 
 def _receipt_doc(spec: _ReceiptSpec, when: dt.datetime) -> dict[str, Any]:
     call, action = spec.call, spec.call.action
@@ -62,7 +67,7 @@ def _receipt_doc(spec: _ReceiptSpec, when: dt.datetime) -> dict[str, Any]:
         approver=call.approver,
         effect_key=call.effect_key,
         attempt=spec.attempt,
-        result=spec.result.value if spec.would_have is None else Result.OBSERVED.value,
+        result=spec.receipt_result,
         execution=None if spec.would_have is None else spec.result.value,
         would_have=spec.would_have,
         error=spec.error,
@@ -144,7 +149,7 @@ def _seal(events: Sequence[EventRow], receipts: Sequence[_ReceiptSpec], when: dt
             digest = receipt_hash(doc, trusted=True)
             action = spec.call.action
             receipt_params += [doc["receipt_id"], position, action.action_id, action.name, action.principal.agent,
-                               spec.call.decision.value, spec.result.value, spec.call.effect_key, adapt(when),
+                               spec.call.decision.value, spec.receipt_result, spec.call.effect_key, adapt(when),
                                dump_receipt(doc), prev, digest]
             prev = digest
         head_mac = signing.sign(HEAD_DOMAIN, _head_document(seq, prev, event_seq, event_prev, signing.key_id()))

@@ -95,12 +95,16 @@ def list_receipts(last: int | None = None) -> list[ReceiptView]:
     return [_receipt_view(r) for r in rows]
 
 
-def receipt_documents_since(since: dt.datetime, *, chunk_size: int = 1000) -> Iterator[dict[str, Any] | None]:
+def receipt_documents_since(since: dt.datetime, *, chunk_size: int = 1000,
+                            limit: int | None = None) -> Iterator[dict[str, Any] | None]:
     """Every receipt finished at or after ``since`` (its ``ts`` column, indexed), as its parsed
     document, or None for a row whose document is not a JSON object; read in batches of
-    ``chunk_size``, never all at once (a server-side cursor on PostgreSQL). In no particular order."""
+    ``chunk_size``, never all at once (a server-side cursor on PostgreSQL). In no particular order;
+    with ``limit``, only the most recent ``limit`` of them."""
     with _reading():
-        rows = _q(Receipt).filter(ts__gte=since).order_by().values_list("document", flat=True)
+        rows = _q(Receipt).filter(ts__gte=since)
+        rows = (rows.order_by("-ts")[:limit] if limit is not None else rows.order_by()).values_list(
+            "document", flat=True)
         for text in rows.iterator(chunk_size=chunk_size):
             try:
                 doc = json.loads(text)

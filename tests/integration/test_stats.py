@@ -9,7 +9,6 @@ import datetime as dt
 import json
 import subprocess
 import sys
-import types
 from io import StringIO
 from pathlib import Path
 
@@ -21,10 +20,12 @@ from ctrlrun.management.commands.stats import Command as StatsCommand
 from ctrlrun.models import Receipt
 from ctrlrun.stats import FOOTNOTE_ENFORCE, FOOTNOTE_WAITING, OBSERVE_BANNER
 from tests.conftest import REFUND_POLICY
-from tests.support import make_ambiguous, receipts, run_command, store_environment
+from tests.support import make_ambiguous, protected_refund, receipts, run_command, store_environment
 
 pytestmark = pytest.mark.usefixtures("store_db")
 
+#: The refund policy, observed: every call runs, receipts say what enforcing would have done.
+OBSERVING_POLICY = REFUND_POLICY.replace("schema: ctrlrun.policy/v2", "schema: ctrlrun.policy/v3\nmode: observe")
 START = "2026-11-29T12:00:00.000Z"  # the clock fixture's time, as evidence prints it
 
 
@@ -157,14 +158,15 @@ def test_a_policy_that_does_not_load_is_one_line_exit_1(settings, tmp_path):
     assert str(bad) in str(caught.value) and caught.value.returncode == 1
 
 
-def test_observe_banner_goes_to_stderr():
-    """The helper every policy-loading command uses: the banner on stderr for an observe-mode
-    policy, nothing for enforce (Policy.mode is always enforce until v3 policies load)."""
+def test_observe_banner_goes_to_stderr(use_policy):
+    """The helper every policy-loading command uses: the banner on stderr for an observe-mode policy,
+    nothing for an enforcing one."""
+    from ctrlrun.policy import parse_policy
+
     command = StatsCommand(stdout=StringIO(), stderr=StringIO())
-    assert command.warn_if_observing(types.SimpleNamespace(mode="enforce")) is False
-    assert command.warn_if_observing(types.SimpleNamespace()) is False  # a policy without a mode: enforce
+    assert command.warn_if_observing(parse_policy(REFUND_POLICY)) is False
     assert command.stderr._out.getvalue() == ""
-    assert command.warn_if_observing(types.SimpleNamespace(mode="observe")) is True
+    assert command.warn_if_observing(parse_policy(OBSERVING_POLICY)) is True
     assert command.stderr._out.getvalue() == OBSERVE_BANNER + "\n"
     assert command.stdout._out.getvalue() == ""
 
@@ -225,13 +227,27 @@ def test_the_store_reader_streams_in_batches(refund, agent, clock):
     assert sorted(d["effect_key"] for d in stream) == [f"refund:txn_{n}" for n in range(5)]
 
 
-def test_an_observing_policy_prints_the_banner_and_observe_counts(calls, monkeypatch):
-    """With the policy in observe mode (v3 policies will be; Policy.mode is switched here), the banner goes to
-    stderr and the document is observe mode's: these enforce-mode receipts are actions, their lost reply an
-    ambiguous outcome, and nothing else (they carry no would_have)."""
-    from ctrlrun.policy import Policy
+def test_an_observing_policy_prints_the_banner_and_observe_counts(use_policy, remote, agent, clock):
+    """Real observe-mode calls: every one ran, and stats counts what enforcement would have done. The banner
+    goes to stderr."""
+    use_policy(OBSERVING_POLICY)
+    refund = protected_refund(remote)
 
-    monkeypatch.setattr(Policy, "mode", property(lambda self: "observe"))
+    @ctrlrun.protect("iam.grant_admin")
+    def grant_admin(user: str) -> None: ...
+
+    @ctrlrun.protect("db.drop_table")
+    def drop_table(name: str) -> None: ...
+
+    refund(payment_id="txn_1", amount=100)                    # allowed
+    refund(payment_id="txn_1", amount=100)                    # would have been blocked: duplicate
+    refund(payment_id="txn_2", amount=10**9)                  # would have been denied: rule[2]
+    grant_admin(user="mallory")                               # would have been denied: decision
+    drop_table(name="payments")                               # would have been denied: unknown_action
+    refund(payment_id="txn_4", amount=500000)                 # would have needed approval
+    make_ambiguous(refund, remote, "txn_3")                   # an ambiguous outcome
+    refund(payment_id="txn_3", amount=100)                    # would have been blocked: ambiguous
+    assert len(remote.calls) == 6 and len(receipts()) == 8  # (grant_admin and drop_table do nothing remote)
     lines, err = run_stats("--since", "1h")
     assert err == OBSERVE_BANNER + "\n"
     assert lines[0].endswith("(observe mode)") and FOOTNOTE_ENFORCE not in lines
@@ -240,4 +256,6 @@ def test_an_observing_policy_prints_the_banner_and_observe_counts(calls, monkeyp
     doc = json.loads(out.getvalue())
     assert err.getvalue() == OBSERVE_BANNER + "\n"
     assert (doc["mode"], doc["actions"], doc["would_have_been_denied"], doc["would_have_needed_approval"],
-            doc["would_have_been_blocked"], doc["ambiguous_outcomes"]) == ("observe", 6, 0, 0, 0, 1)
+            doc["would_have_been_blocked"], doc["ambiguous_outcomes"]) == ("observe", 8, 3, 1, 2, 1)
+    assert doc["denied_by_reason"] == {"decision": 1, "rule[2]": 1, "unknown_action": 1}
+    assert doc["blocked_by_reason"] == {"ambiguous": 1, "duplicate": 1}

@@ -57,7 +57,7 @@ class Command(CtrlrunCommand):
             start = since.at(store.now())
         except ValueError as exc:  # a usage error, as argparse reports one
             raise Error(f"argument --since: {reveal(str(exc))}", returncode=2) from None
-        document = stats.compute(store.receipt_documents_since(start), mode=getattr(policy, "mode", "enforce"),
+        document = stats.compute(store.receipt_documents_since(start), mode=policy.mode,
                                  since=start)
         if json:
             self.stdout.write(dumps(document))

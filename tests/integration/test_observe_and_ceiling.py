@@ -1,0 +1,372 @@
+"""Observe mode (policy v3 ``mode: observe``) and the attempt ceiling (v5 ``max_attempts``), on the
+real store, through both drivers (``Control.call`` and ``await Control.acall``): they are decision
+points of the one pipeline, so each test runs twice.
+
+Observe mode: every call runs; nothing is refused; nobody is asked; each receipt says ``observed``
+with ``execution`` (what happened) and ``would_have`` (what enforcement would have done, the
+earliest decision point that would have refused it). The ceiling: attempt N+1 of a key that failed
+N = max_attempts times is refused with its own event and a blocked receipt, the row left as it was.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+
+import pytest
+
+import ctrlrun
+from ctrlrun import store
+from ctrlrun.control import Control
+from ctrlrun.models import Approval, EffectRecord, Event
+from ctrlrun.policy import parse_policy
+from tests.support import Hook, hold_key, receipts
+
+pytestmark = pytest.mark.usefixtures("store_db")
+
+RULES = """\
+actions:
+  stripe.refund:
+    effect: "refund:{payment_id}"
+    max_attempts: 2
+    rules:
+      - when: {amount_lte: 50000}
+        decision: allow
+      - when: {amount_lte: 1000000}
+        decision: approve
+      - decision: deny
+  iam.grant_admin:
+    decision: deny
+  audit.note:
+    decision: allow
+    max_attempts: 1
+  db.migrate:
+    rules:
+      - when: {env_eq: staging}
+        decision: allow
+"""
+OBSERVE = "schema: ctrlrun.policy/v5\nmode: observe\n" + RULES
+ENFORCE = "schema: ctrlrun.policy/v5\n" + RULES
+
+
+class Remote:
+    """Counts what reached it; raises ``fail`` (once per call) when told to."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        self.fail: BaseException | None = None
+
+    def act(self, what: str):
+        def executor():
+            self.calls.append(what)
+            if self.fail is not None:
+                raise self.fail
+            return {"done": what}
+        return executor
+
+
+@pytest.fixture(params=["sync", "async"])
+def drive(request):
+    """Call ``control`` for ``name`` with ``arguments`` through one of the two drivers."""
+
+    def call(control: Control, name: str, arguments: dict, executor, **options):
+        if request.param == "sync":
+            return control.call(name, arguments, executor, principal="support-agent", **options)
+
+        async def awaited():
+            return executor()
+
+        return asyncio.run(control.acall(name, arguments, awaited, principal="support-agent", **options))
+
+    call.kind = request.param
+    return call
+
+
+@pytest.fixture
+def observe():
+    return Control(policy=parse_policy(OBSERVE))
+
+
+@pytest.fixture
+def enforce():
+    return Control(policy=parse_policy(ENFORCE))
+
+
+def refund(payment_id: str, amount: int = 100) -> dict:
+    return {"payment_id": payment_id, "amount": amount}
+
+
+def last_receipt() -> dict:
+    return receipts()[-1]
+
+
+def types_of(action_id: str) -> list[str]:
+    return list(Event.objects.filter(action_id=action_id).order_by("id").values_list("type", flat=True))
+
+
+def would_have(receipt: dict) -> tuple:
+    return (receipt["result"], receipt["execution"], receipt["would_have"]["decision"],
+            receipt["would_have"]["reason"], receipt["would_have"]["blocked_reason"])
+
+
+# --------------------------------------------------------------------------- observe mode
+
+
+def test_observe_runs_every_call_and_records_what_would_have_happened(observe, drive):
+    remote = Remote()
+    drive(observe, "stripe.refund", refund("txn_1"), remote.act("allowed"))
+    drive(observe, "stripe.refund", refund("txn_1"), remote.act("duplicate"))
+    drive(observe, "stripe.refund", refund("txn_2", 90000), remote.act("approve band"))
+    drive(observe, "stripe.refund", refund("txn_3", 10**9), remote.act("denied by rule"))
+    drive(observe, "iam.grant_admin", {"user": "mallory"}, remote.act("bare deny"))
+    drive(observe, "no.such.action", {}, remote.act("unknown action"))
+    drive(observe, "db.migrate", {"env": "production"}, remote.act("no rule matched"))
+    assert remote.calls == ["allowed", "duplicate", "approve band", "denied by rule", "bare deny", "unknown action",
+                            "no rule matched"]
+    assert [would_have(r) for r in receipts()] == [
+        ("observed", "committed", "allow", "rule[0]", None),
+        ("observed", "committed", "allow", "rule[0]", "duplicate"),
+        ("observed", "committed", "approve", "rule[1]", "approval_required"),
+        ("observed", "committed", "deny", "rule[2]", "rule[2]"),
+        ("observed", "committed", "deny", "decision", "decision"),
+        ("observed", "committed", "deny", "unknown_action", "unknown_action"),
+        ("observed", "committed", "deny", "no_matching_rule", "no_matching_rule"),
+    ]
+    # Nobody was asked and nothing was denied.
+    assert not Event.objects.filter(type__in=["ACTION_DENIED", "APPROVAL_REQUESTED"]).exists()
+    assert not Approval.objects.exists()
+    # The duplicate's refusal is recorded before it ran; the committed row was not touched.
+    duplicate = receipts()[1]["action_id"]
+    assert types_of(duplicate) == ["ACTION_PROPOSED", "POLICY_EVALUATED", "EFFECT_RESERVATION_REFUSED",
+                                   "EXECUTION_STARTED", "EXECUTION_COMMITTED"]
+    refusal = Event.objects.get(action_id=duplicate, type="EFFECT_RESERVATION_REFUSED")
+    assert refusal.data == {"reason": "duplicate", "state": "committed"}
+    row = EffectRecord.objects.get(pk="refund:txn_1")
+    assert (row.state, row.attempt, row.action_id) == ("committed", 1, receipts()[0]["action_id"])
+    # Free keys were taken, so the records say what really happened.
+    assert EffectRecord.objects.get(pk="refund:txn_3").state == "committed"
+    assert store.verify().ok
+
+
+def test_observe_over_an_ambiguous_key_runs_and_leaves_the_row(observe, drive):
+    remote = Remote()
+    remote.fail = TimeoutError("lost")
+    with pytest.raises(TimeoutError):
+        drive(observe, "stripe.refund", refund("txn_1"), remote.act("first"))
+    remote.fail = None
+    before = EffectRecord.objects.get(pk="refund:txn_1")
+    assert drive(observe, "stripe.refund", refund("txn_1"), remote.act("retry")) == {"done": "retry"}
+    after = EffectRecord.objects.get(pk="refund:txn_1")
+    assert (after.state, after.attempt, after.action_id, after.updated_at) == (
+        before.state, before.attempt, before.action_id, before.updated_at) and after.state == "ambiguous"
+    first, retry = receipts()
+    assert would_have(first) == ("observed", "ambiguous", "allow", "rule[0]", None)
+    assert first["error"] == "TimeoutError: lost"
+    assert would_have(retry) == ("observed", "committed", "allow", "rule[0]", "ambiguous")
+    assert remote.calls == ["first", "retry"]
+
+
+def test_observe_over_a_held_key_says_in_progress(observe, drive):
+    hold_key("refund:txn_1")
+    remote = Remote()
+    drive(observe, "stripe.refund", refund("txn_1"), remote.act("runs anyway"))
+    assert would_have(last_receipt())[4] == "in_progress"
+    assert remote.calls == ["runs anyway"]
+    assert EffectRecord.objects.get(pk="refund:txn_1").state == "executing"  # still the other worker's
+
+
+def test_observe_attempt_ceiling_and_its_precedence(observe, drive):
+    remote = Remote()
+    remote.fail = ctrlrun.NotExecuted("down")
+    for _ in range(3):
+        with pytest.raises(ctrlrun.NotExecuted):
+            drive(observe, "stripe.refund", refund("txn_1"), remote.act("try"))
+    assert [would_have(r)[1:] for r in receipts()] == [
+        ("failed", "allow", "rule[0]", None), ("failed", "allow", "rule[0]", None),
+        ("failed", "allow", "rule[0]", "attempt_ceiling")]
+    assert [r["attempt"] for r in receipts()] == [1, 2, 3]
+    row = EffectRecord.objects.get(pk="refund:txn_1")
+    assert (row.state, row.attempt) == ("failed", 2)  # the third ran, but the row is as the ceiling leaves it
+    refusal = Event.objects.filter(type="EFFECT_RESERVATION_REFUSED").get()
+    assert refusal.data == {"reason": "attempt_ceiling", "attempt": 3, "max_attempts": 2}
+    # Ceiling (decision point 4) comes before the approval gate (7): the approve band says attempt_ceiling.
+    with pytest.raises(ctrlrun.NotExecuted):
+        drive(observe, "stripe.refund", refund("txn_1", 90000), remote.act("approve band"))
+    assert would_have(last_receipt())[2:] == ("approve", "rule[1]", "attempt_ceiling")
+    # The policy (3) before the ceiling (4).
+    with pytest.raises(ctrlrun.NotExecuted):
+        drive(observe, "stripe.refund", refund("txn_1", 10**9), remote.act("denied"))
+    assert would_have(last_receipt())[2:] == ("deny", "rule[2]", "rule[2]")
+    assert len(remote.calls) == 5
+
+
+def granted_for(enforce: Control, drive, arguments: dict) -> str:
+    """An approval granted for ``arguments`` (asked under the enforcing twin of the policy)."""
+    with pytest.raises(ctrlrun.ApprovalRequired) as asked:
+        drive(enforce, "stripe.refund", arguments, lambda: None)
+    store.answer_approval(asked.value.request_id, True, by="alice")
+    return asked.value.request_id
+
+
+def test_observe_presented_approvals(observe, enforce, drive):
+    remote = Remote()
+    good = granted_for(enforce, drive, refund("txn_1", 90000))
+    with ctrlrun.with_approval(good):
+        drive(observe, "stripe.refund", refund("txn_1", 90000), remote.act("approved"))
+    assert would_have(last_receipt())[2:] == ("approve", "rule[1]", None)
+    assert Approval.objects.get(pk=good).status == "consumed"
+    # An approval for other arguments (one digit changed) would have been refused: mismatch, left as it is.
+    other = granted_for(enforce, drive, refund("txn_2", 90000))
+    with ctrlrun.with_approval(other):
+        drive(observe, "stripe.refund", refund("txn_2", 90001), remote.act("changed digit"))
+    assert would_have(last_receipt())[4] == "mismatch"
+    assert Approval.objects.get(pk=other).status == "granted"
+    with ctrlrun.with_approval("apr_does_not_exist"):
+        drive(observe, "stripe.refund", refund("txn_3", 90000), remote.act("unknown approval"))
+    assert would_have(last_receipt())[4] == "unknown"
+    # Used once already: consumed.
+    with ctrlrun.with_approval(good):
+        drive(observe, "stripe.refund", refund("txn_4", 90000), remote.act("replayed"))
+    assert would_have(last_receipt())[4] in ("mismatch",)  # another payment: another action hash
+    with ctrlrun.with_approval(good):
+        drive(observe, "stripe.refund", refund("txn_1", 90000), remote.act("replayed, same action"))
+    # Same action hash, already consumed: the approval reason comes before the duplicate key (9 < 10).
+    assert would_have(last_receipt())[4] == "consumed"
+    # A person's denial.
+    with pytest.raises(ctrlrun.ApprovalRequired) as asked:
+        drive(enforce, "stripe.refund", refund("txn_5", 90000), lambda: None)
+    store.answer_approval(asked.value.request_id, False, by="bob")
+    with ctrlrun.with_approval(asked.value.request_id):
+        drive(observe, "stripe.refund", refund("txn_5", 90000), remote.act("denied by a person"))
+    assert would_have(last_receipt())[4] == "approval_denied"
+    assert len(remote.calls) == 6
+
+
+def test_observe_wait_true_asks_nobody(observe, drive):
+    remote = Remote()
+    drive(observe, "stripe.refund", refund("txn_1", 90000), remote.act("ran"), wait=True)
+    assert remote.calls == ["ran"] and not Approval.objects.exists()
+
+
+def test_observe_eager_hook_runs_once_on_a_free_key_and_never_for_a_blocked_retry(observe, drive):
+    hook = Hook("committed")
+    remote = Remote()
+    remote.fail = TimeoutError("lost")
+    with pytest.raises(TimeoutError):
+        drive(observe, "stripe.refund", refund("txn_1"), remote.act("first"), reconcile=hook,
+              reconcile_eagerly=True)
+    assert hook.asked == ["refund:txn_1"]
+    assert EffectRecord.objects.get(pk="refund:txn_1").state == "committed"
+    assert would_have(receipts()[0])[:2] == ("observed", "ambiguous")
+    # An ambiguous key met again: a blocking hook is not asked in observe mode.
+    remote.fail = TimeoutError("lost again")
+    with pytest.raises(TimeoutError):
+        drive(observe, "stripe.refund", refund("txn_2"), remote.act("second"))
+    remote.fail = None
+    blocking = Hook("committed")
+    drive(observe, "stripe.refund", refund("txn_2"), remote.act("retry"), reconcile=blocking)
+    assert blocking.asked == []
+    assert would_have(last_receipt())[4] == "ambiguous"
+    assert EffectRecord.objects.get(pk="refund:txn_2").state == "ambiguous"
+
+
+def test_switching_to_enforce_keeps_what_observe_recorded(observe, enforce, drive):
+    """A key observe mode committed is a duplicate once the same rules are enforced."""
+    remote = Remote()
+    drive(observe, "stripe.refund", refund("txn_1"), remote.act("observed"))
+    with pytest.raises(ctrlrun.DuplicateEffect):
+        drive(enforce, "stripe.refund", refund("txn_1"), remote.act("enforced"))
+    assert remote.calls == ["observed"]
+    assert observe.policy_hash != enforce.policy_hash
+
+
+# --------------------------------------------------------------------------- the ceiling, enforced
+
+
+def test_ceiling_refuses_past_max_attempts_and_leaves_the_row(enforce, drive):
+    remote = Remote()
+    remote.fail = ctrlrun.NotExecuted("down")
+    for _ in range(2):
+        with pytest.raises(ctrlrun.NotExecuted):
+            drive(enforce, "stripe.refund", refund("txn_1"), remote.act("try"))
+    with pytest.raises(ctrlrun.ActionDenied) as refused:
+        drive(enforce, "stripe.refund", refund("txn_1"), remote.act("third"))
+    assert refused.value.reason == "attempt_ceiling"
+    assert "attempt 3" in str(refused.value) and "max_attempts is 2" in str(refused.value)
+    assert remote.calls == ["try", "try"]
+    last = last_receipt()
+    assert (last["result"], last["decision"], last["decision_reason"], last["attempt"]) == (
+        "blocked", "allow", "rule[0]", 3)
+    row = EffectRecord.objects.get(pk="refund:txn_1")
+    assert (row.state, row.attempt) == ("failed", 2)
+    event = Event.objects.get(type="EFFECT_RESERVATION_REFUSED")
+    assert event.data == {"reason": "attempt_ceiling", "attempt": 3, "max_attempts": 2}
+    assert types_of(last["action_id"]) == ["ACTION_PROPOSED", "POLICY_EVALUATED", "EFFECT_RESERVATION_REFUSED"]
+    # Still refused the next time; other keys are unaffected.
+    with pytest.raises(ctrlrun.ActionDenied):
+        drive(enforce, "stripe.refund", refund("txn_1"), remote.act("fourth"))
+    remote.fail = None
+    drive(enforce, "stripe.refund", refund("txn_2"), remote.act("other key"))
+    assert remote.calls == ["try", "try", "other key"]
+    assert store.verify().ok
+
+
+def test_ceiling_fast_path_asks_nobody(enforce, drive):
+    remote = Remote()
+    remote.fail = ctrlrun.NotExecuted("down")
+    for _ in range(2):
+        with pytest.raises(ctrlrun.NotExecuted):
+            drive(enforce, "stripe.refund", refund("txn_1"), remote.act("try"))
+    with pytest.raises(ctrlrun.ActionDenied) as refused:
+        drive(enforce, "stripe.refund", refund("txn_1", 90000), remote.act("approve band"), wait=True)
+    assert refused.value.reason == "attempt_ceiling"
+    assert not Approval.objects.exists()  # no human asked about a call that cannot run
+    assert last_receipt()["attempt"] == 3 and last_receipt()["decision"] == "approve"
+
+
+def test_ceiling_comes_before_a_presented_approval_which_stays_granted(enforce, drive):
+    remote = Remote()
+    approval = granted_for(enforce, drive, refund("txn_1", 90000))
+    remote.fail = ctrlrun.NotExecuted("down")
+    for _ in range(2):
+        with pytest.raises(ctrlrun.NotExecuted):
+            drive(enforce, "stripe.refund", refund("txn_1"), remote.act("try"))
+    with ctrlrun.with_approval(approval), pytest.raises(ctrlrun.ActionDenied) as refused:
+        drive(enforce, "stripe.refund", refund("txn_1", 90000), remote.act("approved but over"))
+    assert refused.value.reason == "attempt_ceiling"
+    assert Approval.objects.get(pk=approval).status == "granted"
+    assert last_receipt()["approval_id"] == approval
+
+
+def test_max_attempts_one_means_no_retry(enforce, drive):
+    remote = Remote()
+    remote.fail = ctrlrun.NotExecuted("down")
+    with pytest.raises(ctrlrun.NotExecuted):
+        drive(enforce, "audit.note", {"text": "x"}, remote.act("once"), effect="note:{text}")
+    with pytest.raises(ctrlrun.ActionDenied):
+        drive(enforce, "audit.note", {"text": "x"}, remote.act("twice"), effect="note:{text}")
+    assert remote.calls == ["once"]
+
+
+def test_ceiling_without_an_effect_key_warns_once_per_control(drive, caplog):
+    remote = Remote()
+    for control in (Control(policy=parse_policy(ENFORCE)), Control(policy=parse_policy(ENFORCE))):
+        with caplog.at_level(logging.WARNING, logger="ctrlrun"):
+            for _ in range(3):
+                drive(control, "audit.note", {"text": "x"}, remote.act("unkeyed"))
+    warnings = [r for r in caplog.records if "max_attempts" in r.getMessage()]
+    assert len(warnings) == 2 and "no effect key" in warnings[0].getMessage()
+    assert len(remote.calls) == 6  # no key: nothing to count, every call runs
+
+
+def test_observed_receipts_are_readable_by_every_reader(observe, drive):
+    """receipts --json prints the observe-mode fields; the chain verifies."""
+    from tests.support import run_command
+
+    drive(observe, "stripe.refund", refund("txn_1", 10**9), Remote().act("x"))
+    [line] = run_command("receipts", "--json")
+    document = json.loads(line)
+    assert document["result"] == "observed" and document["would_have"]["blocked_reason"] == "rule[2]"
+    assert document["execution"] == "committed"
+    [text] = run_command("receipts")
+    assert "deny/observed" in text
