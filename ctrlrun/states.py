@@ -178,3 +178,22 @@ def approval_lapsed(status: str, expires_at: dt.datetime, now: dt.datetime) -> b
 def effective_approval_status(status: str, expires_at: dt.datetime, now: dt.datetime) -> str:
     """What a request is now: its status, or ``expired`` when :func:`approval_lapsed`."""
     return ApprovalStatus.EXPIRED.value if approval_lapsed(status, expires_at, now) else str(status)
+
+
+def blocked_reason(decision: Decision, reason: str, *, presented: bool, ceiling: bool = False,
+                   approval_problem: str | None = None, reservation_problem: str | None = None) -> str | None:
+    """Observe mode's ``blocked_reason``: what enforcement would have refused a call with first, by
+    decision point - the policy (its own reason), the attempt ceiling, the approval gate (no approval
+    presented), the presented approval, the reservation - or None when nothing would have."""
+    if decision is Decision.DENY:
+        return reason
+    if ceiling:
+        return "attempt_ceiling"
+    if decision is Decision.APPROVE and not presented:
+        return "approval_required"
+    return approval_problem or reservation_problem
+
+
+def would_have(decision: Decision, reason: str, blocked: str | None) -> dict[str, str | None]:
+    """The ``would_have`` of an observe-mode receipt."""
+    return {"decision": decision.value, "reason": reason, "blocked_reason": blocked}

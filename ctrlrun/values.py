@@ -10,11 +10,12 @@ import datetime as dt
 import functools
 import json
 from dataclasses import dataclass, field
+from collections.abc import Mapping
 from typing import Any
 
 from .canonical import Action
 from .errors import AmbiguousEffect, CTRLRunError
-from .states import Decision, lease_lapsed
+from .states import Decision, blocked_reason, lease_lapsed, would_have
 
 __all__ = [
     "EventRow",
@@ -63,6 +64,9 @@ class Call:
     #: The controls the verdict cites (policy v4), in registry order, and the policy's ``version:``.
     controls: tuple[str, ...] = ()
     policy_version: str | None = None
+    #: Observe mode: what enforcing would have done (kept with a running attempt, so a sweeper that
+    #: writes its receipt writes an ``observed`` one).
+    would_have: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -80,6 +84,13 @@ class Observation:
     ceiling: bool = False
     approval_problem: str | None = None
     reservation_problem: str | None = None
+
+    def would_have(self, presented: bool) -> dict[str, str | None]:
+        """The receipt's ``would_have``: the policy's verdict and what would have refused the call first."""
+        call = self.call
+        return would_have(call.decision, call.reason, blocked_reason(
+            call.decision, call.reason, presented=presented, ceiling=self.ceiling,
+            approval_problem=self.approval_problem, reservation_problem=self.reservation_problem))
 
 
 @dataclass(frozen=True)

@@ -314,12 +314,7 @@ class _Running:
         store = self.control.store
         lease = self.plan.lease or self.control.lease
         seen = yield Phase(store.observe_begin, (call, lease), {"presented": presented, "max_attempts": ceiling})
-        decision = call.decision
-        blocked = (call.reason if decision is Decision.DENY
-                   else "attempt_ceiling" if seen.ceiling
-                   else "approval_required" if decision is Decision.APPROVE and presented is None
-                   else seen.approval_problem or seen.reservation_problem)
-        would_have = {"decision": decision.value, "reason": call.reason, "blocked_reason": blocked}
+        would_have = seen.would_have(presented is not None)
         return (yield from self.run(seen.call, seen.attempt, lease, held=seen.held, would_have=would_have))
 
     def run(self, call: Any, attempt: int, lease: dt.timedelta, *, held: bool,
@@ -373,7 +368,9 @@ class _Running:
                 f"'ctrlrun reconcile' marks it ambiguous and asks the remote; do not retry blindly"
             ) from failure
         if not written.accepted:
-            if result is not Result.AMBIGUOUS:
+            # (Observe mode refuses nothing: the caller gets what its function gave, as without ctrlrun;
+            # the receipt says the outcome could not be recorded on the row.)
+            if result is not Result.AMBIGUOUS and would_have is None:
                 raise written.refusal  # type: ignore[misc]
             return
         if eager:

@@ -203,7 +203,8 @@ def _stash(call: Call, attempt: int, events: Sequence[EventRow]) -> Pending:
                  "decision": call.decision.value, "reason": call.reason, "policy_hash": call.policy_hash,
                  "approval_id": call.approval_id, "approver": call.approver,
                  "started_at": _iso(call.started_at), "effect_key": call.effect_key, "attempt": attempt,
-                 "controls": list(call.controls), "policy_version": call.policy_version},
+                 "controls": list(call.controls), "policy_version": call.policy_version,
+                 **({"would_have": dict(call.would_have)} if call.would_have else {})},
         "events": [[event_time(ts), type_, action_id, key, approval_id, text]
                    for ts, type_, action_id, key, approval_id, _, text in rows],
     }
@@ -223,7 +224,7 @@ def _unstash(text: str) -> tuple[Call, int, list[EventRow]]:
     call = Call(action, Decision(info["decision"]), info["reason"], info["policy_hash"], info["effect_key"],
                 dt.datetime.fromisoformat(info["started_at"]) if info["started_at"] else None,
                 info["approval_id"], info["approver"], controls=tuple(info.get("controls") or ()),
-                policy_version=info.get("policy_version"))
+                policy_version=info.get("policy_version"), would_have=info.get("would_have"))
     return call, info["attempt"], events
 
 

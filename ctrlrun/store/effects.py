@@ -218,7 +218,8 @@ def _lapse(record: _Peek, when: dt.datetime, events: list[EventRow], receipts: l
                          {"error": LEASE_LAPSED_ERROR, "reason": "lease_expired"}, when,
                          dead.approval_id if dead else None))
     if dead is not None:
-        receipts.append(_ReceiptSpec(dead, Result.AMBIGUOUS, LEASE_LAPSED_ERROR, record.attempt))
+        receipts.append(_ReceiptSpec(dead, Result.AMBIGUOUS, LEASE_LAPSED_ERROR, record.attempt,
+                                     would_have=dict(dead.would_have) if dead.would_have else None))
     else:
         logger.warning("effect %s (attempt %s) was swept, but its call could not be rebuilt from the evidence: no "
                        "receipt was written for it", record.effect_key, record.attempt)
@@ -434,6 +435,9 @@ def observe_begin(call: Call, lease: dt.timedelta, *, presented: str | None = No
         taking = record is None or (record.state == S.FAILED and not _over_ceiling(record, max_attempts)
                                     and _effect_ok(record) and not _rewound(record))
         if taking:
+            # Held: kept with the record, so a sweeper writing this attempt's receipt writes an observed one.
+            call = replace(call, would_have=Observation(call, attempt, True, approval_problem=problem).would_have(
+                presented is not None))
             pending = _stash(call, attempt, [*events, *_taking_events(call, attempt, when, lease_until, approval)])
             if record is None:
                 taking = _insert_fresh(call, when, lease_until, pending)

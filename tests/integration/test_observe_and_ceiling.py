@@ -370,3 +370,147 @@ def test_observed_receipts_are_readable_by_every_reader(observe, drive):
     assert document["execution"] == "committed"
     [text] = run_command("receipts")
     assert "deny/observed" in text
+
+
+def test_observe_pending_expired_and_tampered_approvals(observe, enforce, drive, clock):
+    from tests.integration.test_adversaries import _execute
+
+    remote = Remote()
+    with pytest.raises(ctrlrun.ApprovalRequired) as pending:
+        drive(enforce, "stripe.refund", refund("txn_1", 90000), lambda: None)
+    with ctrlrun.with_approval(pending.value.request_id):
+        drive(observe, "stripe.refund", refund("txn_1", 90000), remote.act("nobody answered yet"))
+    assert would_have(last_receipt())[4] == "pending"
+    with pytest.raises(ctrlrun.ApprovalRequired) as asked:
+        drive(enforce, "stripe.refund", refund("txn_2", 90000), lambda: None)
+    forged = asked.value.request_id  # granted by hand, with SQL: not by ctrlrun, so not signed
+    _execute('UPDATE "ctrlrun_approval" SET "status" = %s, "approver" = %s, "answered_at" = "created_at" '
+             'WHERE "approval_id" = %s', ("granted", "cfo", forged))
+    with ctrlrun.with_approval(forged):
+        drive(observe, "stripe.refund", refund("txn_2", 90000), remote.act("answered around ctrlrun"))
+    assert would_have(last_receipt())[4] == "tampered"
+    late = granted_for(enforce, drive, refund("txn_3", 90000))
+    clock.advance(hours=2)
+    with ctrlrun.with_approval(late):
+        drive(observe, "stripe.refund", refund("txn_3", 90000), remote.act("too late"))
+    assert would_have(last_receipt())[4] == "expired"
+    assert Approval.objects.get(pk=late).status == "expired"
+    assert len(remote.calls) == 3
+
+
+# --------------------------------------------------------------------------- real processes
+
+FROZEN_OBSERVER = """
+import datetime as dt, sys, time, pathlib
+import ctrlrun
+folder = pathlib.Path(sys.argv[1])
+
+@ctrlrun.protect("stripe.refund", effect="refund:{payment_id}", lease=dt.timedelta(seconds=1))
+def refund(payment_id: str, amount: int) -> str:
+    (folder / "inside").touch()
+    while not (folder / "go").exists():
+        time.sleep(0.02)
+    return "refunded late"
+
+with ctrlrun.context(agent="frozen-worker"):
+    print(refund(payment_id="txn_1", amount=90000))
+"""
+
+
+def test_observe_worker_frozen_past_its_lease_is_swept_as_observed(tmp_path, use_policy):
+    """SIGSTOP an observe-mode call inside its function: its lease lapses, the sweeper writes its
+    receipt - observed, execution ambiguous, what would have been - and the woken worker's late
+    outcome is recorded too, the row left as the sweep made it."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from ctrlrun import reconcile
+    from tests.support import script_environment
+
+    use_policy(OBSERVE)
+    env = script_environment(tmp_path, OBSERVE)
+    (tmp_path / "worker.py").write_text(FROZEN_OBSERVER)
+    worker = subprocess.Popen([sys.executable, "worker.py", str(tmp_path)], cwd=tmp_path, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "inside").exists():
+            assert worker.poll() is None, worker.communicate()
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        os.kill(worker.pid, signal.SIGSTOP)
+        time.sleep(2.0)
+        report = reconcile.run_once()
+        assert [e.effect_key for e in report.swept] == ["refund:txn_1"]
+        swept = last_receipt()
+        assert (swept["result"], swept["execution"], swept["attempt"]) == ("observed", "ambiguous", 1)
+        assert swept["would_have"] == {"decision": "approve", "reason": "rule[1]",
+                                       "blocked_reason": "approval_required"}
+        os.kill(worker.pid, signal.SIGCONT)
+        (tmp_path / "go").touch()
+        out, err = worker.communicate(timeout=60)
+    finally:
+        if worker.poll() is None:
+            os.kill(worker.pid, signal.SIGCONT)
+            worker.kill()
+    assert worker.returncode == 0, err
+    assert out.strip() == "refunded late"  # observe mode never refuses, not even a late outcome
+    late = last_receipt()
+    assert (late["result"], late["execution"]) == ("observed", "ambiguous")  # the row had moved on
+    assert EffectRecord.objects.get(pk="refund:txn_1").state == "ambiguous"
+    assert store.verify().ok
+
+
+CEILING_RACER = """
+import sys, time
+import ctrlrun
+
+@ctrlrun.protect("stripe.refund", effect="refund:{payment_id}")
+def refund(payment_id: str, amount: int) -> None:
+    with open(sys.argv[2], "a") as log:
+        log.write("ran\\n")
+    raise ctrlrun.NotExecuted("the remote refused the connection")
+
+start = float(sys.argv[1])
+while time.time() < start:
+    time.sleep(0.001)
+outcomes = []
+with ctrlrun.context(agent="racer"):
+    for _ in range(6):
+        try:
+            refund(payment_id="txn_1", amount=100)
+        except ctrlrun.NotExecuted:
+            outcomes.append("failed")
+        except ctrlrun.DuplicateEffect:
+            outcomes.append("busy")
+            time.sleep(0.01)
+        except ctrlrun.ActionDenied as exc:
+            outcomes.append(exc.reason)
+            break
+print(" ".join(outcomes))
+"""
+
+
+def test_the_ceiling_holds_across_racing_processes(tmp_path, use_policy):
+    """Six processes retry one failing key at once under max_attempts 2: exactly two executions in all,
+    attempts 1 and 2, and every process ends refused by the ceiling."""
+    import time
+
+    from tests.support import run_together, script_environment
+
+    use_policy(ENFORCE)
+    env = script_environment(tmp_path, ENFORCE)
+    (tmp_path / "racer.py").write_text(CEILING_RACER)
+    log = tmp_path / "runs.log"
+    start = time.time() + 3
+    outputs = run_together(tmp_path, "racer.py", [[str(start), str(log)]] * 6, env)
+    assert log.read_text().count("ran") == 2
+    assert all(out.split()[-1] == "attempt_ceiling" for out in outputs), outputs
+    executed = [r["attempt"] for r in receipts() if r["result"] == "failed"]
+    assert sorted(executed) == [1, 2]
+    row = EffectRecord.objects.get(pk="refund:txn_1")
+    assert (row.state, row.attempt) == ("failed", 2)
+    assert store.verify().ok
