@@ -21,3 +21,16 @@ def console_time(moment: Any) -> Any:
     from ..console import when
 
     return when(moment)
+
+
+@register.inclusion_tag("admin/ctrlrun/observe_banner.html")
+def ctrlrun_observe_banner() -> dict[str, Any]:
+    """The banner every console page shows while the policy this server reads is in observe mode
+    (``mode: observe``): nothing is enforced. Nothing when it enforces, or cannot be read."""
+    from .. import conf
+    from ..admin import current_policy
+
+    policy = current_policy()
+    return {"observing": bool(policy is not None and policy.observing),
+            "policy_hash": policy.hash if policy is not None else None,
+            "docs_url": conf.docs_url("console.md#observe-mode")}
