@@ -31,6 +31,21 @@ def ctrlrun_observe_banner() -> dict[str, Any]:
     from ..admin import current_policy
 
     policy = current_policy()
-    return {"observing": bool(policy is not None and policy.observing),
-            "policy_hash": policy.hash if policy is not None else None,
-            "docs_url": conf.docs_url("console.md#observe-mode")}
+    if policy is None or not policy.observing:
+        return {"observing": False}
+    from ..console import change_url
+
+    return {"observing": True, "policy_url": change_url("admin", "policydocument", policy.hash)
+            if _stored(policy.hash) else None,
+            "policy_file": policy.source, "docs_url": conf.docs_url("console.md#observe-mode")}
+
+
+def _stored(policy_hash: str) -> bool:
+    """Whether the store holds the policy (it does once a call was decided under it): the page to link to."""
+    from .. import store
+    from ..models import PolicyDocument
+
+    try:
+        return PolicyDocument.objects.using(store.alias()).filter(pk=policy_hash).exists()
+    except Exception:  # noqa: BLE001 - the banner never breaks a page (a store not migrated yet, say)
+        return False

@@ -326,8 +326,16 @@ def test_the_observe_banner_on_every_console_page(calls, auditor, use_policy):
         assert BANNER in words(response).replace(" : ", ": ").replace(" .", "."), page
         assert 'role="alert"' in response.content.decode()
     response = auditor.get(pages[0])
-    assert 'id="ctrlrun-observe-policy"' in response.content.decode()  # a link to the policy in force
     assert "docs/console.md" in text(response)
+    # No call decided under it yet, so the store does not hold it: the banner names the file.
+    assert f'<code id="ctrlrun-observe-file">{path}</code>' in response.content.decode()
+    assert 'id="ctrlrun-observe-policy"' not in response.content.decode()
+    with ctrlrun.context(agent="support-agent"):
+        note(text="under the observe policy")
+    body = auditor.get(pages[0]).content.decode()
+    [observe_hash] = PolicyDocument.objects.filter(text=OBSERVE_POLICY).values_list("hash", flat=True)
+    policy_url = reverse("admin:ctrlrun_policydocument_change", args=[quote(observe_hash)])
+    assert f'href="{policy_url}" id="ctrlrun-observe-policy"' in body  # a link to the policy in force
     # Back to enforce, the file changed in place: the next page reads it again, without a restart.
     time.sleep(0.01)
     path.write_text(CONTROLS_POLICY)
@@ -376,6 +384,9 @@ def test_receipt_list_filter_by_control(calls, auditor):
     assert listed(auditor.get(changelist, {"control": QUOTED})) == ["email.send"]
     assert listed(auditor.get(changelist, {"control": UNICODE, "result": "committed"})) == ["email.send"]
     assert listed(auditor.get(changelist, {"control": "%"})) == []
+    faceted = auditor.get(changelist, {"_facets": "True", "control": "pci-3.4"})  # "Show counts"
+    assert faceted.status_code == 200 and "pci — Card data, in general (1)" in words(faceted)
+    assert "pci-3.4 — Render PAN unreadable (2)" in words(faceted)
 
 
 def test_receipt_list_filter_by_an_id_not_in_the_registry(calls, auditor, use_policy):
