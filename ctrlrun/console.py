@@ -219,13 +219,15 @@ def controls_html(ids: Any, document: Any) -> SafeString:
         if entry is None:
             why = (_g("not in the policy’s registry") if policy is not None
                    else _g("not in the policy’s registry (the policy document is not stored here, or unreadable)"))
-            items.append(format_html('<li data-control="{}"><code>{}</code> <span class="ctrlrun-missing">{}</span></li>',
-                                     reveal(cid), shown(cid), why))
+            items.append(format_html(
+                '<li data-control="{}"><code>{}</code> <span class="ctrlrun-missing">{}</span></li>',
+                reveal(cid), shown(cid), why))
             continue
         source = format_html(' <span class="ctrlrun-control-source">({})</span>', shown(entry.source)) \
             if entry.source else ""
-        items.append(format_html('<li data-control="{}"><code>{}</code> <span class="ctrlrun-control-title">{}</span>{}</li>',
-                                 reveal(cid), shown(cid), shown(entry.title), source))
+        items.append(format_html(
+            '<li data-control="{}"><code>{}</code> <span class="ctrlrun-control-title">{}</span>{}</li>',
+            reveal(cid), shown(cid), shown(entry.title), source))
     return format_html('<ul class="ctrlrun-controls">{}</ul>', mark_safe("".join(items)))
 
 

@@ -104,7 +104,6 @@ from .effects import (
 from .evidence import (
     check_control_id,
     citing_control,
-    count_citing,
     unreadable_documents,
     events_for_action,
     events_for_effect,
@@ -156,7 +155,8 @@ __all__ = [
     # approvals
     "request_approval", "answer_approval", "expire_if_due", "get_approval", "list_approvals", "approvals_for_hash",
     # evidence
-    "list_effects", "get_effect", "list_receipts", "citing_control", "count_citing", "unreadable_documents", "check_control_id", "get_receipt", "events_for_action", "events_for_effect",
+    "list_effects", "get_effect", "list_receipts", "get_receipt", "events_for_action", "events_for_effect",
+    "citing_control", "check_control_id", "unreadable_documents",
     "receipts_for_action", "receipts_for_effect", "verify", "verify_incremental", "record_check", "run_check",
     "last_check", "head_position", "overview", "PROGRESS_EVERY",
     # signatures (the migrations re-sign rows with these)

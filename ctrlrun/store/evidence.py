@@ -126,16 +126,6 @@ def unreadable_documents(exc: DatabaseError) -> CTRLRunError:
         f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})")
 
 
-def count_citing(query: Any, control: str) -> int:
-    """How many receipts of ``query`` cite ``control``; an unreadable document is a CTRLRunError."""
-    narrowed = citing_control(query, control)
-    try:
-        with transaction.atomic(using=narrowed.db):  # PostgreSQL: the failed statement leaves no broken transaction
-            return narrowed.count()
-    except DatabaseError as exc:
-        raise unreadable_documents(exc) from None
-
-
 def list_receipts(last: int | None = None, control: str | None = None) -> list[ReceiptView]:
     """The receipts in chain order (the ``last`` N of them); with ``control``, only those citing it."""
     query = _q(Receipt).all()
