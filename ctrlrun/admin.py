@@ -28,6 +28,7 @@ from django.contrib.admin.options import IncorrectLookupParameters, get_content_
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.admin.utils import unquote
 from django.core.exceptions import PermissionDenied
+from django.db import DatabaseError, transaction
 from django.db.models import Case, F, IntegerField, Model, OuterRef, Q, Subquery, Value, When
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
@@ -42,8 +43,8 @@ from django.utils.translation import ngettext
 
 from . import conf, reconcile, store
 from .canonical import idempotency_token_for
-from .console import (approval_link, badge, call_link, change_url, changelist_url, data_rows, effect_link, link,
-                      policy_link, reason_html, receipt_link, shown, tampered_badge, when, when_text)
+from .console import (approval_link, badge, call_link, change_url, changelist_url, cited_by, controls_html, data_rows,
+                      effect_link, link, policy_link, reason_html, receipt_link, shown, tampered_badge, when, when_text)
 from .display import dumps, dumps_html, has_hidden, hidden_fields, is_blank, reveal, reveal_html, warning
 from .errors import CTRLRunError, StateConflict
 from .identity import same_person
@@ -231,7 +232,8 @@ class EvidenceAdmin(admin.ModelAdmin):
         """The values of ctrlrun's own list filters in the query string that name none of their choices."""
         unknown = []
         for spec in self.list_filter:
-            if isinstance(spec, type) and issubclass(spec, admin.SimpleListFilter):
+            if isinstance(spec, type) and issubclass(spec, admin.SimpleListFilter) and not getattr(
+                    spec, "any_value", False):
                 value = request.GET.get(spec.parameter_name)
                 if value is None:
                     continue
@@ -379,13 +381,14 @@ class ApprovalAdmin(EvidenceAdmin):
         (_("What the human is authorising"), {"fields": (
             "shown_action", "canonical_arguments", "principal", "resource", "environment", "action_hash",
             "shown_effect_key")}),
-        (_("Why it needs a person"), {"fields": ("shown_reason", "shown_policy")}),
+        (_("Why it needs a person"), {"fields": ("shown_reason", "cited_controls", "shown_policy")}),
         (_("The request"), {"fields": (
             "approval_id", "shown_status", "asked_by_call", "at_created_at", "at_expires_at", "shown_approver",
             "shown_note", "at_answered_at", "at_consumed_at", "used_by_call")}),
     ]
     readonly_fields = ("shown_action", "canonical_arguments", "principal", "resource", "environment",
-                       "shown_effect_key", "shown_reason", "shown_policy", "shown_status", "asked_by_call",
+                       "shown_effect_key", "shown_reason", "cited_controls", "shown_policy", "shown_status",
+                       "asked_by_call",
                        "at_created_at", "at_expires_at", "shown_approver", "shown_note", "at_answered_at",
                        "at_consumed_at", "used_by_call")
     change_form_template = "admin/ctrlrun/approval/change_form.html"
@@ -453,6 +456,17 @@ class ApprovalAdmin(EvidenceAdmin):
     @admin.display(description=_("policy decision"))
     def shown_reason(self, obj: Approval) -> SafeString:
         return reason_html(_policy_document(obj.policy_hash), obj.action, obj.decision_reason)
+
+    @admin.display(description=_("controls cited"))
+    def cited_controls(self, obj: Approval) -> SafeString:
+        """The controls the call would cite: the stored policy evaluated again on the approval's action."""
+        document = _policy_document(obj.policy_hash)
+        action = json.loads(obj.action_json)
+        ids = cited_by(document, obj.action, action.get("arguments", {}) if isinstance(action, dict) else None)
+        if ids is None:
+            return format_html("{}", _g("unknown: the policy document of this request is not stored here, or "
+                                        "unreadable"))
+        return controls_html(ids, document)
 
     @admin.display(description=_("policy document"))
     def shown_policy(self, obj: Approval) -> SafeString:
@@ -951,10 +965,44 @@ class ReceiptResultFilter(admin.SimpleListFilter):
     parameter_name = "result"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        return [(r, r) for r in ("committed", "failed", "ambiguous", "denied", "blocked")]
+        return [(r, r) for r in ("committed", "failed", "ambiguous", "denied", "blocked", "observed")]
 
     def queryset(self, request: HttpRequest, queryset: Any) -> Any:
         return queryset.filter(result=self.value()) if self.value() else queryset
+
+
+def _short(text: str, limit: int = 80) -> str:
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+class ControlFilter(admin.SimpleListFilter):
+    """The receipts citing one control: the ids of the current policy's ``controls:`` registry (with
+    their titles) in the sidebar, and any id at all in the URL (``?control=pci-3.4``), so a control
+    since dropped from the registry can still be searched for. Matched exactly, in the database
+    (``store.citing_control``)."""
+
+    title = _("cited control")
+    parameter_name = "control"
+    #: Any value is a control id to search for, not only the sidebar's (see EvidenceAdmin).
+    any_value = True
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        policy = current_policy()
+        registry = policy.controls if policy is not None else {}
+        choices = [(cid, reveal(_short(f"{cid} — {entry.title}"))) for cid, entry in registry.items()]
+        value = request.GET.get(self.parameter_name)
+        if value and value not in registry:
+            choices.append((value, reveal(_short(f"{value} ({_g('not in the policy’s registry')})"))))
+        return choices
+
+    def queryset(self, request: HttpRequest, queryset: Any) -> Any:
+        value = self.value()
+        if value is None:
+            return queryset
+        try:
+            return store.citing_control(queryset, value)
+        except CTRLRunError as exc:
+            raise IncorrectLookupParameters(str(exc)) from None
 
 
 def _since(result: str, effect_state: str | None) -> str | None:
@@ -968,24 +1016,40 @@ def _since(result: str, effect_state: str | None) -> str | None:
 class ReceiptAdmin(EvidenceAdmin):
     list_display = ("seq", "finished", "shown_action", "outcome", "shown_key", "shown_agent", "receipt")
     list_display_links = ("seq",)
-    list_filter = (ReceiptResultFilter, "decision", ("action", RevealedValuesFilter), ("agent", RevealedValuesFilter),
-                   ("ts", WrittenFilter))
+    list_filter = (ReceiptResultFilter, ControlFilter, "decision", ("action", RevealedValuesFilter),
+                   ("agent", RevealedValuesFilter), ("ts", WrittenFilter))
     search_fields = ("receipt_id", "action_id", "effect_key", "agent", "action")
     date_hierarchy = "ts"
     list_per_page = 100
     ordering = ("-seq",)
     fieldsets = [
-        (None, {"fields": ("receipt_id", "seq", "at_ts", "shown_action", "shown_agent", "decision_and_rule", "outcome",
-                           "shown_key", "call", "approval", "shown_policy")}),
+        (None, {"fields": ("receipt_id", "seq", "at_ts", "shown_action", "shown_agent", "decision_and_rule",
+                           "cited_controls", "outcome", "shown_key", "call", "approval", "shown_policy")}),
         (_("Chain"), {"fields": ("previous", "prev_hash", "hash")}),
         (_("Document"), {"fields": ("pretty_document",)}),
     ]
-    readonly_fields = ("at_ts", "shown_action", "shown_agent", "decision_and_rule", "outcome", "shown_key", "call",
-                       "approval", "shown_policy", "previous", "pretty_document")
+    readonly_fields = ("at_ts", "shown_action", "shown_agent", "decision_and_rule", "cited_controls", "outcome",
+                       "observed_execution", "observed_would_have", "shown_key", "call", "approval", "shown_policy",
+                       "policy_version", "previous", "pretty_document")
+    #: Shown on the page of an observe-mode receipt (``result: observed``), under the decision.
+    observed_fieldset = (_("Observe mode: what ran, and what enforcement would have done"),
+                         {"fields": ("observed_execution", "observed_would_have")})
     change_list_template = "admin/ctrlrun/receipt/change_list.html"
     change_form_template = "admin/ctrlrun/receipt/change_form.html"
 
     at_ts = _at("ts", _("written at"))
+
+    def get_changelist_instance(self, request: HttpRequest) -> Any:
+        """Searching by control reads every document as JSON: on PostgreSQL one that is not (a row altered
+        outside ctrlrun) fails the query, which is said in one line, not a 500."""
+        if ControlFilter.parameter_name not in request.GET:
+            return super().get_changelist_instance(request)
+        try:
+            with transaction.atomic(using=store.alias()):
+                return super().get_changelist_instance(request)
+        except DatabaseError as exc:
+            self.message_user(request, reveal(str(store.unreadable_documents(exc))), messages.ERROR)
+            raise IncorrectLookupParameters("unreadable receipt documents") from None
 
     def get_queryset(self, request: HttpRequest) -> Any:
         effect = EffectRecord.objects.filter(pk=OuterRef("effect_key")).values("state")[:1]
@@ -1054,6 +1118,53 @@ class ReceiptAdmin(EvidenceAdmin):
         doc = self._doc(obj)
         return format_html("{} {}", badge(obj.decision), reason_html(
             _policy_document(doc.get("policy_hash")), obj.action, doc.get("decision_reason")))
+
+    def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
+        fieldsets = list(super().get_fieldsets(request, obj))
+        if obj is not None and self._doc(obj).get("result") == "observed":
+            fieldsets.insert(1, self.observed_fieldset)
+        if obj is not None and self._doc(obj).get("policy_version") is not None:
+            first = fieldsets[0]
+            fields = list(first[1]["fields"])
+            fields.insert(fields.index("shown_policy") + 1, "policy_version")
+            fieldsets[0] = (first[0], {**first[1], "fields": tuple(fields)})
+        return fieldsets
+
+    @admin.display(description=_("controls cited"))
+    def cited_controls(self, obj: Receipt) -> SafeString:
+        """The receipt's own control ids; titles from the registry of the policy whose hash it carries."""
+        doc = self._doc(obj)
+        return controls_html(doc.get("controls"), _policy_document(doc.get("policy_hash")))
+
+    @admin.display(description=_("policy version"))
+    def policy_version(self, obj: Receipt) -> SafeString:
+        return shown(self._doc(obj).get("policy_version"))
+
+    @admin.display(description=_("what ran (execution)"))
+    def observed_execution(self, obj: Receipt) -> SafeString:
+        doc = self._doc(obj)
+        execution = doc.get("execution")
+        error = doc.get("error")
+        text = format_html("{} {}", badge(str(execution)) if execution else shown(None), _g(
+            "— observe mode: the call ran, whatever the policy said"))
+        return format_html("{}<br>{}: {}", text, _g("error"), shown(str(error))) if error else text
+
+    @admin.display(description=_("what enforcement would have done"))
+    def observed_would_have(self, obj: Receipt) -> SafeString:
+        doc = self._doc(obj)
+        would = doc.get("would_have")
+        if not isinstance(would, dict):
+            return shown(None)
+        decision, reason, blocked = would.get("decision"), would.get("reason"), would.get("blocked_reason")
+        verdict = (format_html("<strong>{}</strong>: {}", _g("blocked"), shown(str(blocked))) if blocked
+                   else format_html("<strong>{}</strong>", _g("not blocked: it would have run")))
+        return format_html(
+            '<dl class="ctrlrun-kv" id="ctrlrun-would-have"><div><dt>{}</dt><dd>{}</dd></div><div><dt>{}</dt>'
+            '<dd>{}</dd></div><div><dt>{}</dt><dd>{}</dd></div></dl>',
+            _g("decision"), badge(str(decision)) if decision else shown(None),
+            _g("reason"), reason_html(_policy_document(doc.get("policy_hash")), obj.action,
+                                      str(reason) if reason is not None else None),
+            _g("enforce mode"), verdict)
 
     @admin.display(description=_("call"))
     def call(self, obj: Receipt) -> SafeString:
@@ -1303,19 +1414,27 @@ class PolicyDocumentAdmin(EvidenceAdmin):
 def _current_policy_hash() -> str | None:
     """The hash of the policy this server reads, loaded again only when its file changed (the policy
     list shows it on every row)."""
+    policy = current_policy()
+    return policy.hash if policy is not None else None
+
+
+def current_policy() -> Any:
+    """The policy this server reads (a ``Policy``), or None when it cannot be read: loaded again only
+    when its file's path, modification time or size changed. Never raises: a broken or missing
+    policy must not break a page (``manage.py check`` and the protected calls say what is wrong)."""
     try:
         path, environment = conf.policy_path(), conf.environment_override()
         stat = path.stat()
-    except (CTRLRunError, OSError):
+    except (CTRLRunError, OSError, ValueError):
         return None
-    return _policy_hash_of(str(path), stat.st_mtime_ns, stat.st_size, environment)
+    return _policy_of(str(path), stat.st_mtime_ns, stat.st_size, environment)
 
 
 @functools.lru_cache(maxsize=8)
-def _policy_hash_of(path: str, mtime_ns: int, size: int, environment: str | None) -> str | None:
+def _policy_of(path: str, mtime_ns: int, size: int, environment: str | None) -> Any:
     from .policy import load_policy
 
     try:
-        return load_policy(path, environment=environment).hash
-    except CTRLRunError:
+        return load_policy(path, environment=environment)
+    except (CTRLRunError, OSError, ValueError):
         return None

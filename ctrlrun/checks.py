@@ -11,7 +11,8 @@ from .errors import CTRLRunError
 
 @checks.register()
 def check_policy(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    """A malformed policy is an error naming file, line and key; a missing one a warning."""
+    """A malformed policy is an error naming file, line and key; a missing one a warning, and so is
+    one in observe mode (ctrlrun.W002: nothing is enforced)."""
     from .policy import load_policy
 
     try:
@@ -27,9 +28,19 @@ def check_policy(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMes
             )
         ]
     try:
-        load_policy(path, environment=conf.environment_override())
+        policy = load_policy(path, environment=conf.environment_override())
     except CTRLRunError as exc:
         return [checks.Error(str(exc), hint="fix the policy file, then run the check again", id="ctrlrun.E002")]
+    if policy.observing:
+        return [
+            checks.Warning(
+                f"{path} is in observe mode (mode: observe): nothing is enforced; every protected call runs, "
+                f"and receipts record what enforcement would have done",
+                hint="a shadow deployment only: set 'mode: enforce' (or remove 'mode:') to refuse what the "
+                     "policy denies",
+                id="ctrlrun.W002",
+            )
+        ]
     return []
 
 

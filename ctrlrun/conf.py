@@ -74,6 +74,16 @@ def environment_override() -> str | None:
     return _env("CTRLRUN_ENVIRONMENT") or None
 
 
+def docs_url(page: str) -> str | None:
+    """Where ``page`` of ctrlrun's documentation is read (``CTRLRUN_DOCS_URL``, a base URL ending in
+    ``/``, joined with ``page``, e.g. ``console.md#observe-mode``), or None when it is not set."""
+    base = _setting("CTRLRUN_DOCS_URL")
+    if not base:
+        return None
+    base = str(base)
+    return (base if base.endswith("/") else base + "/") + page
+
+
 def environment() -> str:
     """The deployment's environment, else ``production`` (a loaded policy's own ``environment:``
     is on ``Policy.environment``, which is what actions are stamped with)."""

@@ -59,7 +59,7 @@ TONES: dict[str, str] = {
     "ambiguous": "alert", "executing": "info", "reserved": "info", "committed": "ok", "failed": "muted",
     "lapsed": "warn",
     # receipts
-    "denied": "alert", "blocked": "warn",
+    "denied": "alert", "blocked": "warn", "observed": "info",
     # approvals
     "pending": "warn", "granted": "ok", "consumed": "muted", "expired": "muted",
     # decisions
@@ -180,6 +180,55 @@ def rule_text(document: Any, action: str, reason: str | None) -> str | None:
             conditions = ", ".join(f"{c.key}: {json.dumps(c.operand, ensure_ascii=False)}" for c in rule.when)
             return f"when {conditions} → {rule.decision}"
     return None
+
+
+def stored_policy(document: Any) -> Any:
+    """The stored policy ``document`` (a PolicyDocument row) parsed again (cached by hash), or None
+    when there is none or it no longer parses."""
+    if document is None:
+        return None
+    try:
+        return _parsed(document.hash, document.text, document.source, document.environment)
+    except (CTRLRunError, ValueError, TypeError):
+        return None
+
+
+def cited_by(document: Any, action: str, arguments: Any) -> tuple[str, ...] | None:
+    """The control ids the stored policy ``document`` cites for ``action`` with ``arguments`` (what
+    the call's receipt will carry), or None when the document cannot be read."""
+    policy = stored_policy(document)
+    if policy is None or not isinstance(arguments, Mapping):
+        return None
+    try:
+        return tuple(policy.evaluate(action, arguments).controls)
+    except (CTRLRunError, ValueError, TypeError):
+        return None
+
+
+def controls_html(ids: Any, document: Any) -> SafeString:
+    """Cited control ids as a list: each id, its title and source from the registry of the stored
+    policy ``document``; an id that registry does not hold says so. Everything escaped."""
+    if not isinstance(ids, (list, tuple)) or not ids:
+        return format_html('<span class="ctrlrun-controls-none">{}</span>', _g("none cited"))
+    policy = stored_policy(document)
+    registry = policy.controls if policy is not None else {}
+    items = []
+    for cid in ids:
+        cid = str(cid)
+        entry = registry.get(cid)
+        if entry is None:
+            why = (_g("not in the policy’s registry") if policy is not None
+                   else _g("not in the policy’s registry (the policy document is not stored here, or unreadable)"))
+            items.append(format_html(
+                '<li data-control="{}"><code>{}</code> <span class="ctrlrun-missing">{}</span></li>',
+                reveal(cid), shown(cid), why))
+            continue
+        source = format_html(' <span class="ctrlrun-control-source">({})</span>', shown(entry.source)) \
+            if entry.source else ""
+        items.append(format_html(
+            '<li data-control="{}"><code>{}</code> <span class="ctrlrun-control-title">{}</span>{}</li>',
+            reveal(cid), shown(cid), shown(entry.title), source))
+    return format_html('<ul class="ctrlrun-controls">{}</ul>', mark_safe("".join(items)))
 
 
 def reason_html(document: Any, action: str, reason: str | None) -> SafeString:

@@ -104,6 +104,9 @@ from .effects import (
     write_ambiguous_receipt,
 )
 from .evidence import (
+    check_control_id,
+    citing_control,
+    unreadable_documents,
     events_for_action,
     events_for_effect,
     get_effect,
@@ -156,7 +159,9 @@ __all__ = [
     "request_approval", "answer_approval", "expire_if_due", "get_approval", "list_approvals", "approvals_for_hash",
     # evidence
     "list_effects", "get_effect", "list_receipts", "get_receipt", "events_for_action", "events_for_effect",
-    "receipts_for_action", "receipts_for_effect", "receipt_documents_since", "verify", "verify_incremental", "record_check", "run_check",
+    "citing_control", "check_control_id", "unreadable_documents",
+    "receipts_for_action", "receipts_for_effect", "receipt_documents_since", "verify", "verify_incremental",
+    "record_check", "run_check",
     "last_check", "head_position", "overview", "PROGRESS_EVERY",
     # signatures (the migrations re-sign rows with these)
     "HEAD_DOMAIN", "EFFECT_DOMAIN", "APPROVAL_DOMAIN", "CHECK_DOMAIN", "approval_signature_ok", "effect_signature_ok",

@@ -13,12 +13,12 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from django.db import connections
+from django.db import DatabaseError, connections, transaction
 from django.db.models import Q
 
 from .. import signing
 from ..canonical import GENESIS_HASH, evidence_time
-from ..errors import CTRLRunError
+from ..errors import CTRLRunError, InvalidArgument
 from ..models import Approval, ChainCheck, ChainHead, EffectRecord, Event, Receipt
 from ..receipts import (
     INDEXED_COLUMNS,
@@ -87,9 +87,58 @@ def list_effects(state: str | None = None) -> list[EffectView]:
     return [_effect_view(r) for r in query]
 
 
-def list_receipts(last: int | None = None) -> list[ReceiptView]:
-    query = _q(Receipt).order_by("-seq") if last else _q(Receipt).order_by("seq")
-    rows = list(query[:last]) if last else list(query)
+def _citing_sql(connection: Any) -> str:
+    """The SQL condition "this receipt's ``controls`` list holds the id %s, exactly" (one parameter).
+
+    Done in the database with its JSON functions; a list element is compared whole, so ``pci``
+    does not match ``pci-3.4``, and a ``controls`` that is not a list (a row altered outside
+    ctrlrun) cites nothing. On SQLite a document that is not JSON cites nothing; PostgreSQL cannot
+    ask that before version 16, so there the query fails (see ``citing_control``)."""
+    document = f'{connection.ops.quote_name(Receipt._meta.db_table)}."document"'
+    if connection.vendor == "postgresql":
+        controls = f"({document}::jsonb -> 'controls')"
+        return f"(jsonb_typeof({controls}) = 'array' AND {controls} ? %s)"
+    return (f"(CASE WHEN json_valid({document}) THEN (CASE WHEN json_type({document}, '$.controls') = 'array' "
+            f"THEN EXISTS (SELECT 1 FROM json_each({document}, '$.controls') AS cited "
+            f"WHERE cited.type = 'text' AND cited.value = %s) ELSE 0 END) ELSE 0 END)")
+
+
+def check_control_id(control: str) -> str:
+    """A control id as asked for (a command's argument, a console URL): refused in one line when
+    it cannot be one (empty, or holding a NUL, which no database can be sent)."""
+    if not isinstance(control, str) or control == "":
+        raise InvalidArgument("a control id is needed: --control ID (e.g. --control pci-3.4)")
+    if "\x00" in control:
+        raise InvalidArgument("a control id never holds a NUL character")
+    return control
+
+
+def citing_control(query: Any, control: str) -> Any:
+    """``query`` (receipts) narrowed to the receipts whose ``controls`` list holds ``control`` exactly."""
+    check_control_id(control)
+    return query.extra(where=[_citing_sql(connections[query.db])], params=[control])
+
+
+def unreadable_documents(exc: DatabaseError) -> CTRLRunError:
+    return CTRLRunError(
+        f"a receipt's document could not be read as JSON, so receipts cannot be searched by control "
+        f"(a row was altered outside ctrlrun): run 'receipts --verify-chain', which names it "
+        f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})")
+
+
+def list_receipts(last: int | None = None, control: str | None = None) -> list[ReceiptView]:
+    """The receipts in chain order (the ``last`` N of them); with ``control``, only those citing it."""
+    query = _q(Receipt).all()
+    if control is not None:
+        query = citing_control(query, control)
+    query = query.order_by("-seq") if last else query.order_by("seq")
+    try:
+        with transaction.atomic(using=query.db):
+            rows = list(query[:last]) if last else list(query)
+    except DatabaseError as exc:
+        if control is None:
+            raise
+        raise unreadable_documents(exc) from None
     if last:
         rows.reverse()
     return [_receipt_view(r) for r in rows]

@@ -7,6 +7,7 @@ from argparse import ArgumentParser
 from typing import Any
 
 from ... import report, store
+from ...display import reveal
 from ..base import CtrlrunCommand, Error, default_person, positive_int
 
 
@@ -16,6 +17,9 @@ class Command(CtrlrunCommand):
 
     def add_arguments(self, parser: ArgumentParser) -> None:
         parser.add_argument("--last", type=positive_int, metavar="N", help="only the N most recent receipts")
+        parser.add_argument("--control", metavar="ID",
+                            help="only the receipts citing the control ID (the policy's controls: registry), "
+                                 "matched exactly; combines with --last and --json")
         parser.add_argument("--json", action="store_true", help="print each receipt's JSON document, one per line "
                             "(with --verify-chain: the check's report as one JSON document)")
         parser.add_argument("--verify-chain", action="store_true",
@@ -29,15 +33,17 @@ class Command(CtrlrunCommand):
                             help="with --verify-chain: no progress lines on stderr during a long check")
 
     def run(self, *, last: int | None, json: bool, verify_chain: bool, incremental: bool, quiet: bool,
-            **_: Any) -> None:
+            control: str | None = None, **_: Any) -> None:
         if incremental and not verify_chain:
             raise Error("--incremental only goes with --verify-chain (ctrlrun receipts --verify-chain --incremental)")
+        if verify_chain and control is not None:
+            raise Error("--control lists receipts; it does not go with --verify-chain, which checks them all")
         if verify_chain:
             self._verify(as_json=json, incremental=incremental, quiet=quiet)
             return
-        receipts = store.list_receipts(last)
+        receipts = store.list_receipts(last, control=control)
         if not receipts:
-            self.stdout.write("no receipts yet")
+            self.stdout.write("no receipts yet" if control is None else f"no receipts cite '{reveal(control)}'")
             return
         for receipt in receipts:
             self.stdout.write(receipt.document if json else report.receipt_line(receipt))
