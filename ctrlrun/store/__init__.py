@@ -152,7 +152,8 @@ __all__ = [
     # policies
     "ensure_policy", "forget_known_policies",
     # effects
-    "record_denial", "begin_unkeyed", "reserve", "record_refusal", "renew_lease", "record_outcome",
+    "record_denial", "begin_unkeyed", "check_ceiling", "observe_begin", "reserve", "record_refusal", "renew_lease",
+    "record_outcome",
     "record_reconciliation", "write_ambiguous_receipt", "resolve", "sweep_lapsed", "reconcile_candidates",
     "LEASE_LAPSED_ERROR",
     # approvals

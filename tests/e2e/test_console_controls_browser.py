@@ -98,6 +98,15 @@ def test_controls_titles_and_the_observe_banner(console, use_policy, refund):
         assert banner.location["y"] < content.location["y"]
         assert banner.size["width"] >= 1200  # across the page
         assert fits_the_page(console)
+    # A refund the rules deny, run in observe mode: its receipt says what happened and what would have.
+    with ctrlrun.context(agent="support-agent"):
+        refund(payment_id="txn_9", amount=10**9)
+    observed = Receipt.objects.get(effect_key="refund:txn_9")
+    console.open(f"/admin/ctrlrun/receipt/{quote(observed.receipt_id)}/change/")
+    console.shot("observed-receipt")
+    page = " ".join(console.text().split())
+    assert "Observe mode" in page and "deny" in page and "rule[2]" in page and "committed" in page
+    assert fits_the_page(console)
     console.click(console.by_id("ctrlrun-observe-policy"))
     console.shot("observe-policy")
     assert "mode: observe" in console.text()

@@ -455,26 +455,27 @@ def test_approval_page_shows_the_controls_the_call_would_cite(calls, auditor):
     assert 'data-control="soc2-cc6.1"' not in body  # the approve band's rule cites nothing of its own
 
 
-def test_observed_receipt_fields(calls):
-    """The observe-mode part of a receipt page (``result: observed``, ``execution``, ``would_have``).
-
-    The kernel does not write observed receipts yet, so this reads a document of that form held
-    in memory (never saved): the display functions and the fieldsets the page is made of."""
+def test_observed_receipt_page(calls, auditor, use_policy, refund):
+    """A real observe-mode receipt (the call ran although the policy denies it): its page has the
+    observe-mode section with the execution and what enforcement would have done, escaped."""
     from django.contrib import admin as django_admin
 
+    use_policy(OBSERVE_POLICY)
+    with ctrlrun.context(agent="support-agent"):
+        refund(payment_id="txn_obs", amount=10**9)  # denied by the rules: runs anyway
+    row = Receipt.objects.order_by("-seq").first()
+    assert json.loads(row.document)["result"] == "observed"
+    response = receipt_page(auditor, row.receipt_id)
+    assert response.status_code == 200
+    page = text(response)
+    assert "Observe mode" in page and "committed" in page and "deny" in page
     model_admin = django_admin.site._registry[Receipt]
-    row = Receipt.objects.get(action="audit.note")
-    doc = {**json.loads(row.document), "result": "observed", "execution": "committed",
-           "would_have": {"decision": "deny", "reason": "decision", "blocked_reason": "<decision>"}}
-    observed = Receipt(**{f.attname: getattr(row, f.attname) for f in Receipt._meta.fields})
-    observed.document = json.dumps(doc)
-    titles = [title for title, _options in model_admin.get_fieldsets(None, observed)]
-    assert any("Observe mode" in str(t) for t in titles if t)
-    assert not any("Observe mode" in str(t) for t in [t for t, _ in model_admin.get_fieldsets(None, row)] if t)
-    would = model_admin.observed_would_have(observed)
-    assert "deny" in would and "&lt;decision&gt;" in would and "<decision>" not in would and "blocked" in would
-    assert "committed" in model_admin.observed_execution(observed)
-    doc["would_have"]["blocked_reason"] = None
-    observed.document = json.dumps(doc)
-    observed.__dict__.pop("_ctrlrun_doc", None)
-    assert "not blocked" in model_admin.observed_would_have(observed)
+    would = model_admin.observed_would_have(row)
+    assert "deny" in would and "blocked" in would
+    assert "committed" in model_admin.observed_execution(row)
+    # An enforce-mode receipt has no such section.
+    enforced = Receipt.objects.filter(action="audit.note").first()
+    titles = [title for title, _options in model_admin.get_fieldsets(None, enforced)]
+    assert not any("Observe mode" in str(t) for t in titles if t)
+
+
