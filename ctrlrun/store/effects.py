@@ -91,13 +91,18 @@ def begin_unkeyed(call: Call, presented: str | None = None) -> Reserved | Refuse
             return refusal
         if approval is None and presented is not None and call.decision is Decision.ALLOW:
             approval, call = _matching_approval(call, presented, when)
-        if approval is not None:
-            events.append(_consumption_event(approval, call, when, required=call.decision is Decision.APPROVE))
-            _mark_consumed(approval, call, when)
-        events.append(_event(EventType.EXECUTION_STARTED, call, None, {"task": None, "hop": None}, when,
-                             call.approval_id))
-        _seal(events, [], when)
+        _start_unkeyed(call, approval, events, when)
     return Reserved(1, when, call)
+
+
+def _start_unkeyed(call: Call, approval: Approval | None, events: list[EventRow], when: dt.datetime) -> None:
+    """An unkeyed call starts: the approval it uses (if any) consumed, its events sealed with EXECUTION_STARTED."""
+    if approval is not None:
+        events.append(_consumption_event(approval, call, when, required=call.decision is Decision.APPROVE))
+        _mark_consumed(approval, call, when)
+    events.append(_event(EventType.EXECUTION_STARTED, call, None, {"task": None, "hop": None}, when,
+                         call.approval_id))
+    _seal(events, [], when)
 
 
 # --------------------------------------------------------------------------- reservation
@@ -423,12 +428,7 @@ def observe_begin(call: Call, lease: dt.timedelta, *, presented: str | None = No
             else:
                 call = replace(call, approval_id=presented)
         if key is None:
-            if approval is not None:
-                events.append(_consumption_event(approval, call, when, required=call.decision is Decision.APPROVE))
-                _mark_consumed(approval, call, when)
-            events.append(_event(EventType.EXECUTION_STARTED, call, None, {"task": None, "hop": None}, when,
-                                 call.approval_id))
-            _seal(events, [], when)
+            _start_unkeyed(call, approval, events, when)
             return Observation(call, 1, False, approval_problem=problem)
         lease_until = when + lease
         attempt = 1 if record is None else record.attempt + 1

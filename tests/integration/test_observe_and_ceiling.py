@@ -104,6 +104,14 @@ def types_of(action_id: str) -> list[str]:
     return list(Event.objects.filter(action_id=action_id).order_by("id").values_list("type", flat=True))
 
 
+def fail(control: Control, drive, remote: Remote, *, times: int) -> None:
+    """``times`` calls for refund:txn_1 that fail without acting (NotExecuted); the remote keeps failing."""
+    remote.fail = ctrlrun.NotExecuted("down")
+    for _ in range(times):
+        with pytest.raises(ctrlrun.NotExecuted):
+            drive(control, "stripe.refund", refund("txn_1"), remote.act("try"))
+
+
 def would_have(receipt: dict) -> tuple:
     return (receipt["result"], receipt["execution"], receipt["would_have"]["decision"],
             receipt["would_have"]["reason"], receipt["would_have"]["blocked_reason"])
@@ -177,10 +185,7 @@ def test_observe_over_a_held_key_says_in_progress(observe, drive):
 
 def test_observe_attempt_ceiling_and_its_precedence(observe, drive):
     remote = Remote()
-    remote.fail = ctrlrun.NotExecuted("down")
-    for _ in range(3):
-        with pytest.raises(ctrlrun.NotExecuted):
-            drive(observe, "stripe.refund", refund("txn_1"), remote.act("try"))
+    fail(observe, drive, remote, times=3)
     assert [would_have(r)[1:] for r in receipts()] == [
         ("failed", "allow", "rule[0]", None), ("failed", "allow", "rule[0]", None),
         ("failed", "allow", "rule[0]", "attempt_ceiling")]
@@ -285,10 +290,7 @@ def test_switching_to_enforce_keeps_what_observe_recorded(observe, enforce, driv
 
 def test_ceiling_refuses_past_max_attempts_and_leaves_the_row(enforce, drive):
     remote = Remote()
-    remote.fail = ctrlrun.NotExecuted("down")
-    for _ in range(2):
-        with pytest.raises(ctrlrun.NotExecuted):
-            drive(enforce, "stripe.refund", refund("txn_1"), remote.act("try"))
+    fail(enforce, drive, remote, times=2)
     with pytest.raises(ctrlrun.ActionDenied) as refused:
         drive(enforce, "stripe.refund", refund("txn_1"), remote.act("third"))
     assert refused.value.reason == "attempt_ceiling"
@@ -313,10 +315,7 @@ def test_ceiling_refuses_past_max_attempts_and_leaves_the_row(enforce, drive):
 
 def test_ceiling_fast_path_asks_nobody(enforce, drive):
     remote = Remote()
-    remote.fail = ctrlrun.NotExecuted("down")
-    for _ in range(2):
-        with pytest.raises(ctrlrun.NotExecuted):
-            drive(enforce, "stripe.refund", refund("txn_1"), remote.act("try"))
+    fail(enforce, drive, remote, times=2)
     with pytest.raises(ctrlrun.ActionDenied) as refused:
         drive(enforce, "stripe.refund", refund("txn_1", 90000), remote.act("approve band"), wait=True)
     assert refused.value.reason == "attempt_ceiling"
@@ -327,10 +326,7 @@ def test_ceiling_fast_path_asks_nobody(enforce, drive):
 def test_ceiling_comes_before_a_presented_approval_which_stays_granted(enforce, drive):
     remote = Remote()
     approval = granted_for(enforce, drive, refund("txn_1", 90000))
-    remote.fail = ctrlrun.NotExecuted("down")
-    for _ in range(2):
-        with pytest.raises(ctrlrun.NotExecuted):
-            drive(enforce, "stripe.refund", refund("txn_1"), remote.act("try"))
+    fail(enforce, drive, remote, times=2)
     with ctrlrun.with_approval(approval), pytest.raises(ctrlrun.ActionDenied) as refused:
         drive(enforce, "stripe.refund", refund("txn_1", 90000), remote.act("approved but over"))
     assert refused.value.reason == "attempt_ceiling"
