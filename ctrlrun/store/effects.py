@@ -395,7 +395,7 @@ def _problem_name(error: CTRLRunError) -> str:
 
 
 def observe_begin(call: Call, lease: dt.timedelta, *, presented: str | None = None,
-                  max_attempts: int | None = None) -> Observation:
+                  max_attempts: int | None = None, with_policy: bool = True) -> Observation:
     """Begin an observe-mode call (§B3): record it, and take its effect key if the key is free, but
     refuse nothing. What would have refused it is returned, for its receipt.
 
@@ -403,7 +403,8 @@ def observe_begin(call: Call, lease: dt.timedelta, *, presented: str | None = No
     really happened; a key that is committed, held or ambiguous is left as it is and the refusal is
     recorded (``EFFECT_RESERVATION_REFUSED``) before the call runs anyway. A presented approval is
     checked as enforcement would and used up only if it is valid and the key was taken (or there is
-    no key); one that would be refused is left as it is.
+    no key); one that would be refused is left as it is. ``with_policy=False``: the policy did not
+    decide the call (its effect key could not be made), so no POLICY_EVALUATED is written.
     """
     key = call.effect_key
     with _phase(clock=False) as when:
@@ -412,7 +413,7 @@ def observe_begin(call: Call, lease: dt.timedelta, *, presented: str | None = No
             when, record = _open_reservation(key, when)
         when = when or _clock()
         call = _started(call, when)
-        events = _opening_events(call, when)
+        events = _opening_events(call, when)[: None if with_policy else 1]
         approval, problem = None, None
         if presented is not None:
             if call.decision is Decision.APPROVE:
