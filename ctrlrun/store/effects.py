@@ -454,12 +454,16 @@ def observe_begin(call: Call, lease: dt.timedelta, *, presented: str | None = No
         ceiling = _over_ceiling(record, max_attempts)
         lapsed_events: list[EventRow] = []
         lapsed_receipts: list[_ReceiptSpec] = []
-        tampered = not _effect_ok(record) or (record.state == S.FAILED and _rewound(record))
+        # As ``reserve`` reads it: the signature matters only where a retry or a sweep would act on the
+        # row (failed, or held past its lease); a committed or live-held key is refused as such.
+        lapsed = held_lapsed(record.state, record.lease_expires_at, when)
+        tampered = (record.state == S.FAILED or lapsed) and (
+            not _effect_ok(record) or (record.state == S.FAILED and _rewound(record)))
         if ceiling:
             refused = {"reason": "attempt_ceiling", "attempt": record.attempt + 1, "max_attempts": max_attempts}
             reservation = None
         else:
-            if held_lapsed(record.state, record.lease_expires_at, when) and not tampered:
+            if lapsed and not tampered:
                 _lapse(record, when, lapsed_events, lapsed_receipts)
             error = _refusal_for(record, tampered)
             refused = _refusal_event(call, error, when)[5]

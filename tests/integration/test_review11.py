@@ -70,3 +70,33 @@ def test_observe_runs_a_call_whose_effect_key_cannot_be_made_and_says_it_would_h
     assert "POLICY_EVALUATED" not in types  # as enforced: the policy did not decide it
     assert not EffectRecord.objects.exists()
     assert store.verify().ok
+
+
+@pytest.mark.parametrize("state", ["committed", "executing"])
+def test_observe_says_what_enforcement_says_of_a_row_whose_signature_fails(observe, enforce, drive, state):
+    """(bug) A committed or live-held row whose signature does not verify (altered around ctrlrun): enforcement
+    refuses it as it refuses any committed or held key (``duplicate`` / ``in_progress``; the signature is
+    read only before a retry or a sweep), so observe mode's would_have must say the same. It said
+    ``ambiguous``, with an ``EFFECT_RESERVATION_REFUSED`` unlike enforcement's."""
+    from django.db import connection
+
+    from tests.support import evidence_unguarded, hold_key
+
+    remote = Remote()
+    if state == "committed":
+        drive(enforce, "stripe.refund", refund("txn_1"), remote.act("first"))
+    else:
+        hold_key("refund:txn_1")
+    with evidence_unguarded(), connection.cursor() as cursor:
+        cursor.execute('UPDATE "ctrlrun_effectrecord" SET "mac" = %s WHERE "effect_key" = %s',
+                       ("forged", "refund:txn_1"))
+    with pytest.raises(ctrlrun.DuplicateEffect) as enforced:
+        drive(enforce, "stripe.refund", refund("txn_1"), remote.act("enforced"))
+    expected = "duplicate" if state == "committed" else "in_progress"
+    assert enforced.value.state == ("committed" if state == "committed" else "in_progress")
+    enforced_event = Event.objects.filter(type="EFFECT_RESERVATION_REFUSED").order_by("-id").first().data
+    drive(observe, "stripe.refund", refund("txn_1"), remote.act("observed"))
+    assert would_have(last_receipt())[4] == expected
+    observed_event = Event.objects.filter(type="EFFECT_RESERVATION_REFUSED").order_by("-id").first().data
+    assert observed_event == enforced_event
+    assert EffectRecord.objects.get(pk="refund:txn_1").state == state
