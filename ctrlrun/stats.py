@@ -77,13 +77,17 @@ def parse_since(text: str, now: dt.datetime) -> dt.datetime:
         raise ValueError(f"{text!r} is not a time or a span; give {SINCE_FORMS}") from None
     if moment.tzinfo is None or moment.utcoffset() is None:
         raise ValueError(f"{text!r} has no offset, so it could be any time zone; add one (Z for UTC, or +01:00)")
-    return moment.astimezone(dt.timezone.utc)
+    try:
+        return moment.astimezone(dt.timezone.utc)
+    except OverflowError:  # e.g. year 1 at +01:00 is before year 1 in UTC
+        raise ValueError(f"{text!r} is outside the years 1 to 9999 in UTC; give a later or earlier time") from None
 
 
 def iso(moment: dt.datetime) -> str:
     """UTC with milliseconds and a ``Z``: ``2026-11-29T12:00:00.000Z`` (as receipts write times)."""
     moment = moment.astimezone(dt.timezone.utc)
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+    # (strftime's %Y writes year 1 as '1' on glibc: the year is padded here.)
+    return f"{moment.year:04d}-" + moment.strftime("%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
 
 
 def _tally(counter: Counter[str]) -> dict[str, int]:

@@ -198,6 +198,10 @@ def call_steps(control: Any, plan: Plan, bind: Callable[[], Mapping[str, Any]], 
     except EffectKeyError as exc:
         call = store.Call(action, Decision.DENY, "effect_key_error", policy.hash, None,
                           policy_version=policy.version)
+        if policy.observing:  # observe mode refuses nothing: it runs, with no key to take, and says why
+            logger.warning("%s: %s; enforcing, this call would be denied (effect_key_error)", plan.name, exc)
+            unkeyed = _Running(control, plan, policy, action, None, invoke, awaitable)
+            return (yield from unkeyed.observe(call, presented_approval(), None, with_policy=False))
         yield Record(store.record_denial, (call, {"reason": "effect_key_error", "effect": effect.text if effect else None,
                                                  "error": str(exc)}), {"with_policy": False})
         raise
@@ -306,14 +310,15 @@ class _Running:
             raise taken.error
         return (yield from self.run(taken.call, taken.attempt, lease, held=key is not None))
 
-    def observe(self, call: Any, presented: str | None, ceiling: int | None) -> Steps:
+    def observe(self, call: Any, presented: str | None, ceiling: int | None, *, with_policy: bool = True) -> Steps:
         """Observe mode (§B3): the function runs whatever enforcement would say; the receipt says
         ``observed``, what really happened (``execution``) and what would have been done
         (``would_have``). The reason is the earliest decision point that would have refused the
         call: policy, attempt ceiling, approval gate, approval, reservation. Nobody is asked."""
         store = self.control.store
         lease = self.plan.lease or self.control.lease
-        seen = yield Phase(store.observe_begin, (call, lease), {"presented": presented, "max_attempts": ceiling})
+        seen = yield Phase(store.observe_begin, (call, lease), {"presented": presented, "max_attempts": ceiling,
+                                                                "with_policy": with_policy})
         would_have = seen.would_have(presented is not None)
         return (yield from self.run(seen.call, seen.attempt, lease, held=seen.held, would_have=would_have))
 

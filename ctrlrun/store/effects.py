@@ -400,7 +400,7 @@ def _problem_name(error: CTRLRunError) -> str:
 
 
 def observe_begin(call: Call, lease: dt.timedelta, *, presented: str | None = None,
-                  max_attempts: int | None = None) -> Observation:
+                  max_attempts: int | None = None, with_policy: bool = True) -> Observation:
     """Begin an observe-mode call (§B3): record it, and take its effect key if the key is free, but
     refuse nothing. What would have refused it is returned, for its receipt.
 
@@ -408,7 +408,8 @@ def observe_begin(call: Call, lease: dt.timedelta, *, presented: str | None = No
     really happened; a key that is committed, held or ambiguous is left as it is and the refusal is
     recorded (``EFFECT_RESERVATION_REFUSED``) before the call runs anyway. A presented approval is
     checked as enforcement would and used up only if it is valid and the key was taken (or there is
-    no key); one that would be refused is left as it is.
+    no key); one that would be refused is left as it is. ``with_policy=False``: the policy did not
+    decide the call (its effect key could not be made), so no POLICY_EVALUATED is written.
     """
     key = call.effect_key
     with _phase(clock=False) as when:
@@ -417,7 +418,7 @@ def observe_begin(call: Call, lease: dt.timedelta, *, presented: str | None = No
             when, record = _open_reservation(key, when)
         when = when or _clock()
         call = _started(call, when)
-        events = _opening_events(call, when)
+        events = _opening_events(call, when)[: None if with_policy else 1]
         approval, problem = None, None
         if presented is not None:
             if call.decision is Decision.APPROVE:
@@ -453,12 +454,16 @@ def observe_begin(call: Call, lease: dt.timedelta, *, presented: str | None = No
         ceiling = _over_ceiling(record, max_attempts)
         lapsed_events: list[EventRow] = []
         lapsed_receipts: list[_ReceiptSpec] = []
-        tampered = not _effect_ok(record) or (record.state == S.FAILED and _rewound(record))
+        # As ``reserve`` reads it: the signature matters only where a retry or a sweep would act on the
+        # row (failed, or held past its lease); a committed or live-held key is refused as such.
+        lapsed = held_lapsed(record.state, record.lease_expires_at, when)
+        tampered = (record.state == S.FAILED or lapsed) and (
+            not _effect_ok(record) or (record.state == S.FAILED and _rewound(record)))
         if ceiling:
             refused = {"reason": "attempt_ceiling", "attempt": record.attempt + 1, "max_attempts": max_attempts}
             reservation = None
         else:
-            if held_lapsed(record.state, record.lease_expires_at, when) and not tampered:
+            if lapsed and not tampered:
                 _lapse(record, when, lapsed_events, lapsed_receipts)
             error = _refusal_for(record, tampered)
             refused = _refusal_event(call, error, when)[5]

@@ -168,6 +168,22 @@ def test_since_refusals_say_what_is_accepted(text, says):
     assert "\n" not in str(caught.value)
 
 
+@pytest.mark.parametrize("text", ["0001-01-01T00:00:00+01:00", "9999-12-31T23:59:59-01:00"])
+def test_since_an_iso_time_that_leaves_the_calendar_in_utc_is_refused_not_a_crash(text):
+    # (review 11) 00:00 on 1 January of year 1 at +01:00 is before year 1 in UTC: astimezone raised
+    # OverflowError, which the command does not catch (a traceback, not a usage error).
+    with pytest.raises(ValueError, match="year") as caught:
+        stats.parse_since(text, NOW)
+    assert "\n" not in str(caught.value)
+
+
+def test_since_early_years_are_written_with_four_digits():
+    # (review 11) strftime('%Y') writes year 1 as '1' on Linux: 'since' was not an ISO time.
+    assert stats.iso(dt.datetime(1, 1, 1, tzinfo=dt.timezone.utc)) == "0001-01-01T00:00:00.000Z"
+    early = stats.compute([], mode="enforce", since=stats.parse_since("0999-06-01T00:00:00Z", NOW))
+    assert early["since"] == "0999-06-01T00:00:00.000Z"
+
+
 # --------------------------------------------------------------------------- text
 
 
