@@ -27,7 +27,7 @@ from .canonical import Principal
 from .errors import InvalidArgument
 from .kernel import drive
 from .kernel.steps import call_steps
-from .policy import Evaluation, Policy, load_policy
+from .policy import Evaluation, Policy, load_policy, parse_policy
 
 __all__ = ["Control", "default_control", "reset_default"]
 
@@ -64,6 +64,10 @@ class Control:
                  approval_ttl: dt.timedelta | float | None = None, environment: str | None = None) -> None:
         if isinstance(policy, (str, Path)):
             policy = load_policy(policy, environment=environment or _environment())
+        elif isinstance(policy, Policy) and environment is not None and (
+                not isinstance(environment, str) or environment.strip() != policy.environment):
+            # A Policy keeps the environment it was parsed with; Control(environment=) ranks above it.
+            policy = parse_policy(policy.text, policy.source, environment=environment)
         elif policy is not None and not isinstance(policy, Policy):
             raise InvalidArgument(f"Control(policy=...) must be a Policy or a path to a policy file, not "
                                   f"{type(policy).__name__}")

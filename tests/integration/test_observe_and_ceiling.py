@@ -510,3 +510,19 @@ def test_the_ceiling_holds_across_racing_processes(tmp_path, use_policy):
     row = EffectRecord.objects.get(pk="refund:txn_1")
     assert (row.state, row.attempt) == ("failed", 2)
     assert store.verify().ok
+
+
+def test_control_environment_ranks_above_a_parsed_policys():
+    """Control(environment=) re-reads a Policy object for that environment: its actions and hash say it."""
+    staging_text = "schema: ctrlrun.policy/v5\nenvironment: staging\n" + RULES
+    parsed = parse_policy(staging_text)
+    assert parsed.environment == "staging"
+    moved = Control(policy=parsed, environment="prod-eu")
+    assert moved.read_policy().environment == "prod-eu"
+    assert moved.policy_hash != parsed.hash
+    assert Control(policy=parsed).read_policy() is parsed
+    assert Control(policy=parsed, environment="staging").read_policy() is parsed
+    with pytest.raises(ctrlrun.InvalidArgument):
+        Control(policy=parsed, environment="  ")
+    moved.call("audit.note", {"text": "x"}, lambda: None, principal="a")
+    assert last_receipt()["environment"] == "prod-eu"
