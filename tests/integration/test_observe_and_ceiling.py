@@ -526,3 +526,56 @@ def test_control_environment_ranks_above_a_parsed_policys():
         Control(policy=parsed, environment="  ")
     moved.call("audit.note", {"text": "x"}, lambda: None, principal="a")
     assert last_receipt()["environment"] == "prod-eu"
+
+
+def test_an_approval_from_one_environment_never_matches_another(drive):
+    text = "schema: ctrlrun.policy/v5\nenvironment: staging\n" + RULES
+    staging = Control(policy=parse_policy(text))
+    production = Control(policy=parse_policy(text), environment="production")
+    approval = granted_for(staging, drive, refund("txn_1", 90000))
+    remote = Remote()
+    with ctrlrun.with_approval(approval), pytest.raises(ctrlrun.ApprovalMismatch) as refused:
+        drive(production, "stripe.refund", refund("txn_1", 90000), remote.act("production"))
+    assert refused.value.reason == "mismatch" and remote.calls == []
+    with ctrlrun.with_approval(approval):
+        drive(staging, "stripe.refund", refund("txn_1", 90000), remote.act("staging"))
+    assert remote.calls == ["staging"]
+    assert [r["environment"] for r in receipts()][-2:] == ["production", "staging"]
+
+
+def test_data_labels_decide_protected_calls(use_policy, remote):
+    """A labelled parameter with a default is present (defaults are applied before deciding), so its label
+    is in data_scope even when the caller leaves it out."""
+    use_policy("""\
+schema: ctrlrun.policy/v4
+actions:
+  notes.read:
+    data: {patient_id: phi, note_id: internal}
+    rules:
+      - when: {data_scope_in: [phi]}
+        decision: approve
+      - decision: allow
+  notes.list:
+    data: {patient_id: phi, note_id: internal}
+    rules:
+      - when: {data_scope_in: [phi]}
+        decision: approve
+      - decision: allow
+""")
+
+    @ctrlrun.protect("notes.read")
+    def read_note(note_id: str, patient_id: str | None = None) -> str:
+        return note_id
+
+    @ctrlrun.protect("notes.list")
+    def list_notes(note_id: str) -> str:
+        return note_id
+
+    with ctrlrun.context(agent="clinic-bot"):
+        with pytest.raises(ctrlrun.ApprovalRequired):
+            read_note(note_id="n1")
+        assert list_notes(note_id="n1") == "n1"
+    assert [r["decision_reason"] for r in receipts()] == ["rule[1]"]  # (the request has no receipt yet)
+    with pytest.raises(ctrlrun.InvalidArgument, match="data_scope"):
+        @ctrlrun.protect("notes.read")
+        def sneaky(note_id: str, data_scope: list) -> None: ...
