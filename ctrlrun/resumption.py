@@ -25,7 +25,6 @@ import json
 import logging
 import os
 import socket
-import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -141,9 +140,17 @@ def _unknown_resumer(name: str) -> str:
 
 
 def discover(modules: Iterable[str] = ()) -> list[str]:
-    """Import the modules that register resumers (``--import``); a bad name is one-line error."""
+    """Import the modules that register resumers: each installed app's ``CTRLRUN_TOOLS_MODULE``
+    (``tools.py``), then ``modules`` (``--import``); a name that does not import is a one-line error."""
     import importlib
 
+    from django.utils.module_loading import autodiscover_modules
+
+    from . import conf
+
+    tools = conf.tools_module()
+    if tools:  # each installed app's tools.py, where reconcile hooks are found too
+        autodiscover_modules(tools)
     imported = []
     for module in modules:
         try:
@@ -208,6 +215,7 @@ def _answer(approval_id: str) -> tuple[str | None, ApprovalView | None]:
 
 
 def _run(fn: Callable[..., Any], paused: PausedRunView, answer: Answer) -> Any:
+    """Call the resumer; an ``async def`` one runs to its end in an event loop of its own."""
     result = fn(paused, answer)
     if not inspect.isawaitable(result):
         return result
@@ -215,20 +223,10 @@ def _run(fn: Callable[..., Any], paused: PausedRunView, answer: Answer) -> Any:
         asyncio.get_running_loop()
     except RuntimeError:
         return asyncio.run(_awaited(result))
-    box: dict[str, Any] = {}  # called from inside an event loop (an async view's signal): a thread of its own
-
-    def runner() -> None:
-        try:
-            box["value"] = asyncio.run(_awaited(result))
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
-            box["error"] = exc
-
-    thread = threading.Thread(target=runner, name="ctrlrun-resume")
-    thread.start()
-    thread.join()
-    if "error" in box:
-        raise box["error"]
-    return box.get("value")
+    if inspect.iscoroutine(result):
+        result.close()  # never awaited: say why instead of warning about it
+    raise InvalidArgument("resuming runs from synchronous code (as the store's calls do); from async code, "
+                          "call it through asgiref's sync_to_async")
 
 
 async def _awaited(awaitable: Any) -> Any:

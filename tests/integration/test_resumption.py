@@ -366,3 +366,14 @@ def test_the_pydantic_ai_pending_map_is_bounded_and_forgets_resolved_calls(monke
     assert "call_5" not in toolset.pending and "call_4" not in toolset.pending
     assert [line.split()[1] for line in ledger(files)] == ["txn_5"]
     assert sorted(call.tool_call_id for call in again.output.approvals) == ["call_0", "call_1", "call_2", "call_3"]
+
+
+def test_resume_ready_takes_at_most_limit_runs_oldest_first(files):
+    ids = [pause("pydantic-ai", {"payment_id": f"txn_l{n}", "amount": 500_000}) for n in range(3)]
+    for approval_id in ids:
+        store.answer_approval(approval_id, True, by="alice")
+    with pytest.raises(ctrlrun.InvalidArgument, match="at least 1"):
+        resumption.resume_ready(limit=0)
+    assert [o.approval_id for o in resumption.resume_ready(limit=2)] == ids[:2]
+    assert [o.approval_id for o in resumption.resume_ready(limit=2)] == ids[2:]
+    assert sorted(line.split()[1] for line in ledger(files)) == ["txn_l0", "txn_l1", "txn_l2"]
