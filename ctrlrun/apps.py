@@ -72,6 +72,12 @@ class CtrlrunConfig(AppConfig):
         setting_changed.connect(forget_cached_settings, dispatch_uid="ctrlrun-conf-cache")
         # Once per migrate (sender: this app), after every migration has run.
         post_migrate.connect(_post_migrate, sender=self, dispatch_uid="ctrlrun-console-groups")
+        from django.conf import settings
+
+        if getattr(settings, "CTRLRUN_RESUME_ON_ANSWER", False):  # docs/resumption.md
+            from .resumption import connect_signal_receiver
+
+            connect_signal_receiver()
 
 
 def _post_migrate(sender: AppConfig, *, apps: Any = global_apps, using: str = "default", verbosity: int = 1,

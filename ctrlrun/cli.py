@@ -33,6 +33,7 @@ COMMANDS: dict[str, tuple[bool, str]] = {
     "approve": (False, "grant a pending approval request (--by NAME, --note TEXT)"),
     "deny": (False, "deny a pending approval request"),
     "reconcile": (False, "sweep lapsed leases and ask reconcile hooks about AMBIGUOUS effects"),
+    "resume_runs": (False, "resume agent runs paused on answered approvals (--once, --limit N, --import MODULE)"),
     "stats": (False, "count what the receipts of a time window say (--since 24h, --json)"),
     "init": (False, "write a commented starter ctrlrun.yaml and create .ctrlrun/ beside it"),
     "demo": (False, "run the guided scenarios in a scratch store"),
@@ -48,7 +49,7 @@ NO_STORE = ("demo", "init")
 
 def _usage() -> str:
     lines = ["usage: ctrlrun COMMAND [options]   (ctrlrun COMMAND --help for each)", "", "commands:"]
-    lines += [f"  {name:<10} {summary}" for name, (_, summary) in COMMANDS.items()]
+    lines += [f"  {name:<11} {summary}" for name, (_, summary) in COMMANDS.items()]
     lines += ["", "The store: $CTRLRUN_STORE_URL or $DATABASE_URL, else $CTRLRUN_STATE, else .ctrlrun/state.db",
               "beside the policy ($CTRLRUN_CONFIG, else ./ctrlrun.yaml)."]
     return "\n".join(lines)

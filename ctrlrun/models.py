@@ -270,3 +270,43 @@ class ChainCheck(models.Model):
 
     def __str__(self) -> str:
         return f"{self.mode} check {self.id} ({'intact' if self.ok else 'broken'})"
+
+
+class PausedRun(models.Model):
+    """An agent framework's run, paused on a ctrlrun approval request, kept until it is resumed.
+
+    Mutable application data, not evidence (no chain, no signature, not append-only): nothing here
+    is trusted for consent. The resumed tool call still needs ctrlrun's grant for its exact action
+    hash, which the adapters check where the effect happens; a ``state`` edited to run something
+    else is refused there. ``status`` moves pending -> resuming (one process claims the row, with a
+    conditional UPDATE) -> resumed | failed, and never back: a run is resumed at most once.
+    """
+
+    PENDING, RESUMING, RESUMED, FAILED = "pending", "resuming", "resumed", "failed"
+    STATUSES = (PENDING, RESUMING, RESUMED, FAILED)
+    FRAMEWORKS = ("openai-agents", "langgraph", "pydantic-ai")
+
+    id = models.BigAutoField(primary_key=True)
+    approval_id = models.CharField(max_length=ID_LENGTH, unique=True,
+                                   help_text="The ctrlrun approval request the run waits on.")
+    framework = models.CharField(max_length=20, choices=[(f, f) for f in FRAMEWORKS])
+    state = models.TextField(help_text="The framework's paused run as JSON text (RunState JSON; a LangGraph "
+                                       "thread id and checkpoint namespace; Pydantic AI's messages and "
+                                       "deferred calls).")
+    resume_with = models.CharField(max_length=200, help_text="The registered resumer that continues the run.")
+    status = models.CharField(max_length=10, choices=[(s, s) for s in STATUSES], default=PENDING)
+    answer = models.CharField(max_length=10, null=True, blank=True,
+                              help_text="What the resumer was told: granted, denied or expired.")
+    claimed_by = models.CharField(max_length=200, null=True, blank=True,
+                                  help_text="The process that resumed the run (host:pid).")
+    created_at = models.DateTimeField()
+    claimed_at = models.DateTimeField(null=True, blank=True)
+    resumed_at = models.DateTimeField(null=True, blank=True, help_text="When the resumer finished.")
+    error = models.TextField(null=True, blank=True, help_text="Why the resume failed.")
+
+    class Meta:
+        ordering = ["created_at", "id"]
+        indexes = [models.Index(fields=["status", "created_at"], name="ctrlrun_pausedrun_status_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.framework} run paused on {self.approval_id} ({self.status})"

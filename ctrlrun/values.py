@@ -29,6 +29,7 @@ __all__ = [
     "EventView",
     "ReceiptView",
     "ApprovalView",
+    "PausedRunView",
     "ChainCheckView",
     "Overview",
 ]
@@ -256,3 +257,26 @@ class Overview:
     receipts: int
     #: Waiting requests whose row does not carry ctrlrun's signature: nobody can answer them.
     tampered_approvals: int = 0
+
+
+@dataclass(frozen=True)
+class PausedRunView:
+    """A framework's paused run, kept beside the ctrlrun approval it waits on (``ctrlrun.resumption``)."""
+
+    id: int
+    approval_id: str
+    framework: str
+    state: str
+    resume_with: str
+    status: str
+    answer: str | None
+    claimed_by: str | None
+    created_at: dt.datetime
+    claimed_at: dt.datetime | None
+    resumed_at: dt.datetime | None
+    error: str | None
+
+    @property
+    def data(self) -> Any:
+        """The state parsed as JSON (``ValueError`` if it no longer parses)."""
+        return json.loads(self.state)

@@ -6,6 +6,8 @@
   same way.
 - :func:`resume` - the ``Command(resume=...)`` that continues a paused run once a person answered
   the ctrlrun request (in the console, ``ctrlrun approve`` or ``store.answer_approval``).
+- :func:`pause` / :func:`resume_run` - store a paused run's thread beside its ctrlrun request and
+  continue it from another process (``ctrlrun.resumption``; the checkpointer is the application's).
 
 The approve band pauses the run with LangGraph's ``interrupt()``; the payload (:func:`payload`
 keys: ``ctrlrun_request_id``, ``action_hash``, ``action``, ``tool``, ``arguments``,
@@ -20,6 +22,7 @@ do it", which lets the model tell the user - not as a crash.
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Any
 
@@ -39,7 +42,7 @@ except ImportError as missing:  # pragma: no cover - exercised only without the 
 import ctrlrun
 from ctrlrun import Decision
 
-__all__ = ["CtrlrunMiddleware", "guard_tool", "resume", "REFUSALS", "PAYLOAD_KIND"]
+__all__ = ["CtrlrunMiddleware", "guard_tool", "resume", "REFUSALS", "PAYLOAD_KIND", "pause", "config_of", "resume_run"]
 
 #: ctrlrun's refusals of one call: each comes back to the model as the tool's (error) result.
 REFUSALS = (ctrlrun.ActionDenied, ctrlrun.ApprovalMismatch, ctrlrun.DuplicateEffect, ctrlrun.AmbiguousEffect,
@@ -66,13 +69,16 @@ class _ToolError(Exception):
         self.message = message
 
 
-def resume(request_id: str, *, approved: bool = True) -> Command:
+def resume(request_id: str, *, approved: bool = True, message: str | None = None) -> Command:
     """The ``Command`` that resumes a run paused on ctrlrun request ``request_id``.
 
-    ``approved=False`` tells the adapter the framework side rejected it: nothing runs. ``True`` is
-    no permission by itself - the call then runs only if a person granted that request in ctrlrun,
-    for these exact arguments."""
-    return Command(resume={"ctrlrun_request_id": request_id, "approved": bool(approved)})
+    ``approved=False`` tells the adapter the framework side rejected it: nothing runs, and the model
+    reads ``message`` (default: that the call was rejected). ``True`` is no permission by itself -
+    the call then runs only if a person granted that request in ctrlrun, for these exact arguments."""
+    value: dict[str, Any] = {"ctrlrun_request_id": request_id, "approved": bool(approved)}
+    if message:
+        value["message"] = str(message)
+    return Command(resume=value)
 
 
 def _refusal_text(tool: str, exc: BaseException) -> str:
@@ -90,7 +96,9 @@ def _read_resume(tool: str, answer: Any) -> str:
         approved = answer.get("approved", True)
         request_id = answer.get("ctrlrun_request_id", answer.get("request_id"))
         if approved is False:
-            raise _Refused(f"{tool} was rejected when the run was resumed; the tool did not run.")
+            told = answer.get("message")
+            raise _Refused(f"{tool}: {told}" if isinstance(told, str) and told
+                           else f"{tool} was rejected when the run was resumed; the tool did not run.")
         if approved is True and isinstance(request_id, str) and request_id:
             return request_id
     raise _Refused(
@@ -369,3 +377,61 @@ def guard_tool(control: Any, tool: BaseTool, *, effect: str | None = None, actio
         func=run, coroutine=arun, name=tool.name, description=tool.description, args_schema=tool.args_schema,
         infer_schema=False, handle_tool_error=True, return_direct=tool.return_direct,
     )
+
+
+# --------------------------------------------------------------------------- resumption
+
+
+def pause(result: Mapping[str, Any], config: Mapping[str, Any], *, resume_with: str) -> Any:
+    """Store the run ``result`` paused at (its ``__interrupt__``) beside its ctrlrun request
+    (``ctrlrun.resumption.pause``): the thread id and checkpoint namespace of ``config``. The paused
+    graph itself stays in the application's checkpointer, which the resumer's graph must share (a
+    database one - ``SqliteSaver``, ``PostgresSaver`` - for another process). One ctrlrun request
+    per paused run."""
+    from ctrlrun import resumption
+
+    ours = [item for item in (result.get("__interrupt__") or ()) if isinstance(getattr(item, "value", None), Mapping)
+            and item.value.get("kind") == PAYLOAD_KIND and item.value.get("ctrlrun_request_id")]
+    if len(ours) != 1:
+        raise ctrlrun.InvalidArgument(f"pause: the run is paused on {len(ours)} ctrlrun request(s); a paused run is "
+                                      "stored for exactly one")
+    configurable = dict((config or {}).get("configurable") or {})
+    thread_id = configurable.get("thread_id")
+    if not isinstance(thread_id, str) or not thread_id:
+        raise ctrlrun.InvalidArgument("pause: the config has no configurable.thread_id (a paused LangGraph run "
+                                      "lives in a checkpointer thread)")
+    (paused,) = ours
+    state = {"thread_id": thread_id, "checkpoint_ns": str(configurable.get("checkpoint_ns", "")),
+             "interrupt_id": paused.id, "tool": paused.value.get("tool"), "action": paused.value.get("action")}
+    return resumption.pause(paused.value["ctrlrun_request_id"], "langgraph", state, resume_with=resume_with)
+
+
+def config_of(paused: Any) -> dict[str, Any]:
+    """The ``config`` of the thread a paused run (a ``PausedRunView``) is in."""
+    try:
+        data = json.loads(paused.state)
+        thread_id = data["thread_id"]
+        if not isinstance(thread_id, str) or not thread_id:
+            raise ValueError("no thread id")
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ctrlrun.InvalidArgument(f"paused run {paused.id}: the stored state does not parse as a LangGraph "
+                                      f"thread ({type(exc).__name__}: {exc})") from None
+    configurable = {"thread_id": thread_id}
+    if data.get("checkpoint_ns"):
+        configurable["checkpoint_ns"] = str(data["checkpoint_ns"])
+    return {"configurable": configurable}
+
+
+def resume_run(paused: Any, answer: Any, graph: Any) -> Any:
+    """Continue a paused run after the person's ``answer`` (``graph.invoke``): granted, the call runs
+    if ctrlrun holds the grant for its exact arguments; denied or expired, the model reads why."""
+    command = resume(paused.approval_id, approved=answer.approved,
+                     message=None if answer.approved else answer.message())
+    return graph.invoke(command, config_of(paused))
+
+
+async def aresume_run(paused: Any, answer: Any, graph: Any) -> Any:
+    """:func:`resume_run` for an async graph (``graph.ainvoke``)."""
+    command = resume(paused.approval_id, approved=answer.approved,
+                     message=None if answer.approved else answer.message())
+    return await graph.ainvoke(command, config_of(paused))

@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 try:
@@ -45,9 +46,31 @@ from ctrlrun.errors import (
 )
 from ctrlrun.policy import Decision
 
-__all__ = ["CtrlrunRequest", "guarded_tool", "ctrlrun_tool", "request_for", "refusal_text"]
+__all__ = ["CtrlrunRequest", "guarded_tool", "ctrlrun_tool", "request_for", "refusal_text", "pause", "resume",
+           "MAX_REQUESTS"]
 
 REFUSED = "ctrlrun refused"
+
+#: At most this many ``{call id: CtrlrunRequest}`` entries a tool keeps (the oldest go first): a
+#: long-running process does not grow the map without limit. An evicted entry fails closed: its
+#: resumed call is refused ("approval required"), never run without a grant.
+MAX_REQUESTS = 1024
+
+
+class _Requests(OrderedDict):
+    """The tool's request map, bounded at ``limit`` entries (least recently set or read go first)."""
+
+    def __init__(self, entries: Mapping[str, Any] | None = None, *, limit: int | None = None):
+        super().__init__()
+        self.limit = limit or MAX_REQUESTS
+        for key, value in (entries or {}).items():
+            self[key] = value
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        super().__setitem__(key, value)
+        self.move_to_end(key)
+        while len(self) > self.limit:
+            self.popitem(last=False)
 
 
 @dataclass(frozen=True)
@@ -95,7 +118,7 @@ def guarded_tool(control: ctrlrun.Control, name: str, fn: Callable[..., Any], *,
     """
     if not isinstance(control, ctrlrun.Control):
         raise ctrlrun.InvalidArgument(f"guarded_tool: control must be a ctrlrun.Control, not {type(control).__name__}")
-    requests: dict[str, CtrlrunRequest] = dict(options.pop("requests", None) or {})
+    requests: _Requests = _Requests(options.pop("requests", None) or {})
     call_options = dict(options)
     if effect is not None:
         call_options["effect"] = effect
@@ -201,3 +224,53 @@ def request_for(tool: FunctionTool, item: ToolApprovalItem | str) -> CtrlrunRequ
     raw = item.raw_item
     call_id = raw.get("call_id") if isinstance(raw, dict) else getattr(raw, "call_id", None)
     return requests.get(call_id) if call_id else None
+
+
+# --------------------------------------------------------------------------- resumption
+
+
+def pause(result: Any, tool: FunctionTool, *, resume_with: str) -> Any:
+    """Store the run ``result`` stopped at (``result.interruptions``) beside its ctrlrun request
+    (``ctrlrun.resumption.pause``): the ``RunState`` JSON and the tool's ``CtrlrunRequest``, so a
+    resumer in another process can rebuild it with :func:`resume`. One ctrlrun request per paused run."""
+    from ctrlrun import resumption
+
+    interruptions = list(getattr(result, "interruptions", None) or [])
+    found = [request for request in (request_for(tool, item) for item in interruptions) if request is not None]
+    if len(interruptions) != 1 or len(found) != 1:
+        raise ctrlrun.InvalidArgument(
+            f"pause: the run stopped at {len(interruptions)} interruption(s), {len(found)} of them ctrlrun "
+            "requests of this tool; a paused run is stored for exactly one ctrlrun request")
+    (request,) = found
+    state = {"run_state": result.to_state().to_json(), "requests": {request.call_id: asdict(request)}}
+    return resumption.pause(request.request_id, "openai-agents", state, resume_with=resume_with)
+
+
+async def resume(paused: Any, answer: Any, agent: Any, tool: FunctionTool, **run_options: Any) -> Any:
+    """Continue a paused run (a ``PausedRunView``) after the person's ``answer``: the run's
+    interruption approved at the SDK level if the person granted it (ctrlrun still checks the grant
+    against the executed arguments), rejected with the answer's message otherwise (denied, expired).
+    ``agent`` and ``tool`` are the application's, built as when the run started; ``run_options`` go
+    to ``Runner.run``. Returns the ``RunResult``."""
+    from agents import Runner, RunState
+
+    try:
+        data = json.loads(paused.state)
+        run_state, stored = data["run_state"], data["requests"]
+        requests = {call_id: CtrlrunRequest(**fields) for call_id, fields in stored.items()}
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ctrlrun.InvalidArgument(f"paused run {paused.id}: the stored state does not parse as an OpenAI "
+                                      f"Agents run ({type(exc).__name__}: {exc})") from None
+    for call_id, request in requests.items():
+        tool.ctrlrun_requests[call_id] = request  # type: ignore[attr-defined]
+    try:
+        state = await RunState.from_json(agent, run_state)
+    except Exception as exc:  # noqa: BLE001 - the SDK's own parse errors, as one line
+        raise ctrlrun.InvalidArgument(f"paused run {paused.id}: the SDK cannot read the stored RunState "
+                                      f"({type(exc).__name__}: {' '.join(str(exc).split())})") from None
+    for item in state.get_interruptions():
+        if answer.approved:
+            state.approve(item)
+        else:
+            state.reject(item, rejection_message=answer.message())
+    return await Runner.run(agent, state, **run_options)

@@ -17,6 +17,7 @@ through ``control.acall`` (policy, approval, effect key, receipts), and only ctr
 """
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,7 +36,12 @@ import ctrlrun
 from ctrlrun.canonical import canonical_arguments, canonical_bytes
 from ctrlrun.errors import CTRLRunError
 
-__all__ = ["CtrlrunToolset", "REQUEST_ID", "ACTION_HASH"]
+__all__ = ["CtrlrunToolset", "REQUEST_ID", "ACTION_HASH", "MAX_PENDING", "pause", "resume_options"]
+
+#: At most this many deferred calls a toolset remembers (``toolset.pending``; the oldest go first).
+#: A call leaves the map once it ran or was refused for good; an evicted one is still resumable
+#: through the ``DeferredToolResults.metadata`` pointer, and ctrlrun checks its grant either way.
+MAX_PENDING = 1024
 
 #: The keys of the metadata of a deferred call (``DeferredToolRequests.metadata[tool_call_id]``).
 REQUEST_ID = "ctrlrun_request_id"
@@ -51,6 +57,12 @@ class _Pending:
     request_id: str
     action_hash: str
     arguments: str | None  # canonical JSON of the arguments the request was made for (None: unknown)
+
+
+def _final(refusal: CTRLRunError) -> bool:
+    """Can the request of a refused resumed call never run it? (Other arguments, or a request not
+    answered yet, leave it usable for the call the person read.)"""
+    return not (isinstance(refusal, ctrlrun.ApprovalMismatch) and refusal.reason in ("mismatch", "pending"))
 
 
 #: What arguments that cannot be canonical compare as: never equal to any canonical text.
@@ -140,14 +152,22 @@ class CtrlrunToolset(WrapperToolset):
                     f"{action}: approval request {asked.request_id} not found", reason="unknown"))
             pending = _Pending(asked.request_id, approval.action_hash, _canonical(tool_args))
             if call_id:
-                self.pending[call_id] = pending
+                self._remember(call_id, pending)
             raise self._defer(pending) from None
         except ctrlrun.NotExecuted as not_run:
             if isinstance(not_run.__cause__, _FLOW):
                 raise not_run.__cause__ from None
             raise
         except _REFUSALS as refused:
+            if ctx.tool_call_approved and call_id and _final(refused):
+                self.pending.pop(call_id, None)  # refused for good: this request can never run it
             return self.refusal(action, refused)
+
+    def _remember(self, call_id: str, pending: _Pending) -> None:
+        self.pending.pop(call_id, None)
+        self.pending[call_id] = pending
+        while len(self.pending) > MAX_PENDING:
+            self.pending.pop(next(iter(self.pending)))
 
     def refusal(self, action: str, error: CTRLRunError) -> str:
         """What the model reads as the tool's result when ctrlrun refused the call (nothing ran)."""
@@ -189,3 +209,55 @@ def _model_arguments(ctx: Any, name: str) -> str | None:
                 except Exception:  # noqa: BLE001 - malformed args: cannot compare, so refuse
                     return _UNREADABLE
     return None
+
+
+# --------------------------------------------------------------------------- resumption
+
+
+def pause(result: Any, *, resume_with: str) -> Any:
+    """Store the run ``result`` ended deferred on (``DeferredToolRequests`` with one ctrlrun
+    request) beside that request (``ctrlrun.resumption.pause``): the message history as JSON and the
+    deferred call's id and metadata, so a resumer in another process can continue it with
+    ``agent.run_sync(**resume_options(paused, answer))``."""
+    from pydantic_ai.messages import ModelMessagesTypeAdapter
+    from pydantic_ai.tools import DeferredToolRequests
+
+    from ctrlrun import resumption
+
+    output = getattr(result, "output", None)
+    if not isinstance(output, DeferredToolRequests):
+        raise ctrlrun.InvalidArgument("pause: the run did not end deferred (its output is not DeferredToolRequests)")
+    ours = [call for call in output.approvals
+            if isinstance(output.metadata.get(call.tool_call_id), Mapping)
+            and str(output.metadata[call.tool_call_id].get(REQUEST_ID, "")).startswith("apr_")]
+    if len(ours) != 1 or len(output.approvals) != 1 or output.calls:
+        raise ctrlrun.InvalidArgument(f"pause: the run deferred {len(output.approvals) + len(output.calls)} call(s), "
+                                      f"{len(ours)} of them ctrlrun requests; a paused run is stored for exactly one")
+    (call,) = ours
+    metadata = dict(output.metadata[call.tool_call_id])
+    state = {"messages": json.loads(ModelMessagesTypeAdapter.dump_json(result.all_messages())),
+             "tool_call_id": call.tool_call_id, "metadata": metadata}
+    return resumption.pause(metadata[REQUEST_ID], "pydantic-ai", state, resume_with=resume_with)
+
+
+def resume_options(paused: Any, answer: Any) -> dict[str, Any]:
+    """``message_history`` and ``deferred_tool_results`` that continue a paused run after the
+    person's ``answer``: granted, the call is approved at Pydantic AI's level (ctrlrun still checks
+    its grant against the executed arguments); denied or expired, it is denied with the answer's
+    message, which the model reads."""
+    from pydantic_ai.messages import ModelMessagesTypeAdapter
+    from pydantic_ai.tools import DeferredToolResults, ToolDenied
+
+    try:
+        data = json.loads(paused.state)
+        call_id, metadata = data["tool_call_id"], data["metadata"]
+        history = ModelMessagesTypeAdapter.validate_python(data["messages"])
+        if not isinstance(call_id, str) or not isinstance(metadata, Mapping):
+            raise ValueError("tool_call_id or metadata of the wrong type")
+    except Exception as exc:  # noqa: BLE001 - pydantic's validation errors too, as one line
+        raise ctrlrun.InvalidArgument(f"paused run {paused.id}: the stored state does not parse as a Pydantic AI "
+                                      f"run ({type(exc).__name__}: {' '.join(str(exc).split())[:300]})") from None
+    decision: Any = True if answer.approved else ToolDenied(answer.message())
+    return {"message_history": history,
+            "deferred_tool_results": DeferredToolResults(approvals={call_id: decision},
+                                                         metadata={call_id: dict(metadata)})}

@@ -11,6 +11,7 @@ the work lives in one module per concern:
 - ``approvals``   requests, answers, expiry, use
 - ``effects``     reserve, lease, outcome, sweep, reconcile, resolve: every state write (``_move``)
 - ``evidence``    reads, chain verification, recorded checks, the overview
+- ``paused``      paused runs of agent frameworks (``ctrlrun.resumption``): stored, claimed once
 
 Its value types live in ``ctrlrun.values`` (no Django); its wording in ``ctrlrun.messages``.
 
@@ -72,12 +73,13 @@ from ..values import (
     HookAnswer,
     OutcomeWrite,
     Overview,
+    PausedRunView,
     Pending,
     ReceiptView,
     Refused,
     Reserved,
 )
-from . import approvals, base, chain, effects, evidence, policies, signatures, sql
+from . import approvals, base, chain, effects, evidence, paused, policies, signatures, sql
 from .approvals import (
     answer_approval,
     approvals_for_hash,
@@ -124,6 +126,15 @@ from .evidence import (
     verify,
     verify_incremental,
 )
+from .paused import (
+    claim_paused_run,
+    finish_paused_run,
+    get_paused_run,
+    list_paused_runs,
+    paused_run_for,
+    ready_paused_runs,
+    save_paused_run,
+)
 from .policies import ensure_policy, forget_known_policies
 from .signatures import (
     APPROVAL_DOMAIN,
@@ -144,7 +155,7 @@ _PRIVATE = (_db, _phase, _time_param, _approval_document, _effect_mac, _head_doc
 __all__ = [
     # values (ctrlrun.values)
     "Call", "Pending", "Reserved", "Refused", "OutcomeWrite", "HookAnswer", "EffectView", "EventView", "ReceiptView",
-    "ApprovalView", "ChainCheckView", "Overview", "EventRow",
+    "ApprovalView", "ChainCheckView", "Overview", "EventRow", "PausedRunView",
     # errors the store raises on its own account
     "StateConflict", "IllegalTransition", "StoreUnavailable",
     # which database, and its clock
@@ -158,6 +169,9 @@ __all__ = [
     "LEASE_LAPSED_ERROR",
     # approvals
     "request_approval", "answer_approval", "expire_if_due", "get_approval", "list_approvals", "approvals_for_hash",
+    # paused runs of agent frameworks (ctrlrun.resumption): mutable, not evidence
+    "save_paused_run", "get_paused_run", "paused_run_for", "list_paused_runs", "ready_paused_runs",
+    "claim_paused_run", "finish_paused_run",
     # evidence
     "list_effects", "get_effect", "list_receipts", "get_receipt", "events_for_action", "events_for_effect",
     "citing_control", "check_control_id", "unreadable_documents",
@@ -168,5 +182,5 @@ __all__ = [
     "HEAD_DOMAIN", "EFFECT_DOMAIN", "APPROVAL_DOMAIN", "CHECK_DOMAIN", "approval_signature_ok", "effect_signature_ok",
     "TAMPERED_HINT",
     # the modules, for tests and tools that reach one concern
-    "approvals", "base", "chain", "effects", "evidence", "policies", "signatures", "sql",
+    "approvals", "base", "chain", "effects", "evidence", "paused", "policies", "signatures", "sql",
 ]
