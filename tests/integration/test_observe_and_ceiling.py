@@ -546,22 +546,14 @@ def test_an_approval_from_one_environment_never_matches_another(drive):
 def test_data_labels_decide_protected_calls(use_policy, remote):
     """A labelled parameter with a default is present (defaults are applied before deciding), so its label
     is in data_scope even when the caller leaves it out."""
-    use_policy("""\
-schema: ctrlrun.policy/v4
-actions:
-  notes.read:
+    labelled = """\
     data: {patient_id: phi, note_id: internal}
     rules:
       - when: {data_scope_in: [phi]}
         decision: approve
       - decision: allow
-  notes.list:
-    data: {patient_id: phi, note_id: internal}
-    rules:
-      - when: {data_scope_in: [phi]}
-        decision: approve
-      - decision: allow
-""")
+"""
+    use_policy(f"schema: ctrlrun.policy/v4\nactions:\n  notes.read:\n{labelled}  notes.list:\n{labelled}")
 
     @ctrlrun.protect("notes.read")
     def read_note(note_id: str, patient_id: str | None = None) -> str:

@@ -14,7 +14,8 @@ from tests.support import Hook, receipts
 pytestmark = pytest.mark.usefixtures("store_db")
 
 
-def test_a_blocking_hook_that_moves_the_last_attempt_to_failed_meets_the_ceiling(enforce, drive):
+def failed_then_lost(enforce, drive) -> Remote:
+    """refund:txn_1 under max_attempts 2: attempt 1 fails without acting, attempt 2 loses its reply (ambiguous)."""
     remote = Remote()
     remote.fail = ctrlrun.NotExecuted("down")
     with pytest.raises(ctrlrun.NotExecuted):
@@ -22,6 +23,11 @@ def test_a_blocking_hook_that_moves_the_last_attempt_to_failed_meets_the_ceiling
     remote.fail = TimeoutError("lost")
     with pytest.raises(TimeoutError):
         drive(enforce, "stripe.refund", refund("txn_1"), remote.act("2"))
+    return remote
+
+
+def test_a_blocking_hook_that_moves_the_last_attempt_to_failed_meets_the_ceiling(enforce, drive):
+    remote = failed_then_lost(enforce, drive)
     remote.fail = None
     hook = Hook("not_executed")
     with pytest.raises(ctrlrun.ActionDenied) as refused:
@@ -38,13 +44,7 @@ def test_a_blocking_hook_that_moves_the_last_attempt_to_failed_meets_the_ceiling
 
 
 def test_a_person_resolving_the_last_attempt_failed_meets_the_ceiling_before_anyone_is_asked(enforce, drive):
-    remote = Remote()
-    remote.fail = ctrlrun.NotExecuted("down")
-    with pytest.raises(ctrlrun.NotExecuted):
-        drive(enforce, "stripe.refund", refund("txn_1"), remote.act("1"))
-    remote.fail = TimeoutError("lost")
-    with pytest.raises(TimeoutError):
-        drive(enforce, "stripe.refund", refund("txn_1"), remote.act("2"))
+    remote = failed_then_lost(enforce, drive)
     store.resolve("refund:txn_1", "failed", by="alice")
     remote.fail = None
     with pytest.raises(ctrlrun.ActionDenied) as refused:
