@@ -128,9 +128,13 @@ def _qualified(fn: Callable[..., Any]) -> str:
 
 
 def _check_name(name: Any) -> None:
-    if not isinstance(name, str) or not name.strip() or len(name) > MAX_NAME or name != name.strip():
+    from .display import has_hidden
+
+    if (not isinstance(name, str) or not name.strip() or len(name) > MAX_NAME or name != name.strip()
+            or has_hidden(name) or any(c in name for c in "\t\n\r\x00")):
+        shown = repr(name) if not isinstance(name, str) else repr(name).encode("ascii", "backslashreplace").decode()
         raise InvalidArgument(f"a resumer's name is a non-empty string of at most {MAX_NAME} characters without "
-                              f"surrounding spaces, not {name!r}")
+                              f"surrounding spaces, control or invisible characters, not {shown[:250]}")
 
 
 def _unknown_resumer(name: str) -> str:
@@ -153,15 +157,21 @@ def discover(modules: Iterable[str] = ()) -> list[str]:
         autodiscover_modules(tools)
     imported = []
     for module in modules:
+        name = repr(module).encode("ascii", "backslashreplace").decode()[:300]
         try:
             importlib.import_module(module)
         except (ImportError, TypeError, ValueError) as exc:
-            raise InvalidArgument(f"could not import resumer module {module!r}: {exc}") from None
+            raise InvalidArgument(f"could not import resumer module {name}: {_one_line(exc)}") from None
+        except Exception as exc:  # noqa: BLE001 - the module itself raised while it was imported
+            raise InvalidArgument(f"could not import resumer module {name}: it raised {_one_line(exc)}") from None
         imported.append(module)
     return imported
 
 
 # --------------------------------------------------------------------------- pausing
+
+_TOO_DEEP = ("pause: the state is nested too deeply to be read back as JSON (Python's recursion limit); "
+             "a framework's paused run is never that deep")
 
 
 def pause(request_id: str, framework: str, state: Any, *, resume_with: str) -> PausedRunView:
@@ -180,10 +190,14 @@ def pause(request_id: str, framework: str, state: Any, *, resume_with: str) -> P
     if not isinstance(state, str):
         try:
             state = json.dumps(state, ensure_ascii=False, separators=(",", ":"))
+        except RecursionError:
+            raise InvalidArgument(_TOO_DEEP) from None
         except (TypeError, ValueError) as exc:
             raise InvalidArgument(f"pause: the state cannot be written as JSON ({exc})") from None
     try:
         parsed = json.loads(state)
+    except RecursionError:
+        raise InvalidArgument(_TOO_DEEP) from None
     except ValueError as exc:
         raise InvalidArgument(f"pause: the state is not JSON text ({exc})") from None
     if not isinstance(parsed, dict):
@@ -206,8 +220,8 @@ def _answer(approval_id: str) -> tuple[str | None, ApprovalView | None]:
     from .states import approval_lapsed
 
     approval = store.get_approval(approval_id)
-    if approval is None:
-        return None, None
+    if approval is None or not approval.signature_ok:  # a row changed outside ctrlrun answers nothing
+        return None, approval
     if approval.status in ("pending", "granted") and approval_lapsed(approval.status, approval.expires_at, store.now()):
         approval = store.expire_if_due(approval_id) or approval
     status = {"granted": "granted", "consumed": "granted", "denied": "denied", "expired": "expired"}.get(approval.status)
@@ -256,6 +270,9 @@ def _resume(paused: PausedRunView) -> Outcome:
         error = f"the approval request {paused.approval_id} is not in the store"
         store.finish_paused_run(paused.id, error=error, claim=(worker, claimed_at))
         return outcome("failed", detail=error)
+    if not approval.signature_ok:  # left pending: resumed only on an answer ctrlrun recorded
+        return outcome("skipped", detail=f"the approval request {paused.approval_id} does not carry ctrlrun's "
+                                         "signature (its row was changed outside ctrlrun); not resumed on it")
     if status is None:
         return outcome("skipped", detail=f"the request is still {approval.status}")
     claimed_at = store.claim_paused_run(paused.id, status, worker)
