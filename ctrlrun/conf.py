@@ -146,6 +146,17 @@ def chain_check_max_age() -> dt.timedelta:
     return _positive_seconds("CTRLRUN_CHAIN_CHECK_MAX_AGE_SECONDS", DEFAULT_CHAIN_CHECK_MAX_AGE_SECONDS)
 
 
+#: Ten minutes: a paused run claimed longer ago than this, and still ``resuming``, may be released by a
+#: person (``resume_runs --release``): its process most likely died. A resumer that really takes
+#: longer needs a larger value, or it can be released while it still runs.
+DEFAULT_RESUME_RELEASE_AFTER_SECONDS = 600
+
+
+def resume_release_after() -> dt.timedelta:
+    """``CTRLRUN_RESUME_RELEASE_AFTER_SECONDS``: how old a claim must be before a person may release it."""
+    return _positive_seconds("CTRLRUN_RESUME_RELEASE_AFTER_SECONDS", DEFAULT_RESUME_RELEASE_AFTER_SECONDS)
+
+
 _alias: str | None = None
 #: The clock of the ``Control`` whose call is running in this context (``Control.scope``): several
 #: Controls in one process each keep their own time.

@@ -279,7 +279,9 @@ class PausedRun(models.Model):
     is trusted for consent. The resumed tool call still needs ctrlrun's grant for its exact action
     hash, which the adapters check where the effect happens; a ``state`` edited to run something
     else is refused there. ``status`` moves pending -> resuming (one process claims the row, with a
-    conditional UPDATE) -> resumed | failed, and never back: a run is resumed at most once.
+    conditional UPDATE) -> resumed | failed, and never back by itself. A person may release a claim
+    older than ``CTRLRUN_RESUME_RELEASE_AFTER_SECONDS`` (its process died): resuming -> pending, with
+    who, when and why recorded (``resume_runs --release``).
     """
 
     PENDING, RESUMING, RESUMED, FAILED = "pending", "resuming", "resumed", "failed"
@@ -303,6 +305,13 @@ class PausedRun(models.Model):
     claimed_at = models.DateTimeField(null=True, blank=True)
     resumed_at = models.DateTimeField(null=True, blank=True, help_text="When the resumer finished.")
     error = models.TextField(null=True, blank=True, help_text="Why the resume failed.")
+    released_by = models.CharField(max_length=200, null=True, blank=True,
+                                   help_text="Who released the run's last claim (resume_runs --release).")
+    released_at = models.DateTimeField(null=True, blank=True, help_text="When its last claim was released.")
+    release_reason = models.TextField(null=True, blank=True, help_text="Why its last claim was released.")
+    released_claim = models.CharField(max_length=300, null=True, blank=True,
+                                      help_text="The claim that was released: the process (host:pid) and when it "
+                                                "claimed the run.")
 
     class Meta:
         ordering = ["created_at", "id"]

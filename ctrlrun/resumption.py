@@ -35,7 +35,7 @@ from .values import ApprovalView, PausedRunView
 logger = logging.getLogger("ctrlrun.resumption")
 
 __all__ = ["FRAMEWORKS", "Answer", "Outcome", "pause", "resumer", "resumers", "unregister", "resume_ready",
-           "resume_request", "connect_signal_receiver", "disconnect_signal_receiver", "discover"]
+           "resume_request", "release", "connect_signal_receiver", "disconnect_signal_receiver", "discover"]
 
 FRAMEWORKS = ("openai-agents", "langgraph", "pydantic-ai")
 MAX_NAME = 200
@@ -128,9 +128,13 @@ def _qualified(fn: Callable[..., Any]) -> str:
 
 
 def _check_name(name: Any) -> None:
-    if not isinstance(name, str) or not name.strip() or len(name) > MAX_NAME or name != name.strip():
+    from .display import has_hidden
+
+    if (not isinstance(name, str) or not name.strip() or len(name) > MAX_NAME or name != name.strip()
+            or has_hidden(name) or any(c in name for c in "\t\n\r\x00")):
+        shown = repr(name) if not isinstance(name, str) else repr(name).encode("ascii", "backslashreplace").decode()
         raise InvalidArgument(f"a resumer's name is a non-empty string of at most {MAX_NAME} characters without "
-                              f"surrounding spaces, not {name!r}")
+                              f"surrounding spaces, control or invisible characters, not {shown[:250]}")
 
 
 def _unknown_resumer(name: str) -> str:
@@ -153,15 +157,21 @@ def discover(modules: Iterable[str] = ()) -> list[str]:
         autodiscover_modules(tools)
     imported = []
     for module in modules:
+        name = repr(module).encode("ascii", "backslashreplace").decode()[:300]
         try:
             importlib.import_module(module)
         except (ImportError, TypeError, ValueError) as exc:
-            raise InvalidArgument(f"could not import resumer module {module!r}: {exc}") from None
+            raise InvalidArgument(f"could not import resumer module {name}: {_one_line(exc)}") from None
+        except Exception as exc:  # noqa: BLE001 - the module itself raised while it was imported
+            raise InvalidArgument(f"could not import resumer module {name}: it raised {_one_line(exc)}") from None
         imported.append(module)
     return imported
 
 
 # --------------------------------------------------------------------------- pausing
+
+_TOO_DEEP = ("pause: the state is nested too deeply to be read back as JSON (Python's recursion limit); "
+             "a framework's paused run is never that deep")
 
 
 def pause(request_id: str, framework: str, state: Any, *, resume_with: str) -> PausedRunView:
@@ -180,10 +190,14 @@ def pause(request_id: str, framework: str, state: Any, *, resume_with: str) -> P
     if not isinstance(state, str):
         try:
             state = json.dumps(state, ensure_ascii=False, separators=(",", ":"))
+        except RecursionError:
+            raise InvalidArgument(_TOO_DEEP) from None
         except (TypeError, ValueError) as exc:
             raise InvalidArgument(f"pause: the state cannot be written as JSON ({exc})") from None
     try:
         parsed = json.loads(state)
+    except RecursionError:
+        raise InvalidArgument(_TOO_DEEP) from None
     except ValueError as exc:
         raise InvalidArgument(f"pause: the state is not JSON text ({exc})") from None
     if not isinstance(parsed, dict):
@@ -206,8 +220,8 @@ def _answer(approval_id: str) -> tuple[str | None, ApprovalView | None]:
     from .states import approval_lapsed
 
     approval = store.get_approval(approval_id)
-    if approval is None:
-        return None, None
+    if approval is None or not approval.signature_ok:  # a row changed outside ctrlrun answers nothing
+        return None, approval
     if approval.status in ("pending", "granted") and approval_lapsed(approval.status, approval.expires_at, store.now()):
         approval = store.expire_if_due(approval_id) or approval
     status = {"granted": "granted", "consumed": "granted", "denied": "denied", "expired": "expired"}.get(approval.status)
@@ -248,26 +262,33 @@ def _resume(paused: PausedRunView) -> Outcome:
     if fn is None:  # left pending, for a process that knows it
         return outcome("skipped", detail=_unknown_resumer(paused.resume_with))
     status, approval = _answer(paused.approval_id)
+    worker = _worker()
     if approval is None:
-        if not store.claim_paused_run(paused.id, "unknown", _worker()):
+        claimed_at = store.claim_paused_run(paused.id, "unknown", worker)
+        if not claimed_at:
             return outcome("taken", detail="another process claimed it first")
         error = f"the approval request {paused.approval_id} is not in the store"
-        store.finish_paused_run(paused.id, error=error)
+        store.finish_paused_run(paused.id, error=error, claim=(worker, claimed_at))
         return outcome("failed", detail=error)
+    if not approval.signature_ok:  # left pending: resumed only on an answer ctrlrun recorded
+        return outcome("skipped", detail=f"the approval request {paused.approval_id} does not carry ctrlrun's "
+                                         "signature (its row was changed outside ctrlrun); not resumed on it")
     if status is None:
         return outcome("skipped", detail=f"the request is still {approval.status}")
-    if not store.claim_paused_run(paused.id, status, _worker()):
+    claimed_at = store.claim_paused_run(paused.id, status, worker)
+    if not claimed_at:
         return outcome("taken", status, "another process claimed it first")
+    claim = (worker, claimed_at)
     claimed = store.get_paused_run(paused.id) or paused
     try:
         _run(fn, claimed, Answer(status, approval))
     except Exception as exc:  # noqa: BLE001 - the resumer's failure is the run's, recorded
-        store.finish_paused_run(paused.id, error=_one_line(exc))
+        store.finish_paused_run(paused.id, error=_one_line(exc), claim=claim)
         return outcome("failed", status, _one_line(exc))
     except BaseException:  # Ctrl-C inside the resumer: recorded, never resumed again
-        store.finish_paused_run(paused.id, error="interrupted while resuming")
+        store.finish_paused_run(paused.id, error="interrupted while resuming", claim=claim)
         raise
-    store.finish_paused_run(paused.id)
+    store.finish_paused_run(paused.id, claim=claim)
     return outcome("resumed", status, f"paused run {paused.id}")
 
 
@@ -291,6 +312,27 @@ def resume_request(approval_id: str) -> Outcome | None:
     if paused is None or paused.status != "pending":
         return None
     return _resume(paused)
+
+
+def release(approval_id: str, *, by: str, reason: str | None = None) -> PausedRunView:
+    """A person's way out for a run stuck in ``resuming`` (its process crashed or was killed after
+    claiming it): back to ``pending``, so the next pass resumes it, with who, when and why recorded.
+
+    Only a claim older than ``CTRLRUN_RESUME_RELEASE_AFTER_SECONDS`` (ten minutes by default) is
+    released. Releasing a run whose process is in fact still alive can resume it twice at the
+    agent's level; the effect itself is still deduplicated by its effect key, and ctrlrun's grant
+    is used once (docs/resumption.md)."""
+    from . import conf, store
+
+    if not isinstance(approval_id, str) or not approval_id.strip():
+        raise InvalidArgument(f"release: the request id is the ctrlrun approval request's id (apr_...), not {approval_id!r}")
+    if not isinstance(by, str) or not by.strip() or len(by) > MAX_NAME:
+        raise InvalidArgument(f"release: --by names the person releasing the run (at most {MAX_NAME} characters), "
+                              f"not {by!r}")
+    if reason is not None and (not isinstance(reason, str) or len(reason) > 4000):
+        raise InvalidArgument("release: --reason is text of at most 4000 characters")
+    return store.release_paused_run(approval_id, by=by.strip(), reason=(reason or "").strip() or None,
+                                    older_than=conf.resume_release_after())
 
 
 # --------------------------------------------------------------------------- the signal receiver

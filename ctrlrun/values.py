@@ -275,6 +275,10 @@ class PausedRunView:
     claimed_at: dt.datetime | None
     resumed_at: dt.datetime | None
     error: str | None
+    released_by: str | None = None
+    released_at: dt.datetime | None = None
+    release_reason: str | None = None
+    released_claim: str | None = None
 
     @property
     def data(self) -> Any:

@@ -144,3 +144,26 @@ def resume_pydantic(paused: Any, answer: Any) -> None:
 
     result = pydantic_agent().run_sync(**resume_options(paused, answer))
     saw("pydantic-ai", answer, str(result.output))
+
+
+# --------------------------------------------------------------------------- a resumer that blocks (then is killed)
+
+
+def _block() -> None:
+    """Say so in ``$RESUME_BLOCKED`` (this process's id), then hang, as a stuck resumer does."""
+    import time
+
+    with open(os.environ["RESUME_BLOCKED"], "w", encoding="utf-8") as marker:
+        marker.write(str(os.getpid()))
+    time.sleep(600)
+
+
+@resumer("blocking-refunds")
+def resume_blocking(paused: Any, answer: Any) -> None:
+    """The Pydantic AI resumer, hanging before (``RESUME_BLOCK=before``) or after (``after``) it ran."""
+    block = os.environ.get("RESUME_BLOCK")
+    if block == "before":
+        _block()
+    resume_pydantic(paused, answer)
+    if block == "after":
+        _block()

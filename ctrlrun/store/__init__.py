@@ -133,6 +133,7 @@ from .paused import (
     list_paused_runs,
     paused_run_for,
     ready_paused_runs,
+    release_paused_run,
     save_paused_run,
 )
 from .policies import ensure_policy, forget_known_policies
@@ -171,7 +172,7 @@ __all__ = [
     "request_approval", "answer_approval", "expire_if_due", "get_approval", "list_approvals", "approvals_for_hash",
     # paused runs of agent frameworks (ctrlrun.resumption): mutable, not evidence
     "save_paused_run", "get_paused_run", "paused_run_for", "list_paused_runs", "ready_paused_runs",
-    "claim_paused_run", "finish_paused_run",
+    "claim_paused_run", "finish_paused_run", "release_paused_run",
     # evidence
     "list_effects", "get_effect", "list_receipts", "get_receipt", "events_for_action", "events_for_effect",
     "citing_control", "check_control_id", "unreadable_documents",

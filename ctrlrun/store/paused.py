@@ -7,6 +7,8 @@ runs the resumer.
 """
 from __future__ import annotations
 
+import datetime as dt
+
 from django.db import IntegrityError
 from django.db.models import Q
 
@@ -74,17 +76,64 @@ def ready_paused_runs(limit: int | None = None) -> list[PausedRunView]:
         return [_view(row) for row in (query[:limit] if limit else query)]
 
 
-def claim_paused_run(paused_id: int, answer: str, by: str) -> bool:
-    """Take a pending paused run for resuming; True only for the one process whose UPDATE moved it."""
+def claim_paused_run(paused_id: int, answer: str, by: str) -> dt.datetime | None:
+    """Take a pending paused run for resuming: the claim's time (truthy) only for the one process
+    whose UPDATE moved it, else None. ``by`` and that time name the claim (``finish_paused_run``)."""
     with _phase() as when:
         moved = _q(PausedRun).filter(pk=paused_id, status=PausedRun.PENDING).update(
             status=PausedRun.RESUMING, answer=answer, claimed_by=by[:200], claimed_at=when)
-    return moved == 1
+    return when if moved == 1 else None
 
 
-def finish_paused_run(paused_id: int, *, error: str | None = None) -> PausedRunView | None:
-    """A claimed run's resumer came back: resumed, or failed with ``error``."""
+def finish_paused_run(paused_id: int, *, error: str | None = None,
+                      claim: tuple[str, dt.datetime] | None = None) -> PausedRunView | None:
+    """A claimed run's resumer came back: resumed, or failed with ``error``.
+
+    With ``claim`` (``(by, claimed_at)``), only while the run is still under that claim: a resumer
+    whose claim a person released (and another process took since) never finishes the other's."""
     with _phase() as when:
-        _q(PausedRun).filter(pk=paused_id, status=PausedRun.RESUMING).update(
-            status=PausedRun.FAILED if error is not None else PausedRun.RESUMED, resumed_at=when, error=error)
+        query = _q(PausedRun).filter(pk=paused_id, status=PausedRun.RESUMING)
+        if claim is not None:
+            query = query.filter(claimed_by=claim[0][:200], claimed_at=claim[1])
+        query.update(status=PausedRun.FAILED if error is not None else PausedRun.RESUMED, resumed_at=when, error=error)
     return get_paused_run(paused_id)
+
+
+def _when_text(moment: dt.datetime | None) -> str:
+    return moment.astimezone(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC") if moment else "-"
+
+
+def _seconds(delta: dt.timedelta) -> str:
+    seconds = delta.total_seconds()
+    return f"{seconds:g} seconds" if seconds < 120 else f"{seconds / 60:.0f} minutes"
+
+
+def release_paused_run(approval_id: str, *, by: str, reason: str | None, older_than: dt.timedelta) -> PausedRunView:
+    """Move a run stuck in ``resuming`` back to ``pending``, for a person who judged its process dead.
+
+    Only a claim made more than ``older_than`` ago (by the store's clock) is released, and only
+    the very claim that was read (one conditional UPDATE on the claim's process and time): a
+    claim made meanwhile by another process is never released in its place. Who released it,
+    when, why and which claim are recorded on the row. Anything else is ``InvalidArgument``."""
+    with _phase() as now:
+        row = _q(PausedRun).filter(approval_id=approval_id).first()
+        if row is None:
+            raise InvalidArgument(f"no paused run waits on request {approval_id!r}")
+        if row.status != PausedRun.RESUMING:
+            raise InvalidArgument(f"the run paused on {approval_id} is {row.status}, not resuming: only a run "
+                                  "claimed by a process that never finished it can be released")
+        claimed_at = row.claimed_at
+        age = now - claimed_at if claimed_at is not None else None
+        if age is not None and age <= older_than:
+            raise InvalidArgument(
+                f"the run paused on {approval_id} was claimed by {row.claimed_by} at {_when_text(claimed_at)}, "
+                f"{_seconds(max(age, dt.timedelta(0)))} ago: a claim is released only once it is older than "
+                f"{_seconds(older_than)} (CTRLRUN_RESUME_RELEASE_AFTER_SECONDS); its process may still be running")
+        claim = f"{row.claimed_by or '?'} at {_when_text(claimed_at)}"[:300]
+        moved = _q(PausedRun).filter(pk=row.pk, status=PausedRun.RESUMING, claimed_by=row.claimed_by,
+                                     claimed_at=claimed_at).update(
+            status=PausedRun.PENDING, released_by=by[:200], released_at=now, release_reason=reason,
+            released_claim=claim)
+        if moved != 1:  # pragma: no cover - the row moved between our read and our update
+            raise InvalidArgument(f"the run paused on {approval_id} changed while it was being released; look again")
+    return get_paused_run(row.pk)  # type: ignore[return-value]

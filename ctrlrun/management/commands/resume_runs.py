@@ -25,10 +25,25 @@ class Command(CtrlrunCommand):
         parser.add_argument("--limit", type=positive_int, metavar="N", help="resume at most N runs per pass")
         parser.add_argument("--import", dest="modules", action="append", default=[], metavar="MODULE",
                             help="import this module first so its @resumer functions are registered (repeatable)")
-        parser.add_argument("--interval", type=float, default=5.0, metavar="SECONDS",
+        parser.add_argument("--interval", type=float, default=None, metavar="SECONDS",
                             help="pause between passes without --once (default 5)")
+        parser.add_argument("--release", metavar="APPROVAL_ID",
+                            help="instead of resuming: move the run paused on this request from resuming back to "
+                                 "pending, when its claim is older than CTRLRUN_RESUME_RELEASE_AFTER_SECONDS (its "
+                                 "process died); needs --by")
+        parser.add_argument("--by", metavar="NAME", help="with --release: who releases the run (recorded)")
+        parser.add_argument("--reason", metavar="TEXT", help="with --release: why (recorded)")
 
-    def run(self, *, once: bool, limit: int | None, modules: list[str], interval: float, **_: Any) -> None:
+    def run(self, *, once: bool, limit: int | None, modules: list[str], interval: float | None,
+            release: str | None = None, by: str | None = None, reason: str | None = None, **_: Any) -> None:
+        if release is not None:
+            if once or limit is not None or modules or interval is not None:
+                raise Error("--release is used alone (with --by and --reason), not with --once, --limit, --import "
+                            "or --interval", returncode=2)
+            return self._release(release, by, reason)
+        if by is not None or reason is not None:
+            raise Error("--by and --reason go with --release APPROVAL_ID", returncode=2)
+        interval = 5.0 if interval is None else interval
         if not math.isfinite(interval) or interval <= 0:
             raise Error("--interval must be a positive number of seconds", returncode=2)
         resumption.discover(modules)
@@ -56,3 +71,22 @@ class Command(CtrlrunCommand):
         self.stdout.write(f"resume_runs: {summary}")
         self.stdout.flush()
         return outcomes
+
+    def _release(self, approval_id: str, by: str | None, reason: str | None) -> None:
+        from ... import store
+        from ...console import when_text
+
+        if by is None or not by.strip():
+            raise Error("--release needs --by NAME: who releases the run is recorded", returncode=2)
+        paused = store.paused_run_for(approval_id)
+        if paused is not None:  # what is known, before anything changes
+            claimed = (f", claimed by {paused.claimed_by} at {when_text(paused.claimed_at)}"
+                       if paused.claimed_at else "")
+            self.stdout.write(reveal(f"{paused.approval_id}  {paused.status}  {paused.framework} run, "
+                                     f"{paused.resume_with}{claimed}; answer {paused.answer or '-'}"))
+            self.stdout.flush()
+        released = resumption.release(approval_id, by=by, reason=reason)
+        why = f": {released.release_reason}" if released.release_reason else ""
+        self.stdout.write(reveal(f"released: the run paused on {released.approval_id} is pending again (by "
+                                 f"{released.released_by}{why}); the next resume_runs pass resumes it", multiline=False))
+        self.stdout.flush()
