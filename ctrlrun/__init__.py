@@ -17,6 +17,8 @@ from __future__ import annotations
 from .canonical import Action, Principal, canonical_bytes
 from .errors import (
     ActionDenied,
+    AuthorityDenied,
+    BudgetRefused,
     AmbiguousEffect,
     ApprovalMismatch,
     ApprovalRequired,
@@ -69,6 +71,8 @@ __all__ = [
     "EvidenceTampered",
     "EffectKeyError",
     "ActionDenied",
+    "AuthorityDenied",
+    "BudgetRefused",
     "ApprovalRequired",
     "ApprovalTimeout",
     "ApprovalMismatch",

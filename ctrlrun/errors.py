@@ -14,6 +14,8 @@ __all__ = [
     "PolicyError",
     "EffectKeyError",
     "ActionDenied",
+    "AuthorityDenied",
+    "BudgetRefused",
     "ApprovalRequired",
     "ApprovalTimeout",
     "ApprovalMismatch",
@@ -54,6 +56,27 @@ class ActionDenied(CTRLRunError):
         self.reason = reason
         self.action_id = action_id
         super().__init__(message or reason)
+
+
+class AuthorityDenied(ActionDenied):
+    """No grant of the policy's ``authority:`` lets this principal propose this action (``reason``:
+    ``no_authority``, ``authority_expired``, ``authority_task``, ``authority_constraint`` ...);
+    ``grant_id`` is the grant the refusal is about, when one came close."""
+
+    def __init__(self, message: str | None = None, *, reason: str, grant_id: str | None = None,
+                 delegation_id: str | None = None, action_id: str | None = None):
+        self.grant_id = grant_id
+        self.delegation_id = delegation_id
+        super().__init__(message, reason=reason, action_id=action_id)
+
+
+class BudgetRefused(InvalidArgument):
+    """A budgeted grant cannot measure this call: ``budget_unmeasurable`` (its argument is missing or
+    not a non-negative int) or ``budget_unkeyed`` (no effect key to hold the charge on)."""
+
+    def __init__(self, message: str, *, reason: str):
+        self.reason = reason
+        super().__init__(message)
 
 
 class ApprovalRequired(CTRLRunError):

@@ -34,6 +34,7 @@ Every failure is a :class:`~ctrlrun.errors.PolicyError` whose message starts wit
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import gc
 import logging
 import os
@@ -48,6 +49,7 @@ import yaml
 from yaml.constructor import ConstructorError
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
+from .authority import Authority, Budget, Grant, parse_window, validate_pattern
 from .canonical import DEFAULT_ENVIRONMENT, Template, canonical_bytes, sha256_hash
 from .errors import InvalidArgument, PolicyError
 from .states import Decision
@@ -108,6 +110,7 @@ _CONTROL_KEYS = {"title": 4, "source": 4, "approver_role": 6}
 _DATA_KEYS = {"label": 4}
 _UPSTREAM_KEYS = {"tls_cert_sha256": 8, "tls_cert_file": 8, "tool_schema_sha256": 8}
 _AUTHORITY_KEYS = {"max_delegation_depth": 3, "grants": 3, "break_glass": 3}
+_BUDGET_KEYS = {"metric": 7, "limit": 7, "window": 7}
 _GRANT_KEYS = {
     "id": 3, "subject": 3, "actions": 3, "resources": 3, "constraints": 3, "environments": 3,
     "expires_at": 3, "delegable": 3, "tasks": 7, "budgets": 7,
@@ -121,7 +124,7 @@ MAX_CONTROL_ID = 200
 #: let every principal do what the actions allow, and ignoring ``approvals_required: 2`` would let
 #: one person approve what needs two.
 _NOT_BUILT = {
-    "authority": "the 'authority' section (grants, delegation, budgets)",
+    "break_glass": "'break_glass' envelopes (opened by an approver; not publicly invocable in the reference either)",
     "approvals_required": "'approvals_required' above 1 (M-of-N approvals)",
     "approver_role": "'approver_role' on a control (verified approvers)",
     "upstream": "'upstream' pins (the MCP gateway)",
@@ -400,6 +403,8 @@ class Policy:
     version: str | None = None
     #: The ``controls:`` registry (v4): control id -> :class:`ControlEntry`, in the order written.
     controls: Mapping[str, ControlEntry] = field(default_factory=dict)
+    #: The ``authority:`` section (v3), or None: without one, authority is not checked.
+    authority: Authority | None = None
 
     def __hash__(self) -> int:
         # The generated hash would try to hash the actions mapping; the policy hash already
@@ -1057,6 +1062,7 @@ class _Document:
     version: str | None = None
     controls: dict[str, ControlEntry] = field(default_factory=dict)
     raw_controls: Any = None
+    authority: Authority | None = None
 
 
 class _Reader:
@@ -1159,7 +1165,7 @@ class _Reader:
             read.controls = self.read_registry(document["controls"], document.key_lines["controls"])
         self.registry = read.controls
         if "authority" in document:
-            self.read_authority(document["authority"], document.key_lines["authority"])
+            read.authority = self.read_authority(document["authority"], document.key_lines["authority"])
         actions = document.get("actions")
         actions_line = document.key_lines.get("actions")
         if not isinstance(actions, dict):
@@ -1312,7 +1318,8 @@ class _Reader:
 
     # -- authority (v3; read and validated, not enforced yet) ---------------------------------
 
-    def read_authority(self, value: Any, line: int) -> None:
+    def read_authority(self, value: Any, line: int) -> Authority:
+        """The ``authority:`` section (v3): grants, validated in full, ready to evaluate."""
         where = "authority"
         if not isinstance(value, dict):
             self.fail(line, where, f"'authority' must be a mapping with 'grants', got {_type_name(value)}")
@@ -1326,9 +1333,10 @@ class _Reader:
         grants = value["grants"]
         if not isinstance(grants, list):
             self.fail(value.key_lines["grants"], where, f"'grants' must be a list of grants, got {_type_name(grants)}")
-        seen: set[str] = set()
+        read: dict[str, Grant] = {}
         for index, grant in enumerate(grants):
-            self.read_grant(grant, grants.item_lines[index], f"authority grants[{index}]", seen)
+            built = self.read_grant(grant, grants.item_lines[index], f"authority grants[{index}]", read)
+            read[built.id] = built
         envelopes = value.get("break_glass")
         if envelopes is not None:
             if not isinstance(envelopes, dict):
@@ -1340,9 +1348,10 @@ class _Reader:
                         if key in body and self.version < 7:
                             self.fail(body.key_lines[key], f"authority break_glass {ident!r}",
                                       self.needs_schema(repr(key), 7))
-        self.not_built(line, where, "authority")
+            self.not_built(value.key_lines["break_glass"], where, "break_glass")
+        return Authority(types.MappingProxyType(read), depth)
 
-    def read_grant(self, grant: Any, line: int, where: str, seen: set[str]) -> None:
+    def read_grant(self, grant: Any, line: int, where: str, seen: Mapping[str, Grant]) -> Grant:
         if not isinstance(grant, dict):
             self.fail(line, where, f"a grant must be a mapping, got {_type_name(grant)}")
         self.check_keys(grant, _GRANT_KEYS, line, where)
@@ -1353,31 +1362,97 @@ class _Reader:
                       f"digit, not 'dlg_', which delegations use), got {ident!r}")
         if ident in seen:
             self.fail(grant.key_lines["id"], where, f"grant id {ident!r} is used twice")
-        seen.add(ident)
+        where = f"authority grant {ident!r}"
         subject = grant.get("subject")
+        subject_line = grant.key_lines.get("subject", line)
         if not isinstance(subject, dict) or not subject or set(subject) - {"agent", "user"}:
-            self.fail(grant.key_lines.get("subject", line), where,
-                      "a grant needs a 'subject' mapping with 'agent' and/or 'user'")
-        for key in ("actions", "resources", "environments"):
-            if key in grant or key == "actions":
-                items = grant.get(key)
-                if not isinstance(items, list) or not items or not all(isinstance(i, str) and i for i in items):
-                    self.fail(grant.key_lines.get(key, line), where,
-                              f"'{key}' must be a non-empty list of non-empty strings, got {items!r}")
+            self.fail(subject_line, where, "a grant needs a 'subject' mapping with 'agent' and/or 'user'")
+        for key, pattern in subject.items():
+            problem = validate_pattern(pattern, "", subject=True)
+            if problem:
+                self.fail(subject_line, where, f"subject {key}: {problem}")
+        patterns: dict[str, tuple[str, ...] | None] = {}
+        for key, separator in (("actions", "."), ("resources", ":"), ("environments", None), ("tasks", ":")):
+            if key not in grant and key != "actions":
+                patterns[key] = None
+                continue
+            items = grant.get(key)
+            key_line = grant.key_lines.get(key, line)
+            if not isinstance(items, list) or not items or not all(isinstance(i, str) and i for i in items):
+                self.fail(key_line, where, f"'{key}' must be a non-empty list of non-empty strings, got {items!r}")
+            for item in items:
+                if separator is not None:
+                    problem = validate_pattern(item, separator)
+                    if problem:
+                        self.fail(key_line, where, f"{key}: {problem}")
+                else:
+                    self.check_one_line(item, key_line, where, "an environment")
+            patterns[key] = tuple(items)
+        constraints: tuple[Condition, ...] | None = None
         if "constraints" in grant:
-            constraints = grant["constraints"]
-            if not isinstance(constraints, dict) or not constraints:
+            raw = grant["constraints"]
+            if not isinstance(raw, dict) or not raw:
                 self.fail(grant.key_lines["constraints"], where, "'constraints' must be a non-empty mapping")
-            for key, operand in constraints.items():
+            for key in raw:
                 if _split_condition(key)[0] == _DERIVED_SUBJECT:
-                    self.fail(constraints.key_lines[key], where,
+                    self.fail(raw.key_lines[key], where,
                               f"constraint {key!r}: '{_DERIVED_SUBJECT}' belongs to the policy's rules, not "
                               f"to authority constraints")
-                self.read_condition(key, operand, constraints.key_lines[key], where)
-        if "delegable" in grant and not isinstance(grant["delegable"], bool):
+            constraints = tuple(self.read_condition(key, operand, raw.key_lines[key], where)
+                                for key, operand in raw.items())
+        delegable = grant.get("delegable", False)
+        if not isinstance(delegable, bool):
             self.fail(grant.key_lines["delegable"], where, "'delegable' must be true or false")
-        if grant.get("delegable") is True and "expires_at" not in grant:
+        expires_at = None
+        if "expires_at" in grant:
+            expires_at = self.read_instant(grant["expires_at"], grant.key_lines["expires_at"], where)
+        if delegable and expires_at is None:
             self.fail(grant.key_lines["delegable"], where, "a delegable grant needs 'expires_at'")
+        budgets = None
+        if "budgets" in grant:
+            budgets = self.read_budgets(grant["budgets"], grant.key_lines["budgets"], where)
+        return Grant(ident, subject.get("agent"), subject.get("user"), patterns["actions"] or (),
+                     patterns["resources"], constraints, patterns["environments"], expires_at, delegable,
+                     patterns["tasks"], budgets)
+
+    def read_instant(self, value: Any, line: int, where: str) -> dt.datetime:
+        """``expires_at``: an ISO-8601 time with an offset (quoted; an unquoted one is refused as a timestamp)."""
+        try:
+            moment = dt.datetime.fromisoformat(value) if isinstance(value, str) else None
+        except ValueError:
+            moment = None
+        if moment is None or moment.tzinfo is None or moment.utcoffset() is None:
+            self.fail(line, where, f"'expires_at' must be an ISO-8601 time with an offset, quoted "
+                                   f"('2026-12-31T23:59:59Z'), got {value!r}")
+        return moment.astimezone(dt.timezone.utc)
+
+    def read_budgets(self, value: Any, line: int, where: str) -> tuple[Budget, ...]:
+        if not isinstance(value, list) or not value:
+            self.fail(line, where, f"'budgets' must be a non-empty list of {{metric, limit, window}}, got "
+                                   f"{_type_name(value)}")
+        budgets = []
+        for index, item in enumerate(value):
+            item_line = value.item_lines[index]
+            here = f"{where} budgets[{index}]"
+            if not isinstance(item, dict):
+                self.fail(item_line, here, f"a budget must be a mapping of metric, limit and window, got "
+                                           f"{_type_name(item)}")
+            self.check_keys(item, _BUDGET_KEYS, item_line, here)
+            missing = [key for key in _BUDGET_KEYS if key not in item]
+            if missing:
+                self.fail(item_line, here, f"a budget needs {', '.join(repr(k) for k in missing)}")
+            metric, limit = item["metric"], item["limit"]
+            if not isinstance(metric, str) or not (metric == "count" or metric.isidentifier()):
+                self.fail(item.key_lines["metric"], here, f"'metric' is 'count' or the name of an int argument, "
+                                                          f"got {metric!r}")
+            if not _is_int(limit) or limit < 0:
+                self.fail(item.key_lines["limit"], here, f"'limit' must be an int of 0 or more, got {limit!r}")
+            try:
+                window = parse_window(item["window"])
+            except ValueError as exc:
+                self.fail(item.key_lines["window"], here, str(exc))
+            budgets.append(Budget(metric, limit, window))
+        return tuple(budgets)
 
     # -- one action --------------------------------------------------------------------------
 
@@ -1693,7 +1768,8 @@ def parse_policy(text: str, source: str = "<string>", *, environment: str | None
         read = reader.read(_load_yaml(text, source))
         resolved = environment.strip() if environment is not None else read.environment or DEFAULT_ENVIRONMENT
         try:
-            digest = policy_hash(read.schema, read.raw_actions, resolved, mode=read.mode, controls=read.raw_controls)
+            digest = policy_hash(read.schema, read.raw_actions, resolved, mode=read.mode, controls=read.raw_controls,
+                                 authority=read.authority.canonical() if read.authority is not None else None)
         except InvalidArgument as exc:  # a safety net: the loader refuses what canonical JSON cannot hold
             raise _policy_error(source, None, "actions", f"cannot be hashed: {exc}") from None
     return Policy(
@@ -1706,6 +1782,7 @@ def parse_policy(text: str, source: str = "<string>", *, environment: str | None
         mode=read.mode,
         version=read.version,
         controls=types.MappingProxyType(read.controls),
+        authority=read.authority,
     )
 
 

@@ -85,7 +85,7 @@ def _template(value: Any, what: str, name: str) -> Template | None:
 
 #: The options of one guarded action (``protect``'s, and ``Control.call``'s), with their defaults.
 OPTIONS: dict[str, Any] = {"effect": None, "resource": None, "lease": None, "reconcile": None,
-                           "reconcile_eagerly": False, "wait": False}
+                           "reconcile_eagerly": False, "wait": False, "task": None}
 
 
 def plan_for(name: str, options: Mapping[str, Any]) -> Plan:
@@ -119,7 +119,8 @@ def plan_for(name: str, options: Mapping[str, Any]) -> Plan:
         raise InvalidArgument(f"protect({name!r}, wait=...) must be True or False")
     if reconcile_eagerly and reconcile is None:
         raise InvalidArgument(f"protect({name!r}, reconcile_eagerly=True): there is no reconcile= hook to run eagerly")
-    return Plan(name, effect_template, resource_template, lease, reconcile, reconcile_eagerly, wait)
+    task_template = _template(chosen["task"], "task", name)
+    return Plan(name, effect_template, resource_template, lease, reconcile, reconcile_eagerly, wait, task_template)
 
 
 def protect(
@@ -131,6 +132,7 @@ def protect(
     reconcile: Callable[[str], Any] | None = None,
     reconcile_eagerly: bool = False,
     wait: bool = False,
+    task: str | None = None,
     control: Any = None,
 ) -> Callable[[F], F]:
     """Guard a function that acts on the world: the policy decides, the effect key dedupes.
@@ -142,10 +144,12 @@ def protect(
     request expires, ``ApprovalTimeout``), then runs the same action under that approval. The
     function may be ``async def``: the decorated function is then a coroutine function running
     the same steps without blocking the event loop. ``control`` is the ``ctrlrun.Control`` to
-    run under (default: the process-wide one from settings).
+    run under (default: the process-wide one from settings). ``task`` is a template naming the job
+    the call belongs to (``"run-{run_id}"``), which grants bound to tasks (policy v7) check; it is
+    on the receipt, not in the action hash.
     """
     plan = plan_for(name, {"effect": effect, "resource": resource, "lease": lease, "reconcile": reconcile,
-                           "reconcile_eagerly": reconcile_eagerly, "wait": wait})
+                           "reconcile_eagerly": reconcile_eagerly, "wait": wait, "task": task})
     if control is not None:
         from .control import Control
 

@@ -46,6 +46,18 @@ class Pending:
 
 
 @dataclass(frozen=True)
+class Charge:
+    """What one call charges one budget of one grant: ``amount`` of ``metric``, against ``limit``
+    within any ``window_seconds``."""
+
+    grant_id: str
+    metric: str
+    amount: int
+    limit: int
+    window_seconds: int
+
+
+@dataclass(frozen=True)
 class Call:
     """What the store needs to know about one protected call.
 
@@ -68,6 +80,18 @@ class Call:
     #: Observe mode: what enforcing would have done (kept with a running attempt, so a sweeper that
     #: writes its receipt writes an ``observed`` one).
     would_have: Mapping[str, Any] | None = None
+    #: Authority (policy v3): the AUTHORITY_RESOLVED / AUTHORITY_DENIED data of this call, or None
+    #: when the policy has no ``authority:`` section; and the call's task (not in the action hash).
+    authority: Mapping[str, Any] | None = None
+    task: str | None = None
+    #: The budgets this call charges when it takes its key (the store refuses one that would not fit).
+    budget_charges: tuple[Charge, ...] = ()
+
+    @property
+    def authority_grant_id(self) -> str | None:
+        """The grant that let this call through (None without authority, or when it was refused)."""
+        data = self.authority
+        return data.get("grant_id") if data is not None and data.get("reason") == "authority_grant" else None
 
 
 @dataclass(frozen=True)

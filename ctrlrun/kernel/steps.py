@@ -43,7 +43,16 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..canonical import Action, Principal, Template, canonical_arguments, evidence_text, evidence_time
-from ..errors import ActionDenied, ApprovalRequired, ApprovalTimeout, EffectKeyError, InvalidArgument, NotExecuted
+from ..errors import (
+    ActionDenied,
+    ApprovalRequired,
+    ApprovalTimeout,
+    AuthorityDenied,
+    BudgetRefused,
+    EffectKeyError,
+    InvalidArgument,
+    NotExecuted,
+)
 from ..states import Decision, Result
 from .context import current_principal, presented_approval
 
@@ -116,6 +125,7 @@ class Plan:
     reconcile: Callable[[str], Any] | None = None
     reconcile_eagerly: bool = False
     wait: bool = False
+    task: Template | None = None
 
 
 _warned: set[tuple[str, str, int]] = set()
@@ -157,6 +167,11 @@ def _effect_key(plan: Plan, effect: Template | None, action: Action) -> str | No
     return key
 
 
+def _task(template: Template, action: Action) -> str:
+    """The call's task id (``protect(task=...)``), rendered from its arguments like an effect key."""
+    return template.render(dict(action.arguments), error=EffectKeyError)
+
+
 def _denial_message(name: str, reason: str) -> str:
     if reason == "unknown_action":
         return (f"{name} denied: unknown_action (the policy has no entry for {name!r}; add one "
@@ -193,19 +208,28 @@ def call_steps(control: Any, plan: Plan, bind: Callable[[], Mapping[str, Any]], 
     resource_tpl = _choose(plan, "resource", plan.resource, entry.resource if entry else None)
     resource = resource_tpl.render(arguments, error=InvalidArgument) if resource_tpl else None
     action = Action(plan.name, arguments, principal, resource=resource, environment=policy.environment)
+    effect_key, task, problem = None, None, None
     try:
         effect_key = _effect_key(plan, effect, action)
     except EffectKeyError as exc:
+        problem = exc, {"effect": effect.text if effect else None}
+    if problem is None and plan.task is not None:
+        try:
+            task = _task(plan.task, action)
+        except EffectKeyError as exc:
+            problem = exc, {"task": plan.task.text}
+    if problem is not None:
+        exc, template = problem
         call = store.Call(action, Decision.DENY, "effect_key_error", policy.hash, None,
                           policy_version=policy.version)
         if policy.observing:  # observe mode refuses nothing: it runs, with no key to take, and says why
             logger.warning("%s: %s; enforcing, this call would be denied (effect_key_error)", plan.name, exc)
             unkeyed = _Running(control, plan, policy, action, None, invoke, awaitable)
             return (yield from unkeyed.observe(call, presented_approval(), None, with_policy=False))
-        yield Record(store.record_denial, (call, {"reason": "effect_key_error", "effect": effect.text if effect else None,
-                                                 "error": str(exc)}), {"with_policy": False})
-        raise
-    run = _Running(control, plan, policy, action, effect_key, invoke, awaitable)
+        yield Record(store.record_denial, (call, {"reason": "effect_key_error", **template, "error": str(exc)}),
+                     {"with_policy": False})
+        raise exc
+    run = _Running(control, plan, policy, action, effect_key, invoke, awaitable, task)
     return (yield from run.decide_and_run(presented_approval()))
 
 
@@ -220,10 +244,18 @@ class _Running:
     effect_key: str | None
     invoke: Callable[[Action], Any]
     awaitable: bool
+    task: str | None = None
 
     @property
     def name(self) -> str:
         return self.plan.name
+
+    def judge_authority(self) -> Steps:
+        """Authority (policy v3), before the policy: the grant that lets this principal propose the
+        call, or an ``AuthorityDenied`` (recorded; in observe mode the call runs, said denied)."""
+        authority = self.policy.authority
+        now = (yield Phase(self.control.store.now)) if authority.has_expiry else None
+        return authority.evaluate(self.action, now=now, task=self.task)
 
     @property
     def max_attempts(self) -> int | None:
@@ -238,12 +270,28 @@ class _Running:
 
     def decide_and_run(self, presented: str | None) -> Steps:
         store = self.control.store
+        judged, charges = None, ()
+        if self.policy.authority is not None:
+            judged = yield from self.judge_authority()
+            if not judged.passed:
+                return (yield from self.refuse_authority(judged, presented))
         evaluation = self.policy.evaluate(self.name, self.action.arguments)
         call = store.Call(self.action, evaluation.decision, evaluation.reason, self.policy.hash, self.effect_key,
-                          controls=evaluation.controls, policy_version=self.policy.version)
+                          controls=evaluation.controls, policy_version=self.policy.version,
+                          authority=judged.event_data() if judged is not None else None, task=self.task)
         ceiling = self.max_attempts
+        unmeasured = None
+        if judged is not None and evaluation.decision is not Decision.DENY:
+            charges, problem = self.charges(judged)
+            if problem is not None:
+                unmeasured, error = problem
+                if not self.policy.observing:
+                    yield Record(store.record_denial, (replace(call, approval_id=presented),
+                                                       {"reason": unmeasured, "error": error}))
+                    raise BudgetRefused(f"{self.name}: {error}", reason=unmeasured)
+            call = replace(call, budget_charges=charges)
         if self.policy.observing:
-            return (yield from self.observe(call, presented, ceiling))
+            return (yield from self.observe(call, presented, ceiling, unmeasured=unmeasured))
         if evaluation.decision is Decision.DENY:
             yield Record(store.record_denial, (replace(call, approval_id=presented), {"reason": evaluation.reason}))
             raise ActionDenied(_denial_message(self.name, evaluation.reason), reason=evaluation.reason,
@@ -263,6 +311,33 @@ class _Running:
                 request_id=request.approval_id, action_id=self.action.action_id,
             )
         return (yield from self.take_and_run(call, presented, ceiling))
+
+    def refuse_authority(self, judged: Any, presented: str | None) -> Steps:
+        store = self.control.store
+        call = store.Call(self.action, Decision.DENY, judged.reason, self.policy.hash, self.effect_key,
+                          policy_version=self.policy.version, authority=judged.event_data(), task=self.task)
+        if self.policy.observing:
+            return (yield from self.observe(call, presented, None, with_policy=False))
+        yield Record(store.record_denial, (replace(call, approval_id=presented), {"reason": judged.reason}),
+                     {"with_policy": False})
+        about = f" (grant {judged.grant_id!r})" if judged.grant_id else ""
+        raise AuthorityDenied(f"{self.name} denied: {judged.reason}{about}", reason=judged.reason,
+                              grant_id=judged.grant_id, action_id=self.action.action_id)
+
+    def charges(self, judged: Any) -> tuple[tuple[Any, ...], tuple[str, str] | None]:
+        """What this call charges the deciding grant's budgets, or why it cannot be charged."""
+        costs = self.policy.authority.charges(judged, self.action.arguments)
+        if not costs:
+            return (), None
+        if self.effect_key is None:
+            return (), ("budget_unkeyed", f"grant {judged.grant_id!r} has budgets, and a budget is charged to an "
+                                          f"effect key, but this action has none: give it one (effect=...)")
+        for _budget, cost in costs:
+            if isinstance(cost, str):
+                return (), ("budget_unmeasurable", cost)
+        Charge = self.control.store.Charge
+        return tuple(Charge(judged.grant_id, budget.metric, cost, budget.limit, budget.window_seconds)
+                     for budget, cost in costs), None
 
     def wait_then_run(self, request: Any) -> Steps:
         """``wait=True``: pause until a person answers or the request expires, then run under it."""
@@ -310,7 +385,8 @@ class _Running:
             raise taken.error
         return (yield from self.run(taken.call, taken.attempt, lease, held=key is not None))
 
-    def observe(self, call: Any, presented: str | None, ceiling: int | None, *, with_policy: bool = True) -> Steps:
+    def observe(self, call: Any, presented: str | None, ceiling: int | None, *, with_policy: bool = True,
+                unmeasured: str | None = None) -> Steps:
         """Observe mode (§B3): the function runs whatever enforcement would say; the receipt says
         ``observed``, what really happened (``execution``) and what would have been done
         (``would_have``). The reason is the earliest decision point that would have refused the
@@ -320,6 +396,8 @@ class _Running:
         seen = yield Phase(store.observe_begin, (call, lease), {"presented": presented, "max_attempts": ceiling,
                                                                 "with_policy": with_policy})
         would_have = seen.would_have(presented is not None)
+        if unmeasured is not None and call.decision is not Decision.DENY and not seen.ceiling:
+            would_have["blocked_reason"] = unmeasured  # the budget (6) before the approval gate (7)
         return (yield from self.run(seen.call, seen.attempt, lease, held=seen.held, would_have=would_have))
 
     def run(self, call: Any, attempt: int, lease: dt.timedelta, *, held: bool,

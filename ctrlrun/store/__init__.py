@@ -66,6 +66,7 @@ from ..receipts import PROGRESS_EVERY
 from ..values import (
     ApprovalView,
     Call,
+    Charge,
     ChainCheckView,
     EffectView,
     EventRow,
@@ -155,7 +156,7 @@ _PRIVATE = (_db, _phase, _time_param, _approval_document, _effect_mac, _head_doc
 
 __all__ = [
     # values (ctrlrun.values)
-    "Call", "Pending", "Reserved", "Refused", "OutcomeWrite", "HookAnswer", "EffectView", "EventView", "ReceiptView",
+    "Call", "Charge", "Pending", "Reserved", "Refused", "OutcomeWrite", "HookAnswer", "EffectView", "EventView", "ReceiptView",
     "ApprovalView", "ChainCheckView", "Overview", "EventRow", "PausedRunView",
     # errors the store raises on its own account
     "StateConflict", "IllegalTransition", "StoreUnavailable",

@@ -76,6 +76,8 @@ def _receipt_doc(spec: _ReceiptSpec, when: dt.datetime) -> dict[str, Any]:
         policy_hash=call.policy_hash,
         policy_version=call.policy_version,
         controls=list(call.controls),
+        authority_grant_id=call.authority_grant_id,
+        task=call.task,
     )
 
 
@@ -173,17 +175,25 @@ def _seal(events: Sequence[EventRow], receipts: Sequence[_ReceiptSpec], when: dt
     return docs
 
 
-def _opening_events(call: Call, when: dt.datetime) -> list[EventRow]:
+def _opening_events(call: Call, when: dt.datetime, *, with_policy: bool = True) -> list[EventRow]:
+    """ACTION_PROPOSED, the authority's answer (with an ``authority:`` section), POLICY_EVALUATED
+    (unless ``with_policy`` is False: the call was refused before the policy was asked)."""
     action = call.action
     # The data's text is built from the action's canonical JSON, already encoded for its hash.
     proposed_text = '{"action_hash":"%s","action":%s}' % (action.hash, action.canonical_json)
-    return [
+    events = [
         (*_event(EventType.ACTION_PROPOSED, call, call.effect_key,
                  {"action_hash": action.hash, "action": action.canonical()}, call.started_at or when),
          proposed_text),
-        _event(EventType.POLICY_EVALUATED, call, call.effect_key,
-               {"decision": call.decision.value, "reason": call.reason}, when),
     ]
+    if call.authority is not None:  # authority (v3) is asked before the policy
+        resolved = call.authority.get("reason") == "authority_grant"
+        events.append(_event(EventType.AUTHORITY_RESOLVED if resolved else EventType.AUTHORITY_DENIED, call,
+                             call.effect_key, dict(call.authority), when))
+    if with_policy:
+        events.append(_event(EventType.POLICY_EVALUATED, call, call.effect_key,
+                             {"decision": call.decision.value, "reason": call.reason}, when))
+    return events
 
 
 def _started(call: Call, when: dt.datetime) -> Call:
@@ -204,6 +214,8 @@ def _stash(call: Call, attempt: int, events: Sequence[EventRow]) -> Pending:
                  "approval_id": call.approval_id, "approver": call.approver,
                  "started_at": _iso(call.started_at), "effect_key": call.effect_key, "attempt": attempt,
                  "controls": list(call.controls), "policy_version": call.policy_version,
+                 **({"authority": dict(call.authority)} if call.authority else {}),
+                 **({"task": call.task} if call.task else {}),
                  **({"would_have": dict(call.would_have)} if call.would_have else {})},
         "events": [[event_time(ts), type_, action_id, key, approval_id, text]
                    for ts, type_, action_id, key, approval_id, _, text in rows],
@@ -224,7 +236,8 @@ def _unstash(text: str) -> tuple[Call, int, list[EventRow]]:
     call = Call(action, Decision(info["decision"]), info["reason"], info["policy_hash"], info["effect_key"],
                 dt.datetime.fromisoformat(info["started_at"]) if info["started_at"] else None,
                 info["approval_id"], info["approver"], controls=tuple(info.get("controls") or ()),
-                policy_version=info.get("policy_version"), would_have=info.get("would_have"))
+                policy_version=info.get("policy_version"), would_have=info.get("would_have"),
+                authority=info.get("authority"), task=info.get("task"))
     return call, info["attempt"], events
 
 

@@ -70,12 +70,12 @@ def record_denial(call: Call, data: dict[str, Any], *, with_policy: bool = True)
 
     def build(when: dt.datetime) -> Built:
         denied = _started(call, when)
-        events = _opening_events(denied, when)[: None if with_policy else 1]
+        events = _opening_events(denied, when, with_policy=with_policy)
         events.append(_event(EventType.ACTION_DENIED, denied, denied.effect_key, data, when, denied.approval_id))
         return events, [_ReceiptSpec(denied, Result.DENIED, data.get("error"), None, data["reason"])]
 
     with _phase(clock=False) as when:
-        _seal((), (), when, build=build, sizes=(3 if with_policy else 2, 1))
+        _seal((), (), when, build=build, sizes=(2 + bool(with_policy) + (call.authority is not None), 1))
 
 
 def begin_unkeyed(call: Call, presented: str | None = None) -> Reserved | Refused:
@@ -100,7 +100,7 @@ def _start_unkeyed(call: Call, approval: Approval | None, events: list[EventRow]
     if approval is not None:
         events.append(_consumption_event(approval, call, when, required=call.decision is Decision.APPROVE))
         _mark_consumed(approval, call, when)
-    events.append(_event(EventType.EXECUTION_STARTED, call, None, {"task": None, "hop": None}, when,
+    events.append(_event(EventType.EXECUTION_STARTED, call, None, {"task": call.task, "hop": None}, when,
                          call.approval_id))
     _seal(events, [], when)
 
@@ -267,7 +267,7 @@ def _taking_events(call: Call, attempt: int, when: dt.datetime, lease_until: dt.
     events += [
         _event(EventType.EFFECT_RESERVED, call, call.effect_key,
                {"attempt": attempt, "lease_expires_at": evidence_time(lease_until)}, when, call.approval_id),
-        _event(EventType.EXECUTION_STARTED, call, call.effect_key, {"task": None, "hop": None}, when,
+        _event(EventType.EXECUTION_STARTED, call, call.effect_key, {"task": call.task, "hop": None}, when,
                call.approval_id),
     ]
     return events
@@ -418,7 +418,7 @@ def observe_begin(call: Call, lease: dt.timedelta, *, presented: str | None = No
             when, record = _open_reservation(key, when)
         when = when or _clock()
         call = _started(call, when)
-        events = _opening_events(call, when)[: None if with_policy else 1]
+        events = _opening_events(call, when, with_policy=with_policy)
         approval, problem = None, None
         if presented is not None:
             if call.decision is Decision.APPROVE:
@@ -469,7 +469,7 @@ def observe_begin(call: Call, lease: dt.timedelta, *, presented: str | None = No
             refused = _refusal_event(call, error, when)[5]
             reservation = _problem_name(error)
         events += [_event(EventType.EFFECT_RESERVATION_REFUSED, call, key, refused, when, call.approval_id),
-                   _event(EventType.EXECUTION_STARTED, call, key, {"task": None, "hop": None}, when, call.approval_id)]
+                   _event(EventType.EXECUTION_STARTED, call, key, {"task": call.task, "hop": None}, when, call.approval_id)]
         _seal([*lapsed_events, *events], lapsed_receipts, when)
         return Observation(call, record.attempt + 1 if ceiling else record.attempt, False, ceiling=ceiling,
                            approval_problem=problem, reservation_problem=reservation)

@@ -324,10 +324,14 @@ class TestNotBuiltYet:
         actions: {}
         """
 
-    def test_authority_is_validated_then_refused_whole(self) -> None:
-        message = refused(doc(self.AUTHORITY, 3), "line 2", "authority", "does not enforce it yet",
-                          "never half-applied")
-        assert "grants" in message
+    def test_authority_loads(self) -> None:
+        policy = parse_policy(doc(self.AUTHORITY, 3))
+        assert policy.authority is not None and list(policy.authority.grants) == ["support"]
+        assert policy.authority.max_delegation_depth == 2
+
+    def test_break_glass_is_refused_as_not_built(self) -> None:
+        text = doc(self.AUTHORITY.replace("        actions: {}", "          break_glass: {}\n        actions: {}"), 3)
+        refused(text, "'break_glass' envelopes", "does not enforce it yet")
 
     @pytest.mark.parametrize(("change", "fragment"), [
         (("id: support", "id: dlg_x"), "not 'dlg_'"),
