@@ -136,7 +136,7 @@ def _row_state(row: BudgetLedger, states: dict[str, tuple[str, int]]) -> str:
 
 def budget_usage(grant_id: str, metric: str, window_seconds: int,
                  now: dt.datetime | None = None) -> tuple[int, int, list[tuple[str, str, int, int, dt.datetime]]]:
-    """What one budget has spent in the window ending ``now`` (the store's clock by default):
+    """What one budget has spent in the window ``(now - window, now]`` (``now``: the store's clock by default):
     ``(consumed, held, holding)``. ``consumed`` sums the charges of committed attempts; ``held`` those of
     attempts still running or ambiguous (they count against the budget until they end); ``holding``
     lists the held charges as (effect_key, state, amount, attempt, consumed_at), oldest first.
@@ -147,7 +147,8 @@ def budget_usage(grant_id: str, metric: str, window_seconds: int,
         now = now or _clock()
         rows = list(_q(BudgetLedger).filter(
             grant_id=grant_id, metric=metric, released_at__isnull=True,
-            consumed_at__gt=now - dt.timedelta(seconds=window_seconds)).order_by("consumed_at", "id"))
+            consumed_at__gt=now - dt.timedelta(seconds=window_seconds), consumed_at__lte=now,
+        ).order_by("consumed_at", "id"))
         states = _states(r.effect_key for r in rows)
     consumed = held = 0
     holding: list[tuple[str, str, int, int, dt.datetime]] = []

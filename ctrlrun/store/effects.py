@@ -164,8 +164,10 @@ def _open_reservation(effect_key: str, when: dt.datetime | None) -> tuple[dt.dat
         # writer's head and evidence committed after this statement's snapshot, PostgreSQL reading
         # each statement afresh. Evidence is looked for first: a head commits with its evidence, so
         # evidence seen means its head is there too; the statement is then read again, head and all.
-        if row[1 if postgres else 0] is None and (_q(Receipt).exists() or _q(Event).exists()) \
-                and _q(ChainHead).filter(pk=1).exists():
+        # Evidence is looked for once: asked again below, it could appear in between (another first
+        # writer committing) and be taken for a removed head.
+        evidence = row[1 if postgres else 0] is None and (_q(Receipt).exists() or _q(Event).exists())
+        if evidence and _q(ChainHead).filter(pk=1).exists():
             row = cursor.execute(sql.OPEN_POSTGRESQL if postgres else sql.OPEN_SQLITE, [effect_key]).fetchone()
     if postgres:
         now_, row = row[0], row[1:]
@@ -174,7 +176,7 @@ def _open_reservation(effect_key: str, when: dt.datetime | None) -> tuple[dt.dat
     head, beyond, found = row[:6], row[6], row[7:]
     if head[0] is not None:
         problem = _head_problem(*head) or (messages.BEYOND_HEAD if beyond else None)
-    elif _q(Receipt).exists() or _q(Event).exists():  # a store emptied on purpose (a flush) has no head
+    elif evidence:  # a store emptied on purpose (a flush) has no head
         problem = messages.HEAD_MISSING
     else:
         problem = None
