@@ -27,6 +27,8 @@
   positions and hashes it verified up to, the result. Append-only and signed like the evidence,
   so an incremental check can start from the last intact one, and the front page can show the
   last result without re-hashing anything.
+- ``BudgetLedger``: one row per budget charge of an attempt (authority), written with the
+  reservation, released (``released_at``) when the attempt ends failed, never deleted.
 - ``PolicyDocument``: every policy text that decided an action, by hash, so a receipt's
   ``policy_hash`` can always be traced back to the exact rules that applied.
 

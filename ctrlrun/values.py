@@ -134,7 +134,8 @@ class Observation:
         call = self.call
         return would_have(call.decision, call.reason, blocked_reason(
             call.decision, call.reason, presented=presented, ceiling=self.ceiling,
-            budget=self.budget_exhausted, approval_problem=self.approval_problem, reservation_problem=self.reservation_problem))
+            budget=self.budget_exhausted, approval_problem=self.approval_problem,
+            reservation_problem=self.reservation_problem))
 
 
 @dataclass(frozen=True)
