@@ -14,6 +14,9 @@
 - **Approvals move pending -> granted | denied | expired, granted -> consumed | expired**; what
   the human read (the action, its hash, the principal, the expiry) never changes; never deleted.
 - **The chain head only moves forward** and is never deleted.
+- **Budget ledger rows are never deleted** (nor truncated, on PostgreSQL): a charge is given back
+  only by setting its ``released_at``, so spend cannot be erased to make room. Updates are not
+  refused here (the store sets ``released_at``).
 
 An application's usual database role (SELECT/INSERT/UPDATE/DELETE) cannot disable these: only
 the tables' owner can. What a role *may* still write within the rules (a granted status, a
@@ -30,6 +33,8 @@ from .states import INITIAL_STATE, RENEWALS, TRANSITIONS, EffectState as S
 
 __all__ = ["install", "remove", "APPEND_ONLY_MESSAGE"]
 
+LEDGER_TABLE = "ctrlrun_budgetledger"
+LEDGER_MESSAGE = "ctrlrun budget ledger rows are never deleted (a failed attempt releases its charge instead)"
 APPEND_ONLY_MESSAGE = "ctrlrun evidence is append-only: receipts and events are never updated or deleted"
 EVIDENCE_TABLES = ("ctrlrun_receipt", "ctrlrun_event", "ctrlrun_policydocument", "ctrlrun_chaincheck")
 #: Columns an insert may collide on (primary key and unique columns), per evidence table.
@@ -121,6 +126,9 @@ def _sqlite_statements(present: Any = None) -> list[tuple[str, str]]:
         "ctrlrun approvals move pending -> granted/denied/expired, granted -> consumed/expired, and keep what "
         "the human read", condition=f"NOT ({_approval_allowed('IS')})")
 
+    if present is None or LEDGER_TABLE in present:
+        add(f"{LEDGER_TABLE}_no_delete", "BEFORE DELETE", LEDGER_TABLE, LEDGER_MESSAGE)
+
     head = "ctrlrun_chainhead"
     add(f"{head}_no_replace", "BEFORE INSERT", head, "", ignore=True,
         condition=f'EXISTS (SELECT 1 FROM "{head}" WHERE "id" = NEW."id")')
@@ -178,7 +186,15 @@ def _postgresql_statements(present: Any = None) -> list[str]:
             + _pg_raise("the ctrlrun chain head only moves forward") + " END IF;",
             "RETURN NEW;",
         ])),
+        _pg_function("ctrlrun_guard_budgetledger", _pg_raise(LEDGER_MESSAGE)),
     ]
+    if present is None or LEDGER_TABLE in present:
+        statements += [
+            f'CREATE TRIGGER "{LEDGER_TABLE}_guard" BEFORE DELETE ON "{LEDGER_TABLE}" '
+            "FOR EACH ROW EXECUTE FUNCTION ctrlrun_guard_budgetledger()",
+            f'CREATE TRIGGER "{LEDGER_TABLE}_no_truncate" BEFORE TRUNCATE ON "{LEDGER_TABLE}" '
+            "FOR EACH STATEMENT EXECUTE FUNCTION ctrlrun_guard_budgetledger()",
+        ]
     for table in _evidence_tables(present):
         statements += [
             f'CREATE TRIGGER "{table}_append_only" BEFORE UPDATE OR DELETE ON "{table}" '
@@ -198,9 +214,10 @@ def _postgresql_statements(present: Any = None) -> list[str]:
 
 
 _PG_TRIGGERS = [(t, n) for t in EVIDENCE_TABLES for n in ("append_only", "no_truncate")] + [
-    (t, n) for t in ("ctrlrun_effectrecord", "ctrlrun_approval", "ctrlrun_chainhead") for n in ("guard", "no_truncate")]
+    (t, n) for t in ("ctrlrun_effectrecord", "ctrlrun_approval", "ctrlrun_chainhead", LEDGER_TABLE)
+    for n in ("guard", "no_truncate")]
 _PG_FUNCTIONS = ("ctrlrun_refuse_evidence_change", "ctrlrun_guard_effectrecord", "ctrlrun_guard_approval",
-                 "ctrlrun_guard_chainhead")
+                 "ctrlrun_guard_chainhead", "ctrlrun_guard_budgetledger")
 
 
 def _removal(vendor: str) -> list[str]:

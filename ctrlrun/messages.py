@@ -218,6 +218,29 @@ def head_missing_restore() -> str:
     return f"{HEAD_MISSING}; run 'ctrlrun receipts --verify-chain' and restore the store from a backup"
 
 
+def window_text(seconds: int) -> str:
+    """A budget's window in words: ``1 day``, ``2 hours``, ``1 hour 30 minutes``, ``45 seconds``."""
+    parts = []
+    for unit, size in (("day", 86400), ("hour", 3600), ("minute", 60), ("second", 1)):
+        count, seconds = divmod(seconds, size)
+        if count:
+            parts.append(f"{count} {unit}{'s' if count != 1 else ''}")
+    return " ".join(parts) or "0 seconds"
+
+
+def budget_exhausted(metric: str, grant_id: str, window_seconds: int, spent: int, limit: int, amount: int) -> str:
+    """A call refused because one of its budget charges does not fit (authority, §C5)."""
+    left = max(limit - spent, 0)
+    return (f"budget {metric!r} on grant {grant_id!r} over {window_text(window_seconds)} is exhausted: {spent:,} of "
+            f"{limit:,} spent, this call needs {amount:,}" + (f" ({left:,} left)" if left else "")
+            + ". Nothing ran; charges of calls that end failed are given back, and older ones leave the window")
+
+
+def budget_needs_key(action: str) -> str:
+    return (f"{action}: a call with budget charges needs an effect key (the ledger charges the attempt that holds "
+            f"the key); give the action an effect")
+
+
 def attempt_ceiling(action: str, effect_key: str | None, attempt: int, max_attempts: int) -> str:
     """The attempt ceiling's refusal (policy v5 ``max_attempts``)."""
     return (f"{action}: attempt {attempt} of {effect_key!r} refused: max_attempts is {max_attempts}, and it has "

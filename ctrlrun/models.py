@@ -27,6 +27,8 @@
   positions and hashes it verified up to, the result. Append-only and signed like the evidence,
   so an incremental check can start from the last intact one, and the front page can show the
   last result without re-hashing anything.
+- ``BudgetLedger``: one row per budget charge of an attempt (authority), written with the
+  reservation, released (``released_at``) when the attempt ends failed, never deleted.
 - ``PolicyDocument``: every policy text that decided an action, by hash, so a receipt's
   ``policy_hash`` can always be traced back to the exact rules that applied.
 
@@ -319,3 +321,40 @@ class PausedRun(models.Model):
 
     def __str__(self) -> str:
         return f"{self.framework} run paused on {self.approval_id} ({self.status})"
+
+
+class BudgetLedger(models.Model):
+    """One budget charge of one attempt: what a call spent of a grant's budget (authority, §C5).
+
+    Written in the transaction that takes the call's effect key, one row per budget per grant (the
+    deciding grant and each of its ancestors). Spent, for a budget, is the sum of the rows of its
+    (grant_id, metric) that are not released, consumed inside its window. When the attempt ends
+    ``failed`` (the function raised NotExecuted, a hook said ``not_executed``, a person resolved it
+    failed) its rows get ``released_at``, in the transaction that moves the record; an ambiguous or
+    running attempt holds its charge, a committed one keeps it for good.
+
+    Mutable (``released_at`` is set once) but never deleted: the database refuses deletes
+    (``ctrlrun.guard``), so spend cannot be erased to make room.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    grant_id = models.CharField(max_length=200, help_text="The grant whose budget this charge spends.")
+    metric = models.CharField(max_length=200, help_text="'count', or the name of the argument whose value is summed.")
+    amount = models.BigIntegerField(help_text="What the call spent (>= 0).")
+    effect_key = models.CharField(max_length=MAX_KEY_LENGTH, help_text="The effect key the call took.")
+    attempt = models.PositiveIntegerField(help_text="The attempt of that key that made the charge.")
+    consumed_at = models.DateTimeField(help_text="When the charge was made (the store's clock).")
+    released_at = models.DateTimeField(null=True, blank=True,
+                                       help_text="When the attempt ended failed and the charge was given back.")
+
+    class Meta:
+        ordering = ["id"]
+        indexes = [
+            models.Index(fields=["grant_id", "metric", "consumed_at"], name="ctrlrun_ledger_budget_idx"),
+            models.Index(fields=["effect_key", "attempt"], name="ctrlrun_ledger_attempt_idx"),
+        ]
+        constraints = [models.CheckConstraint(condition=Q(amount__gte=0), name="ctrlrun_ledger_amount_nonneg")]
+
+    def __str__(self) -> str:
+        released = ", released" if self.released_at else ""
+        return f"{self.amount} {self.metric} on {self.grant_id} by {self.effect_key} (attempt {self.attempt}{released})"

@@ -181,14 +181,16 @@ def effective_approval_status(status: str, expires_at: dt.datetime, now: dt.date
 
 
 def blocked_reason(decision: Decision, reason: str, *, presented: bool, ceiling: bool = False,
-                   approval_problem: str | None = None, reservation_problem: str | None = None) -> str | None:
+                   budget: bool = False, approval_problem: str | None = None, reservation_problem: str | None = None) -> str | None:
     """Observe mode's ``blocked_reason``: what enforcement would have refused a call with first, by
-    decision point - the policy (its own reason), the attempt ceiling, the approval gate (no approval
-    presented), the presented approval, the reservation - or None when nothing would have."""
+    decision point - the policy (its own reason), the attempt ceiling, a budget, the approval gate (no
+    approval presented), the presented approval, the reservation - or None when nothing would have."""
     if decision is Decision.DENY:
         return reason
     if ceiling:
         return "attempt_ceiling"
+    if budget:
+        return "budget_exhausted"
     if decision is Decision.APPROVE and not presented:
         return "approval_required"
     return approval_problem or reservation_problem

@@ -20,6 +20,7 @@ from .states import Decision, blocked_reason, lease_lapsed, would_have
 __all__ = [
     "EventRow",
     "Pending",
+    "Charge",
     "Call",
     "Reserved",
     "Refused",
@@ -47,14 +48,39 @@ class Pending:
 
 @dataclass(frozen=True)
 class Charge:
-    """What one call charges one budget of one grant: ``amount`` of ``metric``, against ``limit``
-    within any ``window_seconds``."""
+    """What one call would spend of one budget on one grant (the kernel computes it; the store
+    charges it, in the reservation's transaction, and refuses the call when it does not fit).
+
+    ``grant_id`` is the deciding grant or one of its ancestors: one Charge per budget per grant.
+    ``metric`` is ``count`` or an argument's name; ``amount`` (>= 0) is what this call costs;
+    ``limit`` (>= 0) is the most the un-released charges inside the last ``window_seconds`` (> 0)
+    may add up to, this call's included."""
 
     grant_id: str
     metric: str
     amount: int
     limit: int
     window_seconds: int
+
+    def __post_init__(self) -> None:
+        for name in ("amount", "limit", "window_seconds"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise TypeError(f"Charge.{name} must be an int, got {type(value).__name__} {value!r}")
+        if not isinstance(self.grant_id, str) or not self.grant_id:
+            raise ValueError(f"Charge.grant_id must be a non-empty string, got {self.grant_id!r}")
+        if not isinstance(self.metric, str) or not self.metric:
+            raise ValueError(f"Charge.metric must be a non-empty string, got {self.metric!r}")
+        if self.amount < 0 or self.limit < 0:
+            raise ValueError(f"a budget charge's amount and limit are >= 0 (got amount {self.amount}, limit "
+                             f"{self.limit}) for budget {self.metric!r} on grant {self.grant_id!r}")
+        if self.window_seconds <= 0:
+            raise ValueError(f"a budget's window is at least 1 second (got {self.window_seconds}) for budget "
+                             f"{self.metric!r} on grant {self.grant_id!r}")
+
+    def evidence(self) -> dict[str, Any]:
+        """As a receipt's ``budget_charges`` lists it."""
+        return {"grant_id": self.grant_id, "metric": self.metric, "amount": self.amount}
 
 
 @dataclass(frozen=True)
@@ -84,7 +110,8 @@ class Call:
     #: when the policy has no ``authority:`` section; and the call's task (not in the action hash).
     authority: Mapping[str, Any] | None = None
     task: str | None = None
-    #: The budgets this call charges when it takes its key (the store refuses one that would not fit).
+    #: The budget charges the call would make (authority, §C5), filled by the kernel; the store
+    #: charges them when it takes the key. A call the store hands back refused carries none.
     budget_charges: tuple[Charge, ...] = ()
 
     @property
@@ -100,7 +127,8 @@ class Observation:
 
     ``held``: the call took its effect key (a free key) and records its outcome on the row like any
     call; otherwise the row was left as it was. The three reasons are what would have refused the
-    call at each of the store's decision points (None: nothing).
+    call at each of the store's decision points (None: nothing). ``budget_exhausted``: a charge
+    would not have fitted its budget (nothing was charged: observe mode writes no ledger rows).
     """
 
     call: Call
@@ -109,13 +137,15 @@ class Observation:
     ceiling: bool = False
     approval_problem: str | None = None
     reservation_problem: str | None = None
+    budget_exhausted: bool = False
 
     def would_have(self, presented: bool) -> dict[str, str | None]:
         """The receipt's ``would_have``: the policy's verdict and what would have refused the call first."""
         call = self.call
         return would_have(call.decision, call.reason, blocked_reason(
             call.decision, call.reason, presented=presented, ceiling=self.ceiling,
-            approval_problem=self.approval_problem, reservation_problem=self.reservation_problem))
+            budget=self.budget_exhausted, approval_problem=self.approval_problem,
+            reservation_problem=self.reservation_problem))
 
 
 @dataclass(frozen=True)

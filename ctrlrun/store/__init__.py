@@ -10,6 +10,7 @@ the work lives in one module per concern:
 - ``policies``    policy documents, stored once
 - ``approvals``   requests, answers, expiry, use
 - ``effects``     reserve, lease, outcome, sweep, reconcile, resolve: every state write (``_move``)
+- ``budgets``     the budget ledger: charged with a reservation, released when an attempt fails
 - ``evidence``    reads, chain verification, recorded checks, the overview
 - ``paused``      paused runs of agent frameworks (``ctrlrun.resumption``): stored, claimed once
 
@@ -49,7 +50,7 @@ sqlite_options``), so a read-then-write decision cannot interleave with another 
 PostgreSQL a first reservation is ``INSERT ... ON CONFLICT DO NOTHING`` on the key (a concurrent
 insert of the same key waits for the winner, then does nothing), and every other decision reads
 the row with ``SELECT ... FOR UPDATE``. Lock order is always effect row, then approval row, then
-chain head: no deadlocks.
+the budgets' advisory locks (sorted), then chain head: no deadlocks.
 
 The hot path (reserve, outcome, events, receipts) is plain SQL over the models' tables: the
 ORM's query building cost more than the database work (profiled). Everything else uses the ORM.
@@ -73,6 +74,7 @@ from ..values import (
     EventView,
     HookAnswer,
     OutcomeWrite,
+    Observation,
     Overview,
     PausedRunView,
     Pending,
@@ -80,7 +82,7 @@ from ..values import (
     Refused,
     Reserved,
 )
-from . import approvals, base, chain, effects, evidence, paused, policies, signatures, sql
+from . import approvals, base, budgets, chain, effects, evidence, paused, policies, signatures, sql
 from .approvals import (
     answer_approval,
     approvals_for_hash,
@@ -89,6 +91,7 @@ from .approvals import (
     list_approvals,
     request_approval,
 )
+from .budgets import budget_usage, charges_of, ledger_rows
 from .base import _db, _phase, _time_param, alias, now, using
 from .effects import (
     LEASE_LAPSED_ERROR,
@@ -156,7 +159,8 @@ _PRIVATE = (_db, _phase, _time_param, _approval_document, _effect_mac, _head_doc
 
 __all__ = [
     # values (ctrlrun.values)
-    "Call", "Charge", "Pending", "Reserved", "Refused", "OutcomeWrite", "HookAnswer", "EffectView", "EventView", "ReceiptView",
+    "Call", "Charge", "Observation", "Pending",
+    "Reserved", "Refused", "OutcomeWrite", "HookAnswer", "EffectView", "EventView", "ReceiptView",
     "ApprovalView", "ChainCheckView", "Overview", "EventRow", "PausedRunView",
     # errors the store raises on its own account
     "StateConflict", "IllegalTransition", "StoreUnavailable",
@@ -169,6 +173,8 @@ __all__ = [
     "record_outcome",
     "record_reconciliation", "write_ambiguous_receipt", "resolve", "sweep_lapsed", "reconcile_candidates",
     "LEASE_LAPSED_ERROR",
+    # the budget ledger
+    "budget_usage", "ledger_rows", "charges_of",
     # approvals
     "request_approval", "answer_approval", "expire_if_due", "get_approval", "list_approvals", "approvals_for_hash",
     # paused runs of agent frameworks (ctrlrun.resumption): mutable, not evidence
@@ -184,5 +190,5 @@ __all__ = [
     "HEAD_DOMAIN", "EFFECT_DOMAIN", "APPROVAL_DOMAIN", "CHECK_DOMAIN", "approval_signature_ok", "effect_signature_ok",
     "TAMPERED_HINT",
     # the modules, for tests and tools that reach one concern
-    "approvals", "base", "chain", "effects", "evidence", "paused", "policies", "signatures", "sql",
+    "approvals", "base", "budgets", "chain", "effects", "evidence", "paused", "policies", "signatures", "sql",
 ]

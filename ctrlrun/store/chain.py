@@ -19,7 +19,7 @@ from ..errors import CTRLRunError, EvidenceTampered
 from ..models import Event, Receipt, dumps_json
 from ..receipts import build_receipt, dump_receipt, event_document, event_hash, event_time, receipt_hash
 from ..states import Decision, EventType, Result
-from ..values import Call, EventRow, Pending
+from ..values import Call, Charge, EventRow, Pending
 from . import sql
 from .base import _clock, _cursor, _db, _iso, _q, _time_param
 from .signatures import HEAD_DOMAIN, _head_document, _head_problem, _trust_head
@@ -78,7 +78,18 @@ def _receipt_doc(spec: _ReceiptSpec, when: dt.datetime) -> dict[str, Any]:
         controls=list(call.controls),
         authority_grant_id=call.authority_grant_id,
         task=call.task,
+        budget_charges=_receipt_charges(spec),
     )
+
+
+def _receipt_charges(spec: _ReceiptSpec) -> list[dict[str, Any]]:
+    """The receipt's ``budget_charges``: what the call's taken key charged (one per ledger row); a
+    refused call (denied, blocked) charged nothing."""
+    if not spec.call.budget_charges or spec.result in (Result.DENIED, Result.BLOCKED):
+        return []
+    from .budgets import distinct
+
+    return [charge.evidence() for charge in distinct(spec.call.budget_charges)]
 
 
 def _take_head(cursor: Any, receipts: int, events: int, *, clock: bool = False) -> tuple:
@@ -216,7 +227,9 @@ def _stash(call: Call, attempt: int, events: Sequence[EventRow]) -> Pending:
                  "controls": list(call.controls), "policy_version": call.policy_version,
                  **({"authority": dict(call.authority)} if call.authority else {}),
                  **({"task": call.task} if call.task else {}),
-                 **({"would_have": dict(call.would_have)} if call.would_have else {})},
+                 **({"would_have": dict(call.would_have)} if call.would_have else {}),
+                 **({"budget_charges": [[c.grant_id, c.metric, c.amount, c.limit, c.window_seconds]
+                                        for c in call.budget_charges]} if call.budget_charges else {})},
         "events": [[event_time(ts), type_, action_id, key, approval_id, text]
                    for ts, type_, action_id, key, approval_id, _, text in rows],
     }
@@ -237,7 +250,8 @@ def _unstash(text: str) -> tuple[Call, int, list[EventRow]]:
                 dt.datetime.fromisoformat(info["started_at"]) if info["started_at"] else None,
                 info["approval_id"], info["approver"], controls=tuple(info.get("controls") or ()),
                 policy_version=info.get("policy_version"), would_have=info.get("would_have"),
-                authority=info.get("authority"), task=info.get("task"))
+                authority=info.get("authority"), task=info.get("task"),
+                budget_charges=tuple(Charge(*charge) for charge in info.get("budget_charges") or ()))
     return call, info["attempt"], events
 
 

@@ -32,7 +32,7 @@ from ..errors import (
 from ..models import Approval, ChainHead, EffectRecord, Event, Receipt
 from ..states import HOLDING_STATES, INITIAL_STATE, TRANSITIONS, Decision, EffectState, EventType, Result, held_lapsed
 from ..values import Call, EffectView, EventRow, HookAnswer, Observation, OutcomeWrite, Pending, Refused, Reserved
-from . import sql
+from . import budgets, sql
 from .approvals import _check_presented, _consumption_event, _mark_consumed, _matching_approval, _take_presented
 from .base import _as_datetime, _clock, _cursor, _db, _phase, _q, _reading, _time_param
 from .chain import (
@@ -83,6 +83,8 @@ def begin_unkeyed(call: Call, presented: str | None = None) -> Reserved | Refuse
 
     With no record to keep them on, its opening events join the chain now.
     """
+    if call.budget_charges:
+        raise InvalidArgument(messages.budget_needs_key(call.action.name))
     with _phase() as when:
         call = _started(call, when)
         events = _opening_events(call, when)
@@ -162,8 +164,10 @@ def _open_reservation(effect_key: str, when: dt.datetime | None) -> tuple[dt.dat
         # writer's head and evidence committed after this statement's snapshot, PostgreSQL reading
         # each statement afresh. Evidence is looked for first: a head commits with its evidence, so
         # evidence seen means its head is there too; the statement is then read again, head and all.
-        if row[1 if postgres else 0] is None and (_q(Receipt).exists() or _q(Event).exists()) \
-                and _q(ChainHead).filter(pk=1).exists():
+        # Evidence is looked for once: asked again below, it could appear in between (another first
+        # writer committing) and be taken for a removed head.
+        evidence = row[1 if postgres else 0] is None and (_q(Receipt).exists() or _q(Event).exists())
+        if evidence and _q(ChainHead).filter(pk=1).exists():
             row = cursor.execute(sql.OPEN_POSTGRESQL if postgres else sql.OPEN_SQLITE, [effect_key]).fetchone()
     if postgres:
         now_, row = row[0], row[1:]
@@ -172,7 +176,7 @@ def _open_reservation(effect_key: str, when: dt.datetime | None) -> tuple[dt.dat
     head, beyond, found = row[:6], row[6], row[7:]
     if head[0] is not None:
         problem = _head_problem(*head) or (messages.BEYOND_HEAD if beyond else None)
-    elif _q(Receipt).exists() or _q(Event).exists():  # a store emptied on purpose (a flush) has no head
+    elif evidence:  # a store emptied on purpose (a flush) has no head
         problem = messages.HEAD_MISSING
     else:
         problem = None
@@ -293,6 +297,25 @@ def _ceiling_refusal(call: Call, record: _Peek, max_attempts: int, when: dt.date
     return Refused(error, attempt, True, call)
 
 
+def _budget_refusal(call: Call, when: dt.datetime, events: list[EventRow]) -> Refused | None:
+    """Check every budget charge of ``call`` (under the budgets' locks, held to the end of this phase):
+    None when all fit; else refuse (ACTION_DENIED, a ``denied`` receipt, sealed here), nothing taken,
+    the approval it presented left as it is."""
+    found = budgets.exhausted(call.budget_charges, when)
+    if found is None:
+        return None
+    charge, spent = found
+    denied = replace(call, budget_charges=())
+    error = ActionDenied(messages.budget_exhausted(charge.metric, charge.grant_id, charge.window_seconds, spent,
+                                                   charge.limit, charge.amount),
+                         reason="budget_exhausted", action_id=call.action.action_id)
+    events.append(_event(EventType.ACTION_DENIED, denied, denied.effect_key,
+                         {"reason": "budget_exhausted", "grant_id": charge.grant_id, "metric": charge.metric,
+                          "window": charge.window_seconds}, when, denied.approval_id))
+    _seal(events, [_ReceiptSpec(denied, Result.DENIED, str(error), None, "budget_exhausted")], when)
+    return Refused(error, None, True, denied)
+
+
 def check_ceiling(call: Call, max_attempts: int) -> Refused | None:
     """The attempt ceiling's fast path, before an approval is asked for (§B6): a refusal (its evidence
     written) when the key's next attempt would pass ``max_attempts``, else None and nothing written."""
@@ -320,6 +343,11 @@ def reserve(call: Call, lease: dt.timedelta, *, opening: bool, hold_ambiguous: b
 
     ``max_attempts`` (the policy's attempt ceiling) refuses renewing a failed key past it, before
     the approval is looked at: the ceiling is the earlier decision point.
+
+    ``call.budget_charges`` (authority, §C5) are checked after the ceiling and the approval, when the
+    key would be taken, and charged to the ledger with the reservation; a charge that does not fit
+    refuses the call (``ActionDenied(reason="budget_exhausted")``), nothing taken, the approval not
+    used. A refused call comes back without charges.
     """
     with _phase(clock=False) as when:
         # One statement: the key's record (locked), the chain head (checked: nothing acts on a forged
@@ -329,18 +357,24 @@ def reserve(call: Call, lease: dt.timedelta, *, opening: bool, hold_ambiguous: b
         events = _opening_events(call, when) if opening else []
         if _over_ceiling(record, max_attempts):
             assert record is not None and max_attempts is not None
-            return _ceiling_refusal(replace(call, approval_id=presented) if presented else call, record,
+            uncharged = replace(call, budget_charges=())
+            return _ceiling_refusal(replace(uncharged, approval_id=presented) if presented else uncharged, record,
                                     max_attempts, when, events)
         call, approval, refusal = _take_presented(call, presented, when, events)
         if refusal is not None:
-            return refusal
+            return replace(refusal, call=replace(refusal.call, budget_charges=()))
         taker = call
         if approval is None and presented is not None and call.decision is Decision.ALLOW:
             approval, taker = _matching_approval(call, presented, when)
         lease_until = when + lease
         if record is None:
+            if call.budget_charges:
+                refused = _budget_refusal(call, when, events)
+                if refused is not None:
+                    return refused
             pending = _stash(taker, 1, [*events, *_taking_events(taker, 1, when, lease_until, approval)])
             if _insert_fresh(taker, when, lease_until, pending):
+                budgets.charge(taker.budget_charges, taker.effect_key, 1, when)
                 if approval is not None:
                     _mark_consumed(approval, taker, when)
                 return Reserved(1, lease_until, replace(taker, pending=pending))
@@ -354,9 +388,14 @@ def reserve(call: Call, lease: dt.timedelta, *, opening: bool, hold_ambiguous: b
         if record.state == S.FAILED and not tampered:
             attempt = record.attempt + 1
             if max_attempts is not None and attempt > max_attempts:  # lost a race to the last attempt
-                return _ceiling_refusal(call, record, max_attempts, when, events)
+                return _ceiling_refusal(replace(call, budget_charges=()), record, max_attempts, when, events)
+            if call.budget_charges:
+                refused = _budget_refusal(call, when, events)
+                if refused is not None:
+                    return refused
             pending = _stash(taker, attempt, [*events, *_taking_events(taker, attempt, when, lease_until, approval)])
             _renew(record, taker, attempt, when, lease_until, pending)
+            budgets.charge(taker.budget_charges, taker.effect_key, attempt, when)
             if approval is not None:
                 _mark_consumed(approval, taker, when)
             return Reserved(attempt, lease_until, replace(taker, pending=pending))
@@ -365,6 +404,7 @@ def reserve(call: Call, lease: dt.timedelta, *, opening: bool, hold_ambiguous: b
         if lapsed and not tampered:
             _lapse(record, when, lapsed_events, lapsed_receipts)  # kept even though this attempt is refused
         error = _refusal_for(record, tampered)
+        call = replace(call, budget_charges=())  # refused: nothing charged
         if tampered:
             logger.error("effect %s: its record does not carry ctrlrun's signature; refusing to retry or sweep it",
                          call.effect_key)
@@ -410,6 +450,9 @@ def observe_begin(call: Call, lease: dt.timedelta, *, presented: str | None = No
     checked as enforcement would and used up only if it is valid and the key was taken (or there is
     no key); one that would be refused is left as it is. ``with_policy=False``: the policy did not
     decide the call (its effect key could not be made), so no POLICY_EVALUATED is written.
+
+    Budget charges are checked where enforcement would check them (the key would be taken) and a
+    charge that does not fit is reported (``budget_exhausted``); none is written to the ledger.
     """
     key = call.effect_key
     with _phase(clock=False) as when:
@@ -417,7 +460,7 @@ def observe_begin(call: Call, lease: dt.timedelta, *, presented: str | None = No
         if key is not None:
             when, record = _open_reservation(key, when)
         when = when or _clock()
-        call = _started(call, when)
+        charges, call = call.budget_charges, replace(_started(call, when), budget_charges=())
         events = _opening_events(call, when, with_policy=with_policy)
         approval, problem = None, None
         if presented is not None:
@@ -435,10 +478,13 @@ def observe_begin(call: Call, lease: dt.timedelta, *, presented: str | None = No
         attempt = 1 if record is None else record.attempt + 1
         taking = record is None or (record.state == S.FAILED and not _over_ceiling(record, max_attempts)
                                     and _effect_ok(record) and not _rewound(record))
+        # Budgets are read as enforcement would (when the key would be taken), but nothing is charged:
+        # observe mode writes no ledger rows.
+        budget = taking and bool(charges) and budgets.exhausted(charges, when, lock=False) is not None
         if taking:
             # Held: kept with the record, so a sweeper writing this attempt's receipt writes an observed one.
-            call = replace(call, would_have=Observation(call, attempt, True, approval_problem=problem).would_have(
-                presented is not None))
+            call = replace(call, would_have=Observation(call, attempt, True, approval_problem=problem,
+                                                        budget_exhausted=budget).would_have(presented is not None))
             pending = _stash(call, attempt, [*events, *_taking_events(call, attempt, when, lease_until, approval)])
             if record is None:
                 taking = _insert_fresh(call, when, lease_until, pending)
@@ -449,7 +495,8 @@ def observe_begin(call: Call, lease: dt.timedelta, *, presented: str | None = No
             if taking:
                 if approval is not None:
                     _mark_consumed(approval, call, when)
-                return Observation(replace(call, pending=pending), attempt, True, approval_problem=problem)
+                return Observation(replace(call, pending=pending), attempt, True, approval_problem=problem,
+                                   budget_exhausted=budget)
         assert record is not None
         ceiling = _over_ceiling(record, max_attempts)
         lapsed_events: list[EventRow] = []
@@ -553,6 +600,8 @@ def record_outcome(call: Call, attempt: int | None, result: Result, *, error: st
                           [*fields, _time_param(cursor.connection)(when), *holder])
                     moved, at = cursor.rowcount == 1, when
                 if moved:
+                    if state is S.FAILED:  # NotExecuted: the attempt's budget charges are given back
+                        budgets.release(key, attempt, at)
                     waiting = call.pending.events if call.pending and held is S.EXECUTING else ()
                     _seal([*waiting, outcome(at)], receipts(), at)
                     return OutcomeWrite(True)
@@ -576,7 +625,8 @@ def _outcome_refusal(key: str, record: EffectRecord | None) -> AmbiguousEffect:
 
 
 def _move_ambiguous(record: EffectRecord, state: EffectState, resolver: str, when: dt.datetime) -> None:
-    """ambiguous -> committed | failed on the locked ``record``, and on the model read."""
+    """ambiguous -> committed | failed on the locked ``record``, and on the model read; failed gives the
+    attempt's budget charges back, in the same phase."""
     record.error = f"resolved {state.value} by {resolver} (was: {record.error})"
     record.resolved_by = resolver
     record.reconcile_after = None
@@ -587,6 +637,8 @@ def _move_ambiguous(record: EffectRecord, state: EffectState, resolver: str, whe
         _move(cursor, sql.EFFECT_RESOLVE, S.AMBIGUOUS, state, [
             record.error, resolver, _time_param(connections[_db()])(when), record.mac, record.effect_key])
     record.state = state
+    if state is S.FAILED:  # it did not happen: the attempt's budget charges are given back
+        budgets.release(record.effect_key, record.attempt, when)
 
 
 def record_reconciliation(effect_key: str, action_id: str | None, resolver: str, trigger: str,

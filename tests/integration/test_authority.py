@@ -234,3 +234,102 @@ def test_a_swept_attempt_keeps_its_grant_and_task(clock):
     assert [e.effect_key for e in report.swept] == ["refund:p1"]
     [swept] = receipts()
     assert (swept["result"], swept["authority_grant_id"], swept["task"]) == ("ambiguous", "support", "job-1")
+
+
+# --------------------------------------------------------------------------- budgets through the kernel
+
+
+def test_a_budget_caps_spend_across_calls(control, drive, clock):
+    def refund(payment_id: str, amount: int, **options):
+        return drive(control, "stripe.refund", {"payment_id": payment_id, "amount": amount}, "metered", **options)
+
+    assert refund("p1", 40000) == "done" and refund("p2", 40000) == "done"
+    with pytest.raises(ctrlrun.ActionDenied) as exhausted:
+        refund("p3", 40000)
+    assert exhausted.value.reason == "budget_exhausted" and not isinstance(exhausted.value, ctrlrun.AuthorityDenied)
+    assert "80,000 of 100,000" in str(exhausted.value)
+    assert refund("p4", 20000) == "done"  # exactly to the limit
+    charged = [r["budget_charges"] for r in receipts() if r["result"] == "committed"]
+    assert charged[0] == [{"grant_id": "metered", "metric": "amount", "amount": 40000}]
+    refused = [r for r in receipts() if r["result"] == "denied"]
+    assert refused[0]["decision_reason"] == "budget_exhausted" and refused[0]["budget_charges"] == []
+    assert not EffectRecord.objects.filter(pk="refund:p3").exists()  # nothing was taken
+    clock.advance(days=1, seconds=1)  # the window slid past the first spends
+    assert refund("p5", 50000) == "done" and refund("p6", 50000) == "done"
+
+
+def test_a_failed_attempt_gives_its_charge_back_an_ambiguous_one_holds_it(control, drive):
+    def failing():
+        raise ctrlrun.NotExecuted("the remote refused the connection")
+
+    def lost():
+        raise TimeoutError("no reply")
+
+    assert drive(control, "stripe.refund", {"payment_id": "p0", "amount": 40000}, "metered") == "done"
+    with pytest.raises(ctrlrun.NotExecuted):
+        drive(control, "stripe.refund", {"payment_id": "p1", "amount": 50000}, "metered", failing)
+    with pytest.raises(TimeoutError):  # the failed one gave its 50,000 back: this one fits, and holds
+        drive(control, "stripe.refund", {"payment_id": "p2", "amount": 50000}, "metered", lost)
+    with pytest.raises(ctrlrun.ActionDenied) as refused:  # 40,000 spent + 50,000 held + 20,000 > 100,000
+        drive(control, "stripe.refund", {"payment_id": "p3", "amount": 20000}, "metered")
+    assert refused.value.reason == "budget_exhausted"
+    store.resolve("refund:p2", "failed", by="alice", reason="the remote has no such refund")
+    assert drive(control, "stripe.refund", {"payment_id": "p3", "amount": 20000}, "metered") == "done"
+
+
+def test_an_exhausted_budget_still_asks_a_person_and_is_refused_when_the_approved_call_reserves(drive):
+    text = POLICY.replace("actions: [stripe.refund, audit.note]\n      budgets: [{metric: amount, limit: 100000",
+                          "actions: [stripe.refund, audit.note]\n      budgets: [{metric: amount, limit: 60000")
+    control = Control(policy=parse_policy(text))
+    assert drive(control, "stripe.refund", {"payment_id": "p1", "amount": 50000}, "metered") == "done"
+    with pytest.raises(ctrlrun.ApprovalRequired) as asked:  # 55,000 is the approve band; 10,000 are left
+        drive(control, "stripe.refund", {"payment_id": "p2", "amount": 55000}, "metered")
+    store.answer_approval(asked.value.request_id, True, by="alice")
+    with ctrlrun.with_approval(asked.value.request_id), pytest.raises(ctrlrun.ActionDenied) as refused:
+        drive(control, "stripe.refund", {"payment_id": "p2", "amount": 55000}, "metered")
+    assert refused.value.reason == "budget_exhausted"
+    assert Approval.objects.get(pk=asked.value.request_id).status == "granted"  # not used up
+
+
+RACER = """
+import sys, time
+import ctrlrun
+
+@ctrlrun.protect("stripe.refund")
+def refund(payment_id: str, amount: int) -> None:
+    with open(sys.argv[2], "a") as log:
+        log.write(payment_id + "\\n")
+
+start = float(sys.argv[1])
+while time.time() < start:
+    time.sleep(0.001)
+outcomes = []
+with ctrlrun.context(agent="metered"):
+    for n in range(3):
+        try:
+            refund(payment_id=f"{sys.argv[3]}-{n}", amount=20000)
+            outcomes.append("ran")
+        except ctrlrun.ActionDenied as exc:
+            outcomes.append(exc.reason)
+print(" ".join(outcomes))
+"""
+
+
+def test_eight_processes_racing_for_the_last_of_a_budget_spend_it_exactly_once(tmp_path, use_policy):
+    """Room for five refunds of 20,000 (limit 100,000); eight processes try three each at once."""
+    import time
+
+    from tests.support import run_together, script_environment
+
+    use_policy(POLICY)
+    env = script_environment(tmp_path, POLICY)
+    (tmp_path / "racer.py").write_text(RACER)
+    log = tmp_path / "ran.log"
+    start = time.time() + 4
+    outputs = run_together(tmp_path, "racer.py", [[str(start), str(log), f"w{n}"] for n in range(8)], env)
+    words = " ".join(outputs).split()
+    assert words.count("ran") == 5 and words.count("budget_exhausted") == 19, outputs
+    assert len(log.read_text().split()) == 5
+    spent = sum(c["amount"] for r in receipts() for c in r["budget_charges"] if r["result"] == "committed")
+    assert spent == 100000
+    assert store.verify().ok

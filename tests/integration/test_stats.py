@@ -74,20 +74,20 @@ def test_enforce_counts_of_real_calls(calls):
         "schema": "ctrlrun.stats/v1", "mode": "enforce", "since": "2026-11-28T12:00:02.000Z",
         "from": START, "to": "2026-11-29T12:00:02.000Z", "actions": 6, "denied": 3,
         "denied_by_reason": {"decision": 1, "rule[2]": 1, "unknown_action": 1}, "ambiguous_outcomes": 1,
+        "ledger_rows": 0,
     }
-    assert "ledger_rows" not in doc and "unreadable_receipts" not in doc  # no ledger in this store
+    assert list(doc)[6] == "ledger_rows" and "unreadable_receipts" not in doc  # the store has a (empty) ledger
 
 
 def test_enforce_text(calls):
     lines, err = run_stats()
     assert err == ""  # enforce mode: no banner
     assert lines[0] == f"CTRLRun — {START} .. 2026-11-29T12:00:02.000Z   (enforce mode)"
-    assert [line.split() for line in lines[1:7]] == [
+    assert [line.split() for line in lines[1:8]] == [
         ["actions", "6"], ["denied", "3"], ["decision", "1"], ["rule[2]", "1"], ["unknown_action", "1"],
-        ["ambiguous", "outcomes", "1"]]
+        ["ambiguous", "outcomes", "1"], ["budget", "ledger", "rows", "0"]]
     assert lines[3].startswith("    decision")  # reasons indented under 'denied'
-    assert lines[7:] == ["", FOOTNOTE_ENFORCE, FOOTNOTE_WAITING]
-    assert not any("ledger" in line for line in lines)  # this store has no budget ledger: no row
+    assert lines[8:] == ["", FOOTNOTE_ENFORCE, FOOTNOTE_WAITING]
 
 
 def test_since_counts_only_receipts_at_or_after_the_boundary(refund, agent, clock):
@@ -143,7 +143,8 @@ def test_an_unreadable_row_is_counted_not_fatal(refund, agent, clock):
     doc = stats_json()
     assert doc["unreadable_receipts"] == 1 and doc["actions"] == 1
     lines, _ = run_stats()
-    assert lines[4].split() == ["unreadable", "receipts", "1"]
+    assert lines[4].split() == ["budget", "ledger", "rows", "0"]
+    assert lines[5].split() == ["unreadable", "receipts", "1"]
 
 
 def test_a_policy_that_does_not_load_is_one_line_exit_1(settings, tmp_path):

@@ -11,7 +11,8 @@ STATES = [s.value for s in EffectState if s is not EffectState.NEW]
 
 
 class Command(CtrlrunCommand):
-    help = "List effect records (one per effect key): state, attempt, holder, last change."
+    help = ("List effect records (one per effect key): state, attempt, holder, last change, and what the shown "
+            "attempt spent (committed) or holds (unfinished) of its grants' budgets.")
 
     def add_arguments(self, parser: ArgumentParser) -> None:
         parser.add_argument("--state", choices=STATES, help="only records in this state")
@@ -23,4 +24,5 @@ class Command(CtrlrunCommand):
             return
         now = store.now()  # the store's clock, as leases and expiries are kept
         for effect in effects:
-            self.stdout.write(report.effect_line(effect, now))
+            charges = store.charges_of(effect.effect_key, effect.attempt)  # the shown attempt's budget charges
+            self.stdout.write(report.effect_line(effect, now) + store.budgets.budget_line(charges))

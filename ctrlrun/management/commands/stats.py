@@ -58,7 +58,7 @@ class Command(CtrlrunCommand):
         except ValueError as exc:  # a usage error, as argparse reports one
             raise Error(f"argument --since: {reveal(str(exc))}", returncode=2) from None
         document = stats.compute(store.receipt_documents_since(start), mode=policy.mode,
-                                 since=start)
+                                 since=start, ledger_rows=store.ledger_rows())
         if json:
             self.stdout.write(dumps(document))
             return

@@ -1,0 +1,197 @@
+"""The budget ledger (authority, §C5): charge a call's budgets when it takes its key, give them back
+when its attempt ends failed, and read what a grant has spent.
+
+Spent, for one budget, is the sum of the un-released ledger rows of its (grant_id, metric) consumed
+inside its window. A reservation checks every charge and then writes one row per (grant_id, metric),
+in the transaction that takes the key (``effects.reserve``), so N processes racing for a budget's
+last unit spend it once:
+
+- SQLite: every write transaction is ``BEGIN IMMEDIATE`` (``standalone.sqlite_options``), so the
+  sum and the insert cannot interleave with another writer.
+- PostgreSQL: a transaction-scoped advisory lock per (grant_id, metric), taken in sorted order
+  before anything is summed. The lock's key is a stable 64-bit digest of the pair (the same in every
+  process, unlike Python's ``hash()``). Lock order: effect row, approval row, budget locks, chain head.
+
+A call whose transaction waited for such a lock may read a clock earlier than a row the winner wrote
+meanwhile; rows consumed after this transaction's time are therefore counted too (the window has
+no upper bound), so a wait can only make a budget stricter, never let it overspend.
+
+Several budgets on one metric of one grant (``amount`` per hour and per day) share one ledger row per
+call: each budget sums the same rows over its own window.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from django.db import connections
+
+from ..errors import InvalidArgument
+from ..models import BudgetLedger, EffectRecord
+from ..states import EffectState
+from ..values import Charge
+from .base import _clock, _cursor, _db, _q, _reading, _time_param
+
+TABLE = BudgetLedger._meta.db_table
+_SPENT = (f'SELECT COALESCE(SUM("amount"), 0) FROM "{TABLE}" WHERE "grant_id" = %s AND "metric" = %s '
+          f'AND "released_at" IS NULL AND "consumed_at" > %s')
+_INSERT = (f'INSERT INTO "{TABLE}" ("grant_id", "metric", "amount", "effect_key", "attempt", "consumed_at", '
+           f'"released_at") VALUES ')
+_RELEASE = (f'UPDATE "{TABLE}" SET "released_at" = %s WHERE "effect_key" = %s AND "attempt" = %s '
+            f'AND "released_at" IS NULL')
+
+
+def lock_key(grant_id: str, metric: str) -> int:
+    """The advisory lock of one (grant_id, metric) on PostgreSQL: a signed 64-bit digest, stable across
+    processes and runs."""
+    digest = hashlib.sha256(f"ctrlrun.budget\x00{grant_id}\x00{metric}".encode()).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)
+
+
+def distinct(charges: Iterable[Charge]) -> list[Charge]:
+    """The charges as ledger rows: one per (grant_id, metric), first seen first. Several budgets on one
+    metric of one grant cost the same amount (it is the same argument), so they share a row."""
+    rows: dict[tuple[str, str], Charge] = {}
+    for charge in charges:
+        pair = (charge.grant_id, charge.metric)
+        seen = rows.get(pair)
+        if seen is None:
+            rows[pair] = charge
+        elif seen.amount != charge.amount:
+            raise InvalidArgument(f"two budget charges on grant {charge.grant_id!r} for metric {charge.metric!r} "
+                                  f"cost different amounts ({seen.amount} and {charge.amount}); one call spends "
+                                  f"one amount of a metric")
+    return list(rows.values())
+
+
+def _lock(charges: Sequence[Charge]) -> None:
+    if connections[_db()].vendor != "postgresql":
+        return  # SQLite: the write transaction itself is exclusive (BEGIN IMMEDIATE)
+    pairs = sorted({(c.grant_id, c.metric) for c in charges})
+    with _cursor() as cursor:
+        for grant_id, metric in pairs:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [lock_key(grant_id, metric)]).fetchone()
+
+
+def _spent(cursor: Any, adapt: Any, charge: Charge, when: dt.datetime) -> int:
+    since = when - dt.timedelta(seconds=charge.window_seconds)
+    return int(cursor.execute(_SPENT, [charge.grant_id, charge.metric, adapt(since)]).fetchone()[0])
+
+
+def exhausted(charges: Sequence[Charge], when: dt.datetime, *, lock: bool = True) -> tuple[Charge, int] | None:
+    """The first charge (in the order given) that does not fit its budget at ``when``, with what its
+    budget has spent; None when every one fits. Must run inside a phase; ``lock`` takes the budgets'
+    locks first (a reservation), which are held until the phase ends."""
+    if lock:
+        _lock(charges)
+    adapt = _time_param(connections[_db()])
+    with _cursor() as cursor:
+        for charge in charges:
+            spent = _spent(cursor, adapt, charge, when)
+            if spent + charge.amount > charge.limit:
+                return charge, spent
+    return None
+
+
+def charge(charges: Sequence[Charge], effect_key: str, attempt: int, when: dt.datetime) -> None:
+    """Write the ledger rows of an attempt that took its key (inside the reservation's phase)."""
+    rows = distinct(charges)
+    if not rows:
+        return
+    stamp = _time_param(connections[_db()])(when)
+    params: list[Any] = []
+    for row in rows:
+        params += [row.grant_id, row.metric, row.amount, effect_key, attempt, stamp, None]
+    with _cursor() as cursor:
+        cursor.execute(_INSERT + ",".join(["(%s,%s,%s,%s,%s,%s,%s)"] * len(rows)), params)
+
+
+def release(effect_key: str, attempt: int, when: dt.datetime) -> int:
+    """Give back an attempt's charges (it ended failed): inside the phase that moves its record. How many."""
+    with _cursor() as cursor:
+        cursor.execute(_RELEASE, [_time_param(connections[_db()])(when), effect_key, attempt])
+        return cursor.rowcount
+
+
+# --------------------------------------------------------------------------- reads
+
+
+def _states(keys: Iterable[str]) -> dict[str, tuple[str, int]]:
+    return {key: (state, attempt) for key, state, attempt in
+            _q(EffectRecord).filter(pk__in=set(keys)).values_list("effect_key", "state", "attempt")}
+
+
+def _row_state(row: BudgetLedger, states: dict[str, tuple[str, int]]) -> str:
+    """The state of the attempt that made ``row``: its record's, if the record is still at that attempt.
+    A record at a later attempt was renewed from failed, so the row's attempt ended failed."""
+    if row.released_at is not None:
+        return EffectState.FAILED.value
+    state, attempt = states.get(row.effect_key, (None, None))
+    if state is None:
+        return "missing"
+    return str(state) if attempt == row.attempt else EffectState.FAILED.value
+
+
+def budget_usage(grant_id: str, metric: str, window_seconds: int,
+                 now: dt.datetime | None = None) -> tuple[int, int, list[tuple[str, str, int, int, dt.datetime]]]:
+    """What one budget has spent in the window ``(now - window, now]`` (``now``: the store's clock by default):
+    ``(consumed, held, holding)``. ``consumed`` sums the charges of committed attempts; ``held`` those of
+    attempts still running or ambiguous (they count against the budget until they end); ``holding``
+    lists the held charges as (effect_key, state, amount, attempt, consumed_at), oldest first.
+    Released charges (their attempt failed) count in neither."""
+    if not isinstance(window_seconds, int) or isinstance(window_seconds, bool) or window_seconds <= 0:
+        raise InvalidArgument(f"a budget's window is a positive number of seconds, got {window_seconds!r}")
+    with _reading():
+        now = now or _clock()
+        rows = list(_q(BudgetLedger).filter(
+            grant_id=grant_id, metric=metric, released_at__isnull=True,
+            consumed_at__gt=now - dt.timedelta(seconds=window_seconds), consumed_at__lte=now,
+        ).order_by("consumed_at", "id"))
+        states = _states(r.effect_key for r in rows)
+    consumed = held = 0
+    holding: list[tuple[str, str, int, int, dt.datetime]] = []
+    for row in rows:
+        state = _row_state(row, states)
+        if state == EffectState.COMMITTED:
+            consumed += row.amount
+        else:
+            held += row.amount
+            holding.append((row.effect_key, state, row.amount, row.attempt, row.consumed_at))
+    return consumed, held, holding
+
+
+def ledger_rows() -> int:
+    """How many rows the budget ledger holds (released ones included): ``stats``'s ``ledger_rows``."""
+    with _reading():
+        return _q(BudgetLedger).count()
+
+
+def charges_of(effect_key: str, attempt: int) -> list[tuple[str, str, int, str]]:
+    """The charges one attempt made, as (grant_id, metric, amount, standing), in the order written:
+    ``spent`` (the attempt committed), ``holds`` (running or ambiguous) or ``released`` (it failed)."""
+    with _reading():
+        rows = list(_q(BudgetLedger).filter(effect_key=effect_key, attempt=attempt).order_by("id"))
+        states = _states([effect_key]) if rows else {}
+    out = []
+    for row in rows:
+        state = _row_state(row, states)
+        standing = ("spent" if state == EffectState.COMMITTED else
+                    "released" if row.released_at is not None else "holds")
+        out.append((row.grant_id, row.metric, row.amount, standing))
+    return out
+
+
+def budget_line(charges: Sequence[tuple[str, str, int, str]]) -> str:
+    """What ``effects`` appends to an attempt's line: ``  spent 40000 amount on support, 1 count on support``
+    and/or ``  holds ...`` (released charges are not shown)."""
+    text = ""
+    for standing in ("spent", "holds"):
+        items = [f"{amount} {metric} on {grant}" for grant, metric, amount, s in charges if s == standing]
+        if items:
+            text += f"  {standing} " + ", ".join(items)
+    return text
+
+
+__all__ = ["budget_usage", "ledger_rows", "charges_of", "budget_line", "lock_key", "distinct"]
