@@ -26,6 +26,8 @@ in every pass. Each per-call row reads ours and the reference against it (``ours
 Scenarios (per-call cost: mean µs per call in each round, median over ``--rounds``):
 
 - ``allowed``    an allowed call with a fresh effect key (reserve, run, record);
+- ``allowed_budget`` the same call by an agent holding a grant (policy v7 ``authority:``) with two
+                 budgets, each charged to the ledger in the reservation's transaction;
 - ``duplicate``  a call whose key is already committed, refused (``DuplicateEffect``); the keys are
                  committed untimed first;
 - ``denied``     a call the policy denies (``ActionDenied``);
@@ -114,8 +116,21 @@ actions:
     decision: allow
 """
 
+#: ``allowed_budget``: the same allowed refund, by an agent holding a grant (policy v7 ``authority:``)
+#: whose budgets (a count and a sum of amounts per day, far from their limits) every call is charged.
+BUDGET_POLICY = POLICY.replace("schema: ctrlrun.policy/v2\n", """schema: ctrlrun.policy/v7
+authority:
+  grants:
+    - id: bench
+      subject: {agent: bench-agent}
+      actions: ["stripe.*", "ledger.*"]
+      budgets:
+        - {metric: count, limit: 1000000000, window: P1D}
+        - {metric: amount, limit: 1000000000000, window: P1D}
+""")
+
 ALLOWED, APPROVED, DENIED_AMOUNT = 100, 500_000, 10**9
-SYNC_SCENARIOS = ("allowed", "duplicate", "denied", "approval")
+SYNC_SCENARIOS = ("allowed", "duplicate", "denied", "approval", "allowed_budget")
 # The same calls to an `async def`, awaited one after another in one asyncio.run(); and allowed calls made
 # all at once (asyncio.gather). The reference refuses `async def`: its cell reads "n/a".
 ASYNC_SCENARIOS = (*(f"{s}_async" for s in SYNC_SCENARIOS), "allowed_async_concurrent")
@@ -149,7 +164,7 @@ def floor_field(scenario: str) -> str | None:
     floor's two commits, a refusal (duplicate, denied) its one."""
     base = scenario.split("_async")[0]
     return {"allowed": "floor_allowed", "approval": "floor_allowed", "duplicate": "floor_refused",
-            "denied": "floor_refused"}.get(base)
+            "denied": "floor_refused", "allowed_budget": "floor_allowed"}.get(base)
 
 
 # Variables that would point either implementation at another store or project.
@@ -255,7 +270,7 @@ class _Session:
 
     def session(self) -> Generator[Any, Any, None]:
         run = {"allowed": self.allowed, "duplicate": self.duplicate, "denied": self.denied,
-               "approval": self.approval}[self.base]
+               "approval": self.approval, "allowed_budget": self.allowed}[self.base]
         # The first call configures the store (migrations) untimed; then the scenario's own path is warmed.
         self._check("warmup", (yield _Calls([{"payment_id": "warmup", "amount": 1}])), None)
         self.expected_runs += 1
@@ -385,8 +400,18 @@ def worker_calls(scenario: str, calls: int, rounds: int) -> dict[str, Any]:
     async def refund_async(payment_id: str, amount: int) -> dict:
         return refund_sync(payment_id, amount)
 
+    options: dict[str, Any] = {}
+    if "budget" in scenario and _flavour(ctrlrun) == "reference":
+        # The reference enforces authority only when its Control is given one (its default Control reads
+        # the policy file's actions, not its authority section): build that Control over its default store.
+        from ctrlrun import control as reference_control
+        from ctrlrun.authority import Authority
+
+        default = reference_control._default_control()
+        options["control"] = ctrlrun.Control(default.policy, default._store, authority=Authority.from_yaml(
+            Path("ctrlrun.yaml").read_text()))
     try:
-        refund = ctrlrun.protect("stripe.refund", effect="refund:{payment_id}")(
+        refund = ctrlrun.protect("stripe.refund", effect="refund:{payment_id}", **options)(
             refund_async if is_async else refund_sync)
     except Exception as exc:
         if not is_async or _flavour(ctrlrun) == "ours":
@@ -412,6 +437,11 @@ def worker_calls(scenario: str, calls: int, rounds: int) -> dict[str, Any]:
             _drive_sync(ctrlrun, refund, grant, measured.session())
     if len(executed) != measured.expected_runs:
         raise SystemExit(f"executed {len(executed)} calls, expected {measured.expected_runs}")
+    if "budget" in scenario and _flavour(ctrlrun) == "ours":
+        from ctrlrun import store
+
+        if store.ledger_rows() < measured.expected_runs:  # one row per budgeted metric per call
+            raise SystemExit(f"the budget ledger has {store.ledger_rows()} rows for {measured.expected_runs} calls")
     return {**_describe(ctrlrun), "store": _store_in_use(ctrlrun), "scenario": scenario, "calls": calls,
             "rounds": rounds, "per_round_us": measured.per_round, "median_us": statistics.median(measured.per_round)}
 
@@ -526,7 +556,7 @@ def worker_contention(workers: int, keys: int, races: int, timeout: float) -> di
 def worker_main(args: argparse.Namespace) -> int:
     os.chdir(args.dir)
     if not Path("ctrlrun.yaml").exists():
-        Path("ctrlrun.yaml").write_text(POLICY)
+        Path("ctrlrun.yaml").write_text(BUDGET_POLICY if "budget" in (args.worker or "") else POLICY)
     if args.worker in CALL_SCENARIOS:
         _emit(worker_calls(args.worker, args.calls, args.rounds))
     elif args.worker == "contention":

@@ -350,7 +350,10 @@ class BudgetLedger(models.Model):
     class Meta:
         ordering = ["id"]
         indexes = [
-            models.Index(fields=["grant_id", "metric", "consumed_at"], name="ctrlrun_ledger_budget_idx"),
+            # What a budget has spent is summed on every charged call: an index holding exactly the
+            # un-released rows, with the amount, so the sum reads the index alone.
+            models.Index(fields=["grant_id", "metric", "consumed_at", "amount", "released_at"], name="ctrlrun_ledger_budget_idx",
+                         condition=models.Q(released_at__isnull=True)),
             models.Index(fields=["effect_key", "attempt"], name="ctrlrun_ledger_attempt_idx"),
         ]
         constraints = [models.CheckConstraint(condition=Q(amount__gte=0), name="ctrlrun_ledger_amount_nonneg")]

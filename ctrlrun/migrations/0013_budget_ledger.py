@@ -32,7 +32,7 @@ class Migration(migrations.Migration):
             ],
             options={
                 'ordering': ['id'],
-                'indexes': [models.Index(fields=['grant_id', 'metric', 'consumed_at'], name='ctrlrun_ledger_budget_idx'), models.Index(fields=['effect_key', 'attempt'], name='ctrlrun_ledger_attempt_idx')],
+                'indexes': [models.Index(condition=models.Q(('released_at__isnull', True)), fields=['grant_id', 'metric', 'consumed_at', 'amount', 'released_at'], name='ctrlrun_ledger_budget_idx'), models.Index(fields=['effect_key', 'attempt'], name='ctrlrun_ledger_attempt_idx')],
                 'constraints': [models.CheckConstraint(condition=models.Q(('amount__gte', 0)), name='ctrlrun_ledger_amount_nonneg')],
             },
         ),
