@@ -85,7 +85,7 @@ def _template(value: Any, what: str, name: str) -> Template | None:
 
 #: The options of one guarded action (``protect``'s, and ``Control.call``'s), with their defaults.
 OPTIONS: dict[str, Any] = {"effect": None, "resource": None, "lease": None, "reconcile": None,
-                           "reconcile_eagerly": False, "wait": False, "task": None}
+                           "reconcile_eagerly": False, "wait": False, "task": None, "scope": None}
 
 
 def plan_for(name: str, options: Mapping[str, Any]) -> Plan:
@@ -120,7 +120,12 @@ def plan_for(name: str, options: Mapping[str, Any]) -> Plan:
     if reconcile_eagerly and reconcile is None:
         raise InvalidArgument(f"protect({name!r}, reconcile_eagerly=True): there is no reconcile= hook to run eagerly")
     task_template = _template(chosen["task"], "task", name)
-    return Plan(name, effect_template, resource_template, lease, reconcile, reconcile_eagerly, wait, task_template)
+    scope = chosen["scope"]
+    if scope is not None and not callable(scope):
+        raise InvalidArgument(f"protect({name!r}, scope=...) must be callable (a function of the Action returning "
+                              f"{{'resources': [patterns]}}), not {type(scope).__name__}")
+    return Plan(name, effect_template, resource_template, lease, reconcile, reconcile_eagerly, wait, task_template,
+                scope)
 
 
 def protect(
@@ -133,6 +138,7 @@ def protect(
     reconcile_eagerly: bool = False,
     wait: bool = False,
     task: str | None = None,
+    scope: Callable[[Any], Any] | None = None,
     control: Any = None,
 ) -> Callable[[F], F]:
     """Guard a function that acts on the world: the policy decides, the effect key dedupes.
@@ -146,10 +152,12 @@ def protect(
     the same steps without blocking the event loop. ``control`` is the ``ctrlrun.Control`` to
     run under (default: the process-wide one from settings). ``task`` is a template naming the job
     the call belongs to (``"run-{run_id}"``), which grants bound to tasks (policy v7) check; it is
-    on the receipt, not in the action hash.
+    on the receipt, not in the action hash. ``scope`` is a function of the ``Action`` returning
+    ``{"resources": [patterns]}``: the resources this call may touch now (e.g. the requesting user's
+    own records); a resource outside them is refused ``out_of_scope`` before the key is taken.
     """
     plan = plan_for(name, {"effect": effect, "resource": resource, "lease": lease, "reconcile": reconcile,
-                           "reconcile_eagerly": reconcile_eagerly, "wait": wait, "task": task})
+                           "reconcile_eagerly": reconcile_eagerly, "wait": wait, "task": task, "scope": scope})
     if control is not None:
         from .control import Control
 

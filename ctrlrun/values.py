@@ -113,6 +113,8 @@ class Call:
     #: The budget charges the call would make (authority, §C5), filled by the kernel; the store
     #: charges them when it takes the key. A call the store hands back refused carries none.
     budget_charges: tuple[Charge, ...] = ()
+    #: The hash of what the call's scope provider answered (``protect(scope=...)``), or None.
+    scope_hash: str | None = None
 
     @property
     def authority_grant_id(self) -> str | None:

@@ -59,7 +59,7 @@ from ..errors import NotExecuted
 from ..states import RECONCILE_ANSWERS
 from ..values import HookAnswer
 from .context import running_attempt
-from .steps import Abandoned, Ask, Pause, Phase, Record, Run, Steps
+from .steps import Abandoned, Ask, Consult, Pause, Phase, Record, Run, Steps
 
 logger = logging.getLogger("ctrlrun")
 
@@ -98,6 +98,15 @@ def call_hook(hook: Callable[[str], Any], effect_key: str) -> Any:
 
 async def _awaited(awaitable: Any) -> Any:
     return await awaitable
+
+
+async def _consulted(op: Consult) -> Any:
+    """A user's callback from an event loop: awaited when ``async def``, else run in a thread (it may
+    read the database, as a scope provider asking the app's permissions does)."""
+    if inspect.iscoroutinefunction(op.fn):
+        return await op.fn(op.argument)
+    answer = await asyncio.to_thread(op.fn, op.argument)
+    return (await answer) if inspect.isawaitable(answer) else answer
 
 
 async def acall_hook(hook: Callable[[str], Any], effect_key: str) -> Any:
@@ -170,6 +179,10 @@ def run_sync(steps: Steps, control: Any) -> Any:
                     send = op.invoke(op.action)
             elif isinstance(op, Ask):
                 send = call_hook(op.hook, op.effect_key)
+            elif isinstance(op, Consult):
+                send = op.fn(op.argument)
+                if inspect.isawaitable(send):
+                    send = asyncio.run(_awaited(send))
             elif isinstance(op, Pause):
                 time.sleep(op.seconds)
             else:  # pragma: no cover - a programming error in the steps
@@ -342,6 +355,8 @@ async def run_async(steps: Steps, control: Any) -> Any:
                 send = await _run_function(op, control)
             elif isinstance(op, Ask):
                 send = await acall_hook(op.hook, op.effect_key)
+            elif isinstance(op, Consult):
+                send = await _consulted(op)
             elif isinstance(op, Pause):
                 await asyncio.sleep(op.seconds)
             else:  # pragma: no cover - a programming error in the steps

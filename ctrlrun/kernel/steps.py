@@ -42,7 +42,17 @@ from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..canonical import Action, Principal, Template, canonical_arguments, evidence_text, evidence_time
+from ..authority import matches, validate_pattern
+from ..canonical import (
+    Action,
+    Principal,
+    Template,
+    canonical_arguments,
+    canonical_bytes,
+    evidence_text,
+    evidence_time,
+    sha256_hash,
+)
 from ..errors import (
     ActionDenied,
     ApprovalRequired,
@@ -58,7 +68,7 @@ from .context import current_principal, presented_approval
 
 logger = logging.getLogger("ctrlrun")
 
-__all__ = ["Plan", "Phase", "Record", "Run", "Ask", "Pause", "Abandoned", "call_steps", "Steps"]
+__all__ = ["Plan", "Phase", "Record", "Run", "Ask", "Pause", "Consult", "Abandoned", "call_steps", "Steps"]
 
 
 # --------------------------------------------------------------------------- instructions
@@ -103,6 +113,15 @@ class Pause:
     seconds: float
 
 
+@dataclass(frozen=True)
+class Consult:
+    """A user's callback about the call (a scope provider): ``fn(argument)``, plain or ``async def``;
+    the driver sends back what it returns or throws in what it raised."""
+
+    fn: Callable[[Any], Any]
+    argument: Any
+
+
 class Abandoned(BaseException):
     """Thrown in at ``Run`` when the caller went away mid-function (an async task cancelled): the
     attempt's outcome is unknown and nothing may be recorded for it here."""
@@ -126,6 +145,7 @@ class Plan:
     reconcile_eagerly: bool = False
     wait: bool = False
     task: Template | None = None
+    scope: Callable[[Action], Any] | None = None
 
 
 _warned: set[tuple[str, str, int]] = set()
@@ -357,9 +377,41 @@ class _Running:
         # The same action, now under the person's answer (a denial is refused by the store, recorded).
         return (yield from self.decide_and_run(request.approval_id))
 
+    def scoped(self, call: Any) -> Steps:
+        """Ask the scope provider (``protect(scope=...)``) before the key is taken: the call stamped
+        with the hash of its answer, and why the resource is outside it (reason, sentence), or None."""
+        provider = self.plan.scope
+        if provider is None:
+            return call, None
+        try:
+            answer = yield Consult(provider, self.action)
+        except Exception as exc:
+            return call, ("scope_unavailable", f"the scope provider raised {type(exc).__name__}: {exc}")
+        patterns = answer.get("resources") if isinstance(answer, Mapping) else None
+        if not isinstance(patterns, (list, tuple)) or not all(
+                isinstance(p, str) and validate_pattern(p, ":") is None for p in patterns):
+            return call, ("scope_unavailable", f"the scope provider must return {{'resources': [patterns]}}, got "
+                                               f"{evidence_text(repr(answer))[:200]}")
+        try:
+            digest = sha256_hash(canonical_bytes({"schema": "ctrlrun.scope/v1", "scope": canonical_arguments(
+                dict(answer))}))
+        except InvalidArgument as exc:
+            return call, ("scope_unavailable", f"the scope provider's answer has no canonical form: {exc}")
+        call = replace(call, scope_hash=digest)
+        resource = self.action.resource
+        if resource is None or not any(matches(pattern, resource, ":") for pattern in patterns):
+            return call, ("out_of_scope", f"{self.name}: resource {resource!r} is outside this call's scope "
+                                          f"({', '.join(patterns) or 'no resources'})")
+        return call, None
+
     def take_and_run(self, call: Any, presented: str | None, ceiling: int | None) -> Steps:
         store, plan = self.control.store, self.plan
         lease = plan.lease or self.control.lease
+        call, problem = yield from self.scoped(call)
+        if problem is not None:
+            reason, error = problem
+            yield Record(store.record_denial, (replace(call, approval_id=presented), {"reason": reason, "error": error}))
+            raise ActionDenied(f"{self.name} denied: {reason}: {error}", reason=reason, action_id=self.action.action_id)
         key = call.effect_key
         if key is None:
             taken = yield Phase(store.begin_unkeyed, (call, presented))
@@ -393,9 +445,13 @@ class _Running:
         call: policy, attempt ceiling, approval gate, approval, reservation. Nobody is asked."""
         store = self.control.store
         lease = self.plan.lease or self.control.lease
+        call, out_of_scope = yield from self.scoped(call)
         seen = yield Phase(store.observe_begin, (call, lease), {"presented": presented, "max_attempts": ceiling,
                                                                 "with_policy": with_policy})
         would_have = seen.would_have(presented is not None)
+        if out_of_scope is not None and would_have["blocked_reason"] in (None, seen.approval_problem,
+                                                                          seen.reservation_problem):
+            would_have["blocked_reason"] = out_of_scope[0]  # the scope (8) before the approval taken (9)
         if unmeasured is not None and call.decision is not Decision.DENY and not seen.ceiling:
             would_have["blocked_reason"] = unmeasured  # the budget (6) before the approval gate (7)
         return (yield from self.run(seen.call, seen.attempt, lease, held=seen.held, would_have=would_have))
