@@ -9,6 +9,7 @@ held (never below zero). Released charges (attempts that ended failed) count in 
 from __future__ import annotations
 
 import datetime as dt
+import json
 from typing import Any
 
 from . import store
@@ -82,14 +83,16 @@ def budget_calls(grant_id: str, metric: str, window_seconds: int, now: dt.dateti
                EffectRecord.objects.using(alias).filter(pk__in=keys)
                .values_list("effect_key", "state", "attempt", "action_id")}
     receipts: dict[tuple[str, int], tuple[str, str]] = {}
-    for receipt in Receipt.objects.using(alias).filter(effect_key__in=keys).order_by("seq"):
+    for receipt_id, action_id, effect_key, text in (Receipt.objects.using(alias).filter(effect_key__in=keys)
+                                                    .order_by("seq")
+                                                    .values_list("receipt_id", "action_id", "effect_key", "document")):
         try:
-            doc = receipt.doc
-            attempt = doc.get("attempt") if isinstance(doc, dict) else None
+            doc = json.loads(text)
         except ValueError:  # an unreadable receipt names no attempt
             continue
-        if isinstance(attempt, int) and receipt.effect_key:
-            receipts[(receipt.effect_key, attempt)] = (receipt.receipt_id, receipt.action_id)  # the last one
+        attempt = doc.get("attempt") if isinstance(doc, dict) else None
+        if isinstance(attempt, int) and effect_key:
+            receipts[(effect_key, attempt)] = (receipt_id, action_id)  # the last one
     calls = []
     for row in shown:
         state, attempt, action_id = records.get(row.effect_key, (None, None, None))
