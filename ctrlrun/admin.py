@@ -1710,7 +1710,7 @@ class BudgetLedgerAdmin(EvidenceAdmin):
     list_display = ("id", "listed_grant", "listed_metric", "amount", "listed_effect", "attempt", "at_consumed_at",
                     "at_released_at")
     list_display_links = None
-    list_filter = ("grant_id", "metric")
+    list_filter = (("grant_id", RevealedValuesFilter), ("metric", RevealedValuesFilter))
     search_fields = ("grant_id", "effect_key")
     ordering = ("-id",)
     list_per_page = 100
