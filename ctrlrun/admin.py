@@ -1663,7 +1663,8 @@ def grants_context(site: str, now: dt.datetime) -> dict[str, Any]:
 
     policy, problem = _grants_policy()
     if policy is None:
-        return {"problem": _g("The policy does not load, so its grants are unknown: %(why)s") % {"why": reveal(problem)}}
+        return {"problem": _g("The policy does not load, so its grants are unknown: %(why)s") % {
+            "why": reveal(problem)}}
     authority = policy.authority
     if authority is None:
         return {"problem": _g("The policy (%(source)s) has no authority section: every call is decided by its "

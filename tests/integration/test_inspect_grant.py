@@ -138,7 +138,8 @@ def test_the_console_script(tmp_path, policy):
     assert done.stdout.splitlines()[:2] == ["grant support", "amount: 30000 of 100000 per day, 0 held"]
     missing = cli("--grant", "nope")
     assert missing.returncode == 1
-    assert missing.stderr.strip().splitlines() == ["Error: no grant nope; the policy's grants are: support, mailer, open"]
+    assert missing.stderr.strip().splitlines() == [
+        "Error: no grant nope; the policy's grants are: support, mailer, open"]
     broken = tmp_path / "broken.yaml"
     broken.write_text("schema: ctrlrun.policy/v7\nauthority: 3\nactions: {}\n")
     unloadable = subprocess.run([sys.executable, "-m", "ctrlrun.cli", "inspect", "--grant", "support"], cwd=tmp_path,
