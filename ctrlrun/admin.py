@@ -1592,3 +1592,172 @@ def _policy_of(path: str, mtime_ns: int, size: int, environment: str | None) -> 
         return load_policy(path, environment=environment)
     except (CTRLRunError, OSError, ValueError):
         return None
+
+
+# --------------------------------------------------------------------------- grants and budgets (authority, §C5)
+# Kept in one block (with its templates under admin/ctrlrun/grants/) beside the rest of the console.
+
+from .models import BudgetLedger  # noqa: E402  (this block's own import)
+
+
+def _grants_policy() -> tuple[Any, str | None]:
+    """The policy this server reads and None, or None and why it cannot be read (one sentence)."""
+    policy = current_policy()
+    if policy is not None:
+        return policy, None
+    from .policy import load_policy
+
+    try:  # only when it failed: read it again for the reason (current_policy keeps none)
+        path = conf.policy_path()
+        load_policy(path, environment=conf.environment_override())
+    except (CTRLRunError, OSError, ValueError) as exc:
+        return None, " ".join(str(exc).split())
+    return None, _g("the policy file could not be read")
+
+
+def _grant_rows(grant: Any) -> list[tuple[str, SafeString]]:
+    """What a grant allows, as (label, escaped value) rows."""
+    def listed(values: Any, none: str) -> SafeString:
+        if values is None:
+            return format_html("<em>{}</em>", none)
+        return format_html_join(", ", "<code>{}</code>", ((shown(v),) for v in values))
+
+    subject = []
+    if grant.agent is not None:
+        subject.append(format_html("{} <code>{}</code>", _g("agent"), shown(grant.agent)))
+    if grant.user is not None:
+        subject.append(format_html("{} <code>{}</code>", _g("user"), shown(grant.user)))
+    constraints = (format_html("<em>{}</em>", _g("none")) if not grant.constraints else format_html_join(
+        ", ", "<code>{}: {}</code>", ((shown(c.key), shown(dumps(c.operand))) for c in grant.constraints)))
+    return [
+        (_g("subject"), format_html_join(", ", "{}", ((s,) for s in subject)) if subject
+         else format_html("<em>{}</em>", _g("anyone"))),
+        (_g("actions"), listed(grant.actions, _g("none"))),
+        (_g("resources"), listed(grant.resources, _g("any resource"))),
+        (_g("tasks"), listed(grant.tasks, _g("any task, or none"))),
+        (_g("environments"), listed(grant.environments, _g("any environment"))),
+        (_g("constraints"), constraints),
+        (_g("delegable"), format_html("{}", _g("yes") if grant.delegable else _g("no"))),
+    ]
+
+
+def _call_row(site: str, call: dict[str, Any]) -> dict[str, Any]:
+    state = call["state"]
+    return {
+        "at": when(call["consumed_at"]),
+        "amount": f"{call['amount']:,}",
+        "state": badge(state),
+        "standing": _g("spent") if state == EffectState.COMMITTED else _g("holds"),
+        "effect": effect_link(site, call["effect_key"]),
+        "attempt": call["attempt"],
+        "call": call_link(site, call["action_id"]) if call["action_id"] else shown(None),
+        "receipt": receipt_link(site, call["receipt_id"]) if call["receipt_id"] else format_html(
+            "<em>{}</em>", _g("none yet")),
+    }
+
+
+def grants_context(site: str, now: dt.datetime) -> dict[str, Any]:
+    """What the "Grants and budgets" page shows: the current policy's grants, each budget's numbers in
+    its window ending ``now`` and the calls that spent or hold it; or the one line why there are none."""
+    from .budget_report import CALLS_SHOWN, budget_calls, budget_document, per_window
+
+    policy, problem = _grants_policy()
+    if policy is None:
+        return {"problem": _g("The policy does not load, so its grants are unknown: %(why)s") % {
+            "why": reveal(problem)}}
+    authority = policy.authority
+    if authority is None:
+        return {"problem": _g("The policy (%(source)s) has no authority section: every call is decided by its "
+                              "rules alone, and nothing is capped.") % {"source": reveal(str(policy.source))}}
+    grants = []
+    for grant in authority.grants.values():
+        document = budget_document(grant, now)
+        budgets = []
+        for budget in document["budgets"]:
+            calls, total = budget_calls(grant.id, budget["metric"], budget["window_seconds"], now)
+            spent = budget["consumed"] + budget["held"]
+            left = max(budget["limit"] - spent, 0)
+            budgets.append({
+                "metric": shown(budget["metric"]),
+                "limit": f"{budget['limit']:,}",
+                "window": per_window(budget["window_seconds"]),
+                "consumed": f"{budget['consumed']:,}",
+                "held": f"{budget['held']:,}",
+                "left": f"{left:,}",
+                "exhausted": left == 0,
+                "percent": 100 if budget["limit"] == 0 else min(100, round(100 * spent / budget["limit"])),
+                "calls": [_call_row(site, call) for call in calls],
+                "more": total - len(calls) if total > CALLS_SHOWN else 0,
+            })
+        expired = grant.expires_at is not None and now > grant.expires_at
+        grants.append({
+            "id": shown(grant.id),
+            "anchor": f"grant-{len(grants) + 1}",
+            "rows": _grant_rows(grant),
+            "expires": when(grant.expires_at) if grant.expires_at else None,
+            "expired": expired,
+            "budgets": budgets,
+        })
+    return {"grants": grants, "source": reveal(str(policy.source)), "policy_hash": policy.hash,
+            "policy": policy_link(site, policy.hash), "at": when(now)}
+
+
+@admin.register(BudgetLedger)
+class BudgetLedgerAdmin(EvidenceAdmin):
+    """The budget ledger (read-only: charges are written by the kernel, never here) and the "Grants and
+    budgets" page (``grants/``): seen by whoever may read the evidence the charges point at (the console's
+    groups: receipts or effect records), or holds ``view_budgetledger``."""
+
+    list_display = ("id", "listed_grant", "listed_metric", "amount", "listed_effect", "attempt", "at_consumed_at",
+                    "at_released_at")
+    list_display_links = None
+    list_filter = (("grant_id", RevealedValuesFilter), ("metric", RevealedValuesFilter))
+    search_fields = ("grant_id", "effect_key")
+    ordering = ("-id",)
+    list_per_page = 100
+    change_list_template = "admin/ctrlrun/grants/ledger_list.html"
+
+    at_consumed_at = _at("consumed_at", _("charged at"))
+    at_released_at = _at("released_at", _("released at"))
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        user = request.user
+        return user.is_active and user.is_staff and any(user.has_perm(p) for p in (
+            "ctrlrun.view_receipt", "ctrlrun.view_effectrecord", "ctrlrun.view_budgetledger"))
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return self.has_view_permission(request)
+
+    def get_object(self, request: HttpRequest, object_id: str, from_field: str | None = None) -> Any:
+        try:
+            int(object_id)
+        except ValueError:
+            return None
+        return super().get_object(request, object_id, from_field)
+
+    @admin.display(description=_("grant"), ordering="grant_id")
+    def listed_grant(self, obj: BudgetLedger) -> SafeString:
+        return shown(obj.grant_id)
+
+    @admin.display(description=_("metric"), ordering="metric")
+    def listed_metric(self, obj: BudgetLedger) -> SafeString:
+        return shown(obj.metric)
+
+    @admin.display(description=_("effect key"), ordering="effect_key")
+    def listed_effect(self, obj: BudgetLedger) -> SafeString:
+        return effect_link(self.site, obj.effect_key)
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> Any:
+        return super().changelist_view(request, {"grants_url": reverse(f"{self.site}:ctrlrun_grants",
+                                                                       current_app=self.site), **(extra_context or {})})
+
+    def get_urls(self) -> list[Any]:
+        return [path("grants/", self.admin_site.admin_view(self.grants_view), name="ctrlrun_grants"),
+                *super().get_urls()]
+
+    def grants_view(self, request: HttpRequest) -> HttpResponse:
+        """Every grant of the policy this server reads, and per budget what is spent, held and left now."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied(_g("reading grants and budgets needs the view permission on receipts"))
+        return self.console_page(request, "admin/ctrlrun/grants/grants.html", {
+            "title": _g("Grants and budgets"), **grants_context(self.site, store.now())})

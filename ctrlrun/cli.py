@@ -27,7 +27,7 @@ VERSION = f"ctrlrun, version {__version__}"
 COMMANDS: dict[str, tuple[bool, str]] = {
     "receipts": (False, "list receipts, or verify their hash chain (--verify-chain [--incremental])"),
     "effects": (False, "list effect records and their states"),
-    "inspect": (False, "show one action's decision, effect, receipts and events"),
+    "inspect": (False, "show one action's decision, effect, receipts and events (--grant ID: its budgets)"),
     "resolve": (False, "say what happened to an AMBIGUOUS effect (--committed or --failed)"),
     "approvals": (False, "list approval requests (pending first)"),
     "approve": (False, "grant a pending approval request (--by NAME, --note TEXT)"),

@@ -6,6 +6,9 @@ from typing import Any
 from ... import report, store
 from ...canonical import evidence_time
 from ...display import dumps, hidden_fields, reveal, warning
+from ...budget_report import SCHEMA as BUDGET_SCHEMA
+from ...budget_report import budget_document, budget_lines
+from ...errors import CTRLRunError
 from ..base import CtrlrunCommand, Error
 
 INSPECTION_SCHEMA = "ctrlrun.inspection/v2"
@@ -21,14 +24,25 @@ def _readable(receipt: Any) -> dict[str, Any] | None:
 
 
 class Command(CtrlrunCommand):
-    help = "Show one action: who asked, what, the decision, its effect, its receipts and every event."
+    help = ("Show one action: who asked, what, the decision, its effect, its receipts and every event. "
+            "With --grant ID: what that grant's budgets have spent and hold.")
 
     def add_arguments(self, parser: ArgumentParser) -> None:
-        parser.add_argument("action_id", help="the act_... id (from 'effects', 'receipts --json' or an error "
-                                              "message), or a ctr_... receipt id from 'receipts'")
-        parser.add_argument("--json", action="store_true", help=f"print a {INSPECTION_SCHEMA} document")
+        parser.add_argument("action_id", nargs="?", help="the act_... id (from 'effects', 'receipts --json' or an "
+                                                         "error message), or a ctr_... receipt id from 'receipts'")
+        parser.add_argument("--grant", metavar="ID", help="show a grant of the policy's authority section instead: "
+                                                          "per budget what is spent, held (and by which calls)")
+        parser.add_argument("--json", action="store_true", help=f"print a {INSPECTION_SCHEMA} document "
+                                                                f"({BUDGET_SCHEMA} with --grant)")
 
-    def run(self, *, action_id: str, json: bool, **_: Any) -> None:
+    def run(self, *, action_id: str | None, json: bool, grant: str | None = None, **_: Any) -> None:
+        if grant is not None:
+            if action_id is not None:
+                raise Error("give an action id or --grant ID, not both")
+            self._grant(grant, json)
+            return
+        if action_id is None:
+            raise Error("give an action id (act_... or ctr_...) or --grant ID")
         if action_id.startswith("ctr_"):  # a receipt id, as 'receipts' prints: show its action
             receipt = store.get_receipt(action_id)
             if receipt is None:
@@ -69,6 +83,28 @@ class Command(CtrlrunCommand):
             self._json(action_id, summary, effects, docs, events, unreadable, approvals)
         else:
             self._text(action_id, summary, effects, receipts, events, readable, approvals, hidden)
+
+    def _grant(self, grant_id: str, as_json: bool) -> None:
+        """``inspect --grant``: the grant's budgets, from the policy read without touching the store."""
+        from ...control import default_control
+
+        try:
+            policy = default_control().read_policy()
+        except CTRLRunError as exc:
+            raise Error(reveal(f"the policy did not load, so its grants are unknown: {exc}", multiline=True)) from None
+        authority = policy.authority
+        if authority is None:
+            raise Error(reveal(f"no grant {grant_id}: the policy ({policy.source}) has no authority section"))
+        found = authority.grants.get(grant_id)
+        if found is None:
+            known = ", ".join(authority.grants) or "none"
+            raise Error(reveal(f"no grant {grant_id}; the policy's grants are: {known}"))
+        document = budget_document(found)
+        if as_json:
+            self.stdout.write(dumps(document, indent=2))
+        else:
+            for line in budget_lines(document, self.command_line("resolve")):
+                self.stdout.write(reveal(line))
 
     def _text(self, action_id: str, summary: dict[str, Any], effects: list[Any], receipts: list[Any],
               events: list[Any], readable: dict[str, dict[str, Any] | None], approvals: list[Any],

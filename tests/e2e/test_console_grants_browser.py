@@ -1,0 +1,70 @@
+"""The "Grants and budgets" page in a real headless Chromium at 1280 px: reached from the front page,
+showing what real calls spent and hold of a grant's budgets, and followed to a spending call's receipt
+and to the ambiguous call's effect record. Photographed for the reviewer."""
+from __future__ import annotations
+
+import pytest
+from selenium.webdriver.common.by import By
+
+import ctrlrun
+from ctrlrun.models import EffectRecord, Receipt
+from tests.integration.test_console_grants import POLICY, refund
+from tests.support import make_user
+
+pytestmark = pytest.mark.usefixtures("store_db", "console_groups")
+
+
+def test_an_auditor_sees_what_each_budget_spent_and_follows_the_calls(console, use_policy):
+    use_policy(POLICY)
+
+    def lost():
+        raise TimeoutError("no reply")
+
+    refund("p1", 30000)
+    refund("p2", 30000)
+    with pytest.raises(TimeoutError):  # ambiguous: it holds its charge
+        refund("p3", 20000, lost)
+    with pytest.raises(ctrlrun.ActionDenied, match="exhausted"):  # count: 3 per hour, all taken
+        refund("p4", 1000)
+    make_user("auditor", "otto")
+
+    console.login("otto")
+    console.shot("front-page")
+    console.click(console.by_id("ctrlrun-grants-front-link").find_element(By.LINK_TEXT, "Grants and budgets"))
+    assert console.path() == "/admin/ctrlrun/budgetledger/grants/"
+    body = console.text()
+    for expected in ("grant support", "grant mailer", "amount_lte: 500000", "at most 100,000 per day",
+                     "at most 3 per hour", "No budgets: this grant's calls are not capped.", "refund:p3"):
+        assert expected in body, expected
+    support = console.by_id("grant-1")
+    amount, count = support.find_elements(By.CSS_SELECTOR, ".ctrlrun-budget")
+    assert [amount.find_element(By.CSS_SELECTOR, f".{n}").text for n in ("spent", "held", "left")] == [
+        "60,000", "20,000", "20,000"]
+    assert [count.find_element(By.CSS_SELECTOR, f".{n}").text for n in ("spent", "held", "left")] == [
+        "2", "1", "0 exhausted"]
+    assert len(amount.find_elements(By.CSS_SELECTOR, ".ctrlrun-budget-calls tbody tr")) == 3
+    assert "refund:p4" not in body  # refused: it never took its key, it spent nothing
+    console.shot("grants-and-budgets")
+    assert console.driver.execute_script(
+        "return document.documentElement.scrollWidth <= document.documentElement.clientWidth")  # fits 1280 px
+    assert not console.driver.find_elements(By.CSS_SELECTOR, "#content-main form, input[type=submit]")  # read-only
+
+    receipt = Receipt.objects.get(effect_key="refund:p1")
+    console.click(amount.find_element(By.CSS_SELECTOR, f'a[title="{receipt.receipt_id}"]'))
+    assert receipt.receipt_id in console.text() and "committed" in console.text()
+    console.shot("a-spending-receipt")
+
+    console.driver.back()
+    ambiguous = console.by_id("grant-1").find_element(By.LINK_TEXT, "refund:p3")
+    console.click(ambiguous)
+    assert console.path() == f"/admin/ctrlrun/effectrecord/{EffectRecord.objects.get(pk='refund:p3').pk}/change/" \
+        .replace(":", "_3A")
+    assert "ambiguous" in console.text().lower()
+    console.shot("the-holding-effect")
+
+    console.open("/admin/ctrlrun/budgetledger/")
+    rows = console.driver.find_elements(By.CSS_SELECTOR, "#result_list tbody tr")
+    assert len(rows) == 6  # two budgets, three calls that took their key
+    console.shot("budget-ledger")
+    console.click(console.by_id("ctrlrun-grants-link").find_element(By.LINK_TEXT, "Grants and budgets"))
+    assert console.path() == "/admin/ctrlrun/budgetledger/grants/"
