@@ -300,10 +300,9 @@ def _condition_within(parent: Any, child: Any) -> bool:
 def containment(parent: Grant, child: Grant) -> str | None:
     """The first dimension (of :data:`DIMENSIONS`, in order) in which ``child`` is not contained in
     ``parent``, or None: every call the child passes, the parent would pass too."""
-    # subject: the child names a literal agent (no '*'); the parent's user, if any, binds the child's
-    if child.agent is not None and "*" in child.agent:
-        return "subject"
-    if parent.agent is not None and (child.agent is None or not matches(parent.agent, child.agent, "", subject=True)):
+    # subject: the child names one agent, literally (it is handed to another principal: the agent may
+    # differ from the parent's); the parent's user, if it has one, binds the child's
+    if child.agent is None or "*" in child.agent:
         return "subject"
     if parent.user is not None and (child.user is None or "*" in child.user
                                     or not matches(parent.user, child.user, "", subject=True)):
