@@ -294,9 +294,12 @@ class Control:
             if grant.id:
                 raise InvalidArgument(f"a delegated grant has no id (got {grant.id!r}): ctrlrun names each "
                                       f"delegation (dlg_...); pass Grant(id='', ...)")
-            from .policy import grant_json
+            from .policy import grant_from_json, grant_json
 
-            grant = parse_grant(grant_json(grant))  # validated exactly as a stored one is read back
+            try:  # validated exactly as a stored one is read back
+                grant = grant_from_json(grant_json(grant), "")
+            except ValueError as exc:
+                raise InvalidArgument(f"delegate(grant=...): {exc}") from None
         else:
             raise InvalidArgument(f"delegate(grant=...) must be a ctrlrun Grant or a grant document (YAML text), "
                                   f"not {type(grant).__name__}")

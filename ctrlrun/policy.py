@@ -1836,7 +1836,7 @@ def parse_grant(text: str, source: str = "<grant>", *, ident: str | None = None)
                                   f"ctrlrun names each delegation (dlg_...); remove it")
         document["id"] = _UNNAMED_GRANT
         grant = reader.read_grant(document, document.line, "grant", {})
-    return dataclasses.replace(grant, id=ident) if ident is not None else grant
+    return dataclasses.replace(grant, id=ident if ident is not None else "")
 
 
 def grant_json(grant: Grant) -> str:
