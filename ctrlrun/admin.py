@@ -26,7 +26,7 @@ from django.contrib import admin, messages
 from django.contrib.admin.models import CHANGE, LogEntry
 from django.contrib.admin.options import IncorrectLookupParameters, get_content_type_for_model
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
-from django.contrib.admin.utils import unquote
+from django.contrib.admin.utils import quote, unquote
 from django.core.exceptions import PermissionDenied
 from django.db import DatabaseError, transaction
 from django.db.models import Case, F, IntegerField, Model, OuterRef, Q, Subquery, Value, When
@@ -1690,7 +1690,7 @@ class DelegationAdmin(EvidenceAdmin):
                     "cut_above": above_revoked and not row.revoked, "problem": reveal(row.problem or ""),
                     "created_by": _creator(row), "revoked_by": reveal(row.revoked_by or ""),
                     "change_url": change_url(self.site, "delegation", row.id),
-                    "revoke_url": reverse(f"{self.site}:ctrlrun_delegation_revoke", args=[row.id])
+                    "revoke_url": reverse(f"{self.site}:ctrlrun_delegation_revoke", args=[quote(row.id)])
                     if may_revoke and not row.revoked else None,
                 })
                 out += walk(row.id, level + 1, cut)

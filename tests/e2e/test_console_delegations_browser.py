@@ -3,6 +3,7 @@ revoked, and the next call under the revoked delegation refused authority_revoke
 from __future__ import annotations
 
 import pytest
+from django.contrib.admin.utils import quote
 from django.contrib.auth.models import Permission
 from selenium.webdriver.common.by import By
 
@@ -37,7 +38,7 @@ def test_an_operator_revokes_a_delegation_from_the_tree(console, use_policy):
 
     row = console.by_id(f"row-{parent.id}")
     console.click(row.find_element(By.CSS_SELECTOR, "a.ctrlrun-revoke"))
-    assert console.path() == f"/admin/ctrlrun/delegation/{parent.id}/revoke/"
+    assert console.path() == f"/admin/ctrlrun/delegation/{quote(parent.id)}/revoke/"
     page = console.text()
     assert "You are about to revoke this delegation" in page and child.id in page and "rita" in page
     console.shot("confirm")
