@@ -18,6 +18,7 @@ from .canonical import Action, Principal, canonical_bytes
 from .errors import (
     ActionDenied,
     AuthorityDenied,
+    AuthorityEscalation,
     BudgetRefused,
     AmbiguousEffect,
     ApprovalMismatch,
@@ -72,6 +73,7 @@ __all__ = [
     "EffectKeyError",
     "ActionDenied",
     "AuthorityDenied",
+    "AuthorityEscalation",
     "BudgetRefused",
     "ApprovalRequired",
     "ApprovalTimeout",

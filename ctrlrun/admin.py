@@ -26,7 +26,7 @@ from django.contrib import admin, messages
 from django.contrib.admin.models import CHANGE, LogEntry
 from django.contrib.admin.options import IncorrectLookupParameters, get_content_type_for_model
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
-from django.contrib.admin.utils import unquote
+from django.contrib.admin.utils import quote, unquote
 from django.core.exceptions import PermissionDenied
 from django.db import DatabaseError, transaction
 from django.db.models import Case, F, IntegerField, Model, OuterRef, Q, Subquery, Value, When
@@ -49,7 +49,7 @@ from .display import dumps, dumps_html, has_hidden, hidden_fields, is_blank, rev
 from .errors import CTRLRunError, StateConflict
 from .identity import same_person
 from .messages import state_conflict
-from .models import Approval, EffectRecord, Event, PausedRun, PolicyDocument, Receipt
+from .models import Approval, Delegation, EffectRecord, Event, PausedRun, PolicyDocument, Receipt
 from .receipts import INDEXED_COLUMNS, row_problem
 from .report import chain_lines
 from .states import (
@@ -1761,3 +1761,154 @@ class BudgetLedgerAdmin(EvidenceAdmin):
             raise PermissionDenied(_g("reading grants and budgets needs the view permission on receipts"))
         return self.console_page(request, "admin/ctrlrun/grants/grants.html", {
             "title": _g("Grants and budgets"), **grants_context(self.site, store.now())})
+
+
+# --------------------------------------------------------------------------- delegations (authority, §C3)
+
+REVOKE = "ctrlrun.revoke_delegation"
+
+
+def _narrows(grant: Any) -> list[str]:
+    """What a delegated grant says, dimension by dimension, in a few words each (escaped by the template)."""
+    if grant is None:
+        return [_g("unreadable")]
+    parts = [f"{_g('actions')} {', '.join(grant.actions)}"]
+    if grant.resources is not None:
+        parts.append(f"{_g('resources')} {', '.join(grant.resources)}")
+    if grant.constraints is not None:
+        parts.append(f"{_g('constraints')} " + ", ".join(
+            f"{c.key} {json.dumps(c.operand, ensure_ascii=False)}" for c in grant.constraints))
+    if grant.environments is not None:
+        parts.append(f"{_g('environments')} {', '.join(grant.environments)}")
+    if grant.expires_at is not None:
+        parts.append(f"{_g('expires')} {when_text(grant.expires_at)}")
+    if grant.tasks is not None:
+        parts.append(f"{_g('tasks')} {', '.join(grant.tasks)}")
+    for budget in grant.budgets or ():
+        parts.append(f"{_g('budget')} {budget.metric} ≤ {budget.limit} / {budget.window_seconds}s")
+    if grant.delegable:
+        parts.append(_g("delegable"))
+    return [reveal(part) for part in parts]
+
+
+def _subject(grant: Any) -> str:
+    if grant is None:
+        return "-"
+    return reveal((grant.agent or "*") + (f"/{grant.user}" if grant.user else ""))
+
+
+def _creator(row: Any) -> str:
+    return reveal((row.created_by_agent or "-") + (f"/{row.created_by_user}" if row.created_by_user else "")
+                  + f" via {row.created_via}")
+
+
+@admin.register(Delegation)
+class DelegationAdmin(EvidenceAdmin):
+    """Delegations (authority, §C3) as a tree: each root grant of the policy, the delegations beneath
+    it. Read-only for whoever reads the evidence; **Revoke…** for holders of
+    ``ctrlrun.revoke_delegation``, through a confirmation page (a POST), logged, the Django user
+    named as ``revoked_by``. Never edited or deleted here."""
+
+    readonly_fields = ("delegation_id", "parent_id", "depth", "grant_json", "created_by_agent", "created_by_user",
+                       "created_via", "created_at", "revoked_at", "revoked_by")
+    fields = readonly_fields
+    tree_template = "admin/ctrlrun/delegation/tree.html"
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        user = request.user
+        return user.is_active and user.is_staff and (user.has_perm("ctrlrun.view_receipt") or user.has_perm(
+            "ctrlrun.view_delegation"))
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return self.has_view_permission(request)
+
+    def has_revoke_permission(self, request: HttpRequest) -> bool:
+        return request.user.is_active and request.user.is_staff and request.user.has_perm(REVOKE)
+
+    def get_urls(self) -> list[Any]:
+        revoke = self.admin_site.admin_view(self.revoke_view)
+        return [path("<str:object_id>/revoke/", revoke, name="ctrlrun_delegation_revoke"), *super().get_urls()]
+
+    def _roots(self) -> tuple[dict[str, Any], str | None]:
+        """The policy's grants (by id) and, when it cannot be read, why."""
+        from .control import default_control
+
+        try:
+            authority = default_control().read_policy().authority
+        except CTRLRunError as exc:
+            return {}, str(exc)
+        return (dict(authority.grants) if authority is not None else {}), None
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> Any:
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        rows = store.list_delegations()
+        grants, problem = self._roots()
+        children: dict[str, list[Any]] = {}
+        for row in rows:
+            children.setdefault(row.parent_id, []).append(row)
+        may_revoke = self.has_revoke_permission(request)
+
+        def walk(parent: str, level: int, above_revoked: bool) -> list[dict[str, Any]]:
+            out = []
+            for row in children.get(parent, []):
+                cut = above_revoked or row.revoked
+                out.append({
+                    "row": row, "indent": level * 24, "subject": _subject(row.grant), "narrows": _narrows(row.grant),
+                    "created_at": when(row.created_at), "revoked_at": when(row.revoked_at) if row.revoked else None,
+                    "cut_above": above_revoked and not row.revoked, "problem": reveal(row.problem or ""),
+                    "created_by": _creator(row), "revoked_by": reveal(row.revoked_by or ""),
+                    "change_url": change_url(self.site, "delegation", row.id),
+                    "revoke_url": reverse(f"{self.site}:ctrlrun_delegation_revoke", args=[quote(row.id)])
+                    if may_revoke and not row.revoked else None,
+                })
+                out += walk(row.id, level + 1, cut)
+            return out
+
+        ids = {row.id for row in rows}
+        trees = [{"id": ident, "grant": grant, "subject": _subject(grant), "narrows": _narrows(grant),
+                  "rows": walk(ident, 1, False)} for ident, grant in grants.items()
+                 if grant.delegable or children.get(ident)]
+        orphans = sorted({row.parent_id for row in rows} - set(grants) - ids)
+        for ident in orphans:
+            trees.append({"id": ident, "grant": None, "missing": True, "subject": "-", "narrows": [],
+                          "rows": walk(ident, 1, False)})
+        return self.console_page(request, self.tree_template, {
+            "title": _g("Delegations"), "trees": trees, "policy_problem": problem, "count": len(rows),
+            "revoked": sum(row.revoked for row in rows), "may_revoke": may_revoke, **(extra_context or {})})
+
+    def revoke_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        if not self.has_revoke_permission(request):
+            raise PermissionDenied(_g("revoking delegations needs the ctrlrun.revoke_delegation permission"))
+        request.current_app = self.site
+        object_id = _object_key(object_id)
+        if "\x00" in object_id:
+            raise Http404(_g("no delegation %(id)s") % {"id": reveal(object_id)})
+        row = store.get_delegation(object_id)
+        if row is None:
+            raise Http404(_g("no delegation %(id)s") % {"id": reveal(object_id)})
+        tree = changelist_url(self.site, "delegation")
+        if row.revoked:
+            self.message_user(request, _g("%(id)s was already revoked at %(at)s by %(by)s") % {
+                "id": row.id, "at": when_text(row.revoked_at), "by": reveal(row.revoked_by)}, messages.WARNING)
+            return HttpResponseRedirect(tree)
+        username = request.user.get_username()
+        if request.method == "POST":
+            try:
+                done = store.revoke_delegation(object_id, username)
+            except CTRLRunError as exc:
+                self.message_user(request, reveal(refusal_text(exc)), messages.ERROR)
+                return HttpResponseRedirect(tree)
+            self.log_change(request, Delegation.objects.using(store.alias()).get(pk=object_id),
+                            f"revoked {object_id}")
+            if done is not None and done.changed:
+                self.message_user(request, _g("Revoked %(id)s: it and every delegation beneath it are denied from "
+                                              "the next evaluation.") % {"id": object_id}, messages.SUCCESS)
+            else:
+                self.message_user(request, _g("%(id)s was already revoked") % {"id": object_id}, messages.WARNING)
+            return HttpResponseRedirect(tree)
+        beneath = store.delegations_beneath(object_id)
+        return self.console_page(request, "admin/ctrlrun/delegation/revoke.html", {
+            "title": _g("Revoke %(id)s?") % {"id": object_id}, "row": row, "subject": _subject(row.grant),
+            "narrows": _narrows(row.grant), "created_at": when(row.created_at), "created_by": _creator(row),
+            "beneath": [b for b in beneath if not b.revoked], "tree_url": tree, "revoker": reveal(username)})

@@ -6,7 +6,8 @@ from django.apps import AppConfig
 from django.apps import apps as global_apps
 
 #: What the console's readers may see: every ctrlrun model, read-only.
-VIEW_ALL = ["view_approval", "view_effectrecord", "view_event", "view_receipt", "view_policydocument"]
+VIEW_ALL = ["view_approval", "view_effectrecord", "view_event", "view_receipt", "view_policydocument",
+            "view_delegation"]
 #: The console's groups and the ctrlrun permissions each is made with.
 CONSOLE_GROUPS = {
     "approvers": VIEW_ALL + ["decide_approval"],

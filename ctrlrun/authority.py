@@ -34,6 +34,11 @@ __all__ = [
     "Grant",
     "Authority",
     "AuthorityResult",
+    "Delegation",
+    "CREATED_VIA",
+    "DIMENSIONS",
+    "contains",
+    "containment",
     "matches",
     "validate_pattern",
     "parse_window",
@@ -110,6 +115,31 @@ def matches(pattern: str, value: str | None, separator: str, *, subject: bool = 
         head = wanted[:-1]
         return len(given) > len(head) and given[: len(head)] == head
     return len(wanted) == len(given) and all(_segment_matches(p, v) for p, v in zip(wanted, given))
+
+
+def _segment_contains(parent: str, child: str) -> bool:
+    """Whether every value the child segment matches, the parent segment matches too."""
+    if parent.endswith("*"):
+        return child.startswith(parent[:-1])  # a literal or a narrower 'prefix*'
+    return not child.endswith("*") and parent == child
+
+
+def contains(parent: str, child: str, separator: str, *, subject: bool = False) -> bool:
+    """Whether the (valid) ``parent`` pattern matches every value the (valid) ``child`` matches.
+
+    Containment is not matching: ``Q.**`` (one or more segments after ``Q``) does not contain ``Q``,
+    and ``stripe.*`` does not contain ``stripe.**``."""
+    if subject:
+        return _segment_contains(parent, child)
+    wanted, given = parent.split(separator), child.split(separator)
+    if wanted[-1] == "**":
+        head = wanted[:-1]
+        if given[-1] == "**":  # child: literals C then one or more segments
+            return len(given) - 1 >= len(head) and given[: len(head)] == head
+        return len(given) > len(head) and given[: len(head)] == head and not any("*" in g for g in given[:len(head)])
+    if given[-1] == "**" or len(wanted) != len(given):
+        return False
+    return all(_segment_contains(p, c) for p, c in zip(wanted, given))
 
 
 # --------------------------------------------------------------------------- budgets
@@ -236,21 +266,130 @@ class Grant:
         }
 
 
+# --------------------------------------------------------------------------- containment (delegation)
+
+#: The dimensions a delegated grant must be contained in its parent's, in the order they are checked.
+DIMENSIONS = ("subject", "actions", "resources", "constraints", "environments", "expires_at", "tasks", "budgets")
+
+#: How a delegation row may have been made; any other value makes the row unreadable.
+CREATED_VIA = ("api", "cli", "break-glass", "hop")
+
+
+def _patterns_within(parent: tuple[str, ...] | None, child: tuple[str, ...] | None, separator: str) -> bool:
+    if parent is None:
+        return True  # the parent says nothing here: the child may say anything, or nothing
+    if child is None:
+        return False  # omission never means unlimited
+    return all(any(contains(p, c, separator) for p in parent) for c in child)
+
+
+def _condition_within(parent: Any, child: Any) -> bool:
+    """Whether ``child`` (same argument and operator) is at least as strict as ``parent``."""
+    from .policy import _equal  # the policy's type-strict equality (policy imports this module)
+
+    op, mine, theirs = parent.op, child.operand, parent.operand
+    if op in ("lt", "lte"):
+        return mine <= theirs
+    if op in ("gt", "gte"):
+        return mine >= theirs
+    if op == "in":
+        return all(any(_equal(item, allowed) for allowed in theirs) for item in mine)
+    return _equal(mine, theirs)  # eq, neq: the same operand
+
+
+def containment(parent: Grant, child: Grant) -> str | None:
+    """The first dimension (of :data:`DIMENSIONS`, in order) in which ``child`` is not contained in
+    ``parent``, or None: every call the child passes, the parent would pass too."""
+    # subject: the child names one agent, literally (it is handed to another principal: the agent may
+    # differ from the parent's); the parent's user, if it has one, binds the child's
+    if child.agent is None or "*" in child.agent:
+        return "subject"
+    if parent.user is not None and (child.user is None or "*" in child.user
+                                    or not matches(parent.user, child.user, "", subject=True)):
+        return "subject"
+    if not _patterns_within(parent.actions, child.actions, "."):
+        return "actions"
+    if not _patterns_within(parent.resources, child.resources, ":"):
+        return "resources"
+    if parent.constraints is not None:
+        mine = {c.key: c for c in child.constraints or ()}
+        if not all(c.key in mine and _condition_within(c, mine[c.key]) for c in parent.constraints):
+            return "constraints"
+    if parent.environments is not None and (child.environments is None
+                                            or not set(child.environments) <= set(parent.environments)):
+        return "environments"
+    if parent.expires_at is not None and (child.expires_at is None or child.expires_at > parent.expires_at):
+        return "expires_at"
+    if not _patterns_within(parent.tasks, child.tasks, ":"):
+        return "tasks"
+    for budget in parent.budgets or ():
+        if not any(b.metric == budget.metric and b.limit <= budget.limit and b.window >= budget.window
+                   for b in child.budgets or ()):
+            return "budgets"
+    return None
+
+
+@dataclass(frozen=True)
+class Delegation:
+    """A grant handed down at runtime from a delegable ``parent_id`` (a grant id, or another
+    delegation's), ``depth`` steps below its root grant. Its ``grant`` carries its own id
+    (``dlg_...``). ``problem`` says why a stored row could not be read (then ``grant`` is None and
+    every evaluation is refused ``authority_unreadable``)."""
+
+    id: str
+    parent_id: str
+    depth: int
+    grant: Grant | None
+    created_by_agent: str | None
+    created_by_user: str | None
+    created_via: str
+    created_at: dt.datetime | None
+    revoked_at: dt.datetime | None = None
+    revoked_by: str | None = None
+    problem: str | None = None
+
+    @property
+    def revoked(self) -> bool:
+        return self.revoked_at is not None
+
+
 @dataclass(frozen=True)
 class AuthorityResult:
     """How authority judged one call: ``passed`` with the deciding ``grant``, or the refusal ``reason``
-    (``grant_id`` the grant it is about, None for ``no_authority``)."""
+    (``grant_id`` the grant it is about, None for ``no_authority``). When a delegation decided,
+    ``delegation_id`` is its id (and ``grant_id`` too) and ``chain`` the deciding grant, then each
+    ancestor up to its root grant; ``details`` the chain's facts (``missing_parent_id`` ...)."""
 
     passed: bool
     reason: str
     grant_id: str | None = None
     grant: Grant | None = None
+    delegation_id: str | None = None
+    depth: int | None = None
+    chain: tuple[Grant, ...] = ()
+    details: Mapping[str, Any] | None = None
 
     def event_data(self) -> dict[str, Any]:
         data: dict[str, Any] = {"reason": self.reason}
         if self.grant_id is not None:
             data["grant_id"] = self.grant_id
+        if self.delegation_id is not None:
+            data["delegation_id"] = self.delegation_id
+            data["depth"] = self.depth
+        if self.details:
+            data.update(self.details)
         return data
+
+
+@dataclass(frozen=True)
+class Standing:
+    """Whether a grant or delegation, as it stands now, may be relied on: ``reason`` None (valid), or
+    the chain's strongest refusal with its facts; ``chain`` the grant then its ancestors to the root."""
+
+    reason: str | None
+    chain: tuple[Grant, ...]
+    depth: int
+    details: Mapping[str, Any]
 
 
 _NO_AUTHORITY = AuthorityResult(False, "no_authority")
@@ -268,26 +407,128 @@ class Authority:
         """Whether any grant expires: evaluating then needs the store's clock."""
         return any(grant.expires_at is not None for grant in self.grants.values())
 
-    def evaluate(self, action: Any, *, now: dt.datetime | None = None, task: str | None = None) -> AuthorityResult:
-        """Judge ``action`` (a canonical ``Action``) at ``now`` for ``task``. Pure."""
-        passing: list[str] = []
-        refused: dict[str, str] = {}
-        for ident, grant in self.grants.items():
+    @property
+    def delegates(self) -> bool:
+        """Whether delegations can exist under this section (a delegable grant, and depth above 0):
+        only then are they read from the store."""
+        return self.max_delegation_depth > 0 and any(grant.delegable for grant in self.grants.values())
+
+    def evaluate(self, action: Any, *, now: dt.datetime | None = None, task: str | None = None,
+                 delegations: Sequence[Delegation] = ()) -> AuthorityResult:
+        """Judge ``action`` (a canonical ``Action``) at ``now`` for ``task``, over the section's grants
+        and the store's ``delegations`` (each chain re-walked). Pure."""
+        for delegation in delegations:  # one row that cannot be read: nothing can be trusted
+            if delegation.problem is not None or delegation.grant is None:
+                return AuthorityResult(False, "authority_unreadable", delegation.id, None, delegation.id,
+                                       delegation.depth, details={"error": delegation.problem or "unreadable"})
+        by_id = {d.id: d for d in delegations}
+        candidates: list[tuple[Grant, Delegation | None]] = [(g, None) for g in self.grants.values()]
+        candidates += [(d.grant, d) for d in delegations]  # type: ignore[misc]
+        passing: dict[str, AuthorityResult] = {}
+        refused: dict[str, AuthorityResult] = {}
+        for grant, delegation in candidates:
             if not grant.covers(action):
                 continue
-            reason = grant.refusal(action, now=now, task=task)
+            standing = self.standing(grant.id, now=now, delegations=by_id) if delegation else None
+            reason = standing.reason if standing else None
             if reason is None:
-                passing.append(ident)
-            else:
-                refused[ident] = reason
+                reason = grant.refusal(action, now=now, task=task)
+            chain = standing.chain if standing else (grant,)
+            result = AuthorityResult(reason is None, reason or "authority_grant", grant.id, grant,
+                                     delegation.id if delegation else None,
+                                     delegation.depth if delegation else None, chain,
+                                     dict(standing.details) if standing and standing.reason else None)
+            (passing if reason is None else refused)[grant.id] = result
         if passing:
-            chosen = min(passing)
-            return AuthorityResult(True, "authority_grant", chosen, self.grants[chosen])
+            return passing[min(passing)]
         if not refused:
             return _NO_AUTHORITY
-        strongest = min(refused.values(), key=_RANK.__getitem__)
-        chosen = min(ident for ident, reason in refused.items() if reason == strongest)
-        return AuthorityResult(False, strongest, chosen, self.grants[chosen])
+        strongest = min((r.reason for r in refused.values()), key=_RANK.__getitem__)
+        return refused[min(ident for ident, r in refused.items() if r.reason == strongest)]
+
+    def delegation_refusal(self, parent_id: str, grant: Grant, agent: str, user: str | None, *,
+                           now: dt.datetime | None, delegations: Sequence[Delegation] = ()
+                           ) -> tuple[str, str | None, str] | int:
+        """Whether ``agent``/``user`` may delegate ``grant`` from ``parent_id`` now: the new
+        delegation's depth (an int), or the refusal ``(reason, dimension, why)``, checked in the
+        order ``unknown_parent``, ``parent_not_delegable``, ``parent_not_valid``, ``not_the_subject``,
+        ``max_depth``, ``containment`` (with its dimension). Pure."""
+        by_id = {d.id: d for d in delegations}
+        unreadable = next((d for d in delegations if d.problem is not None or d.grant is None), None)
+        parent_row = by_id.get(parent_id)
+        parent = parent_row.grant if parent_row is not None else self.grants.get(parent_id)
+        if parent is None and parent_row is None:
+            return ("unknown_parent", None, f"no grant or delegation {parent_id!r} to delegate from")
+        if unreadable is not None:
+            return ("parent_not_valid", None, f"delegation {unreadable.id} cannot be read ({unreadable.problem}), "
+                                              f"so no chain can be trusted")
+        assert parent is not None
+        if not parent.delegable:
+            return ("parent_not_delegable", None, f"{parent_id!r} is not delegable")
+        if parent.expires_at is not None and (now is None or now > parent.expires_at):
+            return ("parent_not_valid", None, f"{parent_id!r} expired at {parent.expires_at.isoformat()}")
+        standing = self.standing(parent_id, now=now, delegations=by_id)
+        if standing.reason is not None:
+            facts = ", ".join(f"{key} {value}" for key, value in standing.details.items())
+            return ("parent_not_valid", None, f"the chain of {parent_id!r} is refused {standing.reason} ({facts})")
+        subject_ok = (parent.agent is None or matches(parent.agent, agent, "", subject=True)) and (
+            parent.user is None or matches(parent.user, user, "", subject=True))
+        if not subject_ok:
+            shown = agent + (f"/{user}" if user else "")
+            return ("not_the_subject", None, f"{shown!r} is not the subject of {parent_id!r} "
+                                             f"(agent {parent.agent!r}, user {parent.user!r})")
+        depth = (parent_row.depth if parent_row is not None else 0) + 1
+        if depth > self.max_delegation_depth:
+            return ("max_depth", None, f"a delegation from {parent_id!r} would be at depth {depth}, over "
+                                       f"max_delegation_depth {self.max_delegation_depth}")
+        dimension = containment(parent, grant)
+        if dimension is not None:
+            return ("containment", dimension, f"the grant is not contained in {parent_id!r} on {dimension!r}")
+        return depth
+
+    def standing(self, ident: str, *, now: dt.datetime | None,
+                 delegations: Mapping[str, Delegation]) -> Standing:
+        """Walk ``ident``'s chain up to its root grant: whether it may be relied on now (``reason``
+        None), else the strongest refusal found (``authority_escalation`` > ``authority_revoked`` >
+        ``authority_expired``) with its facts. Each step must still be contained in its parent, its
+        parent delegable, and the depth within ``max_delegation_depth``."""
+        found: dict[str, dict[str, Any]] = {}
+        chain: list[Grant] = []
+        seen: set[str] = set()
+        current: str | None = ident
+        depth = 0
+        child: Grant | None = None
+        while current is not None:
+            if current in seen:
+                found.setdefault("authority_escalation", {"cycle_at": current})
+                break
+            seen.add(current)
+            delegation = delegations.get(current)
+            grant = delegation.grant if delegation is not None else self.grants.get(current)
+            if grant is None:
+                found.setdefault("authority_escalation", {"missing_parent_id": current})
+                break
+            if child is not None:
+                if not grant.delegable:
+                    found.setdefault("authority_escalation", {"undelegable_parent_id": current})
+                dimension = containment(grant, child)
+                if dimension is not None:
+                    found.setdefault("authority_escalation", {"dimension": dimension, "escalates_over": current})
+            chain.append(grant)
+            if delegation is not None and delegation.revoked:
+                found.setdefault("authority_revoked", {"revoked_id": current})
+            if grant.expires_at is not None and (now is None or now > grant.expires_at) and current != ident:
+                found.setdefault("authority_expired", {"expired_parent_id": current})
+            if delegation is None:
+                break  # the root grant
+            depth = max(depth, delegation.depth)
+            child, current = grant, delegation.parent_id
+        if len(chain) - 1 > self.max_delegation_depth or depth > self.max_delegation_depth:
+            found.setdefault("authority_escalation", {"depth_exceeded": max(depth, len(chain) - 1)})
+        if not found:
+            return Standing(None, tuple(chain), len(chain) - 1, {})
+        strongest = min(found, key=_RANK.__getitem__)
+        return Standing(strongest, tuple(chain), len(chain) - 1, found[strongest])
 
     def canonical(self) -> dict[str, Any]:
         """``canonical_grants``: what the policy hash covers of this section."""
@@ -297,11 +538,12 @@ class Authority:
             "max_delegation_depth": self.max_delegation_depth,
         }
 
-    def charges(self, result: AuthorityResult, arguments: Mapping[str, Any]) -> list[tuple[Budget, int | str]]:
-        """The deciding grant's budgets with what this call costs against each (an int, or why not)."""
-        if result.grant is None or not result.grant.budgets:
-            return []
-        return [(budget, budget_cost(budget, arguments)) for budget in result.grant.budgets]
+    def charges(self, result: AuthorityResult, arguments: Mapping[str, Any]) -> list[tuple[str, Budget, int | str]]:
+        """What this call costs the budgets of its deciding chain: one ``(grant id, budget, cost)`` per
+        budget per grant, the deciding grant (or delegation) first, then each ancestor up to the
+        root; the cost an int, or why it cannot be measured (a sentence)."""
+        chain = result.chain or ((result.grant,) if result.grant is not None else ())
+        return [(grant.id, budget, budget_cost(budget, arguments)) for grant in chain for budget in grant.budgets or ()]
 
 
 def ordered(grants: Sequence[Grant]) -> dict[str, Grant]:

@@ -266,6 +266,67 @@ class Control:
             await drive.run_phase(self, Phase(self.load))
         return await drive.run_phase(self, Phase(fn, args, kwargs))
 
+    # ------------------------------------------------------------------ delegation (authority, §C3)
+
+    def delegate(self, parent_id: str, grant: Any, *, by: Principal | str, via: str = "api") -> Any:
+        """Hand a narrower grant down from ``parent_id`` (a delegable grant of the policy's
+        ``authority:``, or a delegation ``dlg_...``) to the grant's subject; ``by`` is who delegates
+        (it must be the parent's subject). ``grant`` is a ``Grant`` with ``id=""``, or one grant
+        document (YAML text) without ``id``. Returns the ``Delegation``; refused with
+        ``AuthorityEscalation(reason, parent_id, dimension)`` (recorded as ``DELEGATION_REJECTED``)."""
+        from .authority import Grant
+        from .errors import AuthorityEscalation
+        from .policy import parse_grant
+
+        policy = self.policy
+        if policy.authority is None:
+            raise InvalidArgument(f"{policy.source} has no 'authority:' section: there is nothing to delegate from")
+        if isinstance(by, str):
+            by = Principal(agent=by)
+        if not isinstance(by, Principal):
+            raise InvalidArgument(f"delegate(by=...) must be a ctrlrun.Principal or an agent name, not "
+                                  f"{type(by).__name__}")
+        if not isinstance(parent_id, str) or not parent_id:
+            raise InvalidArgument("delegate(parent_id=...) must name a grant or a delegation")
+        if isinstance(grant, str):
+            grant = parse_grant(grant)
+        elif isinstance(grant, Grant):
+            if grant.id:
+                raise InvalidArgument(f"a delegated grant has no id (got {grant.id!r}): ctrlrun names each "
+                                      f"delegation (dlg_...); pass Grant(id='', ...)")
+            from .policy import grant_from_json, grant_json
+
+            try:  # validated exactly as a stored one is read back
+                grant = grant_from_json(grant_json(grant), "")
+            except ValueError as exc:
+                raise InvalidArgument(f"delegate(grant=...): {exc}") from None
+        else:
+            raise InvalidArgument(f"delegate(grant=...) must be a ctrlrun Grant or a grant document (YAML text), "
+                                  f"not {type(grant).__name__}")
+        with self.scope():
+            made = self.store.create_delegation(policy.authority, parent_id, grant, agent=by.agent, user=by.user,
+                                                via=via)
+        if isinstance(made, self.store.delegations.Rejected):
+            raise AuthorityEscalation(f"{made.reason}: {made.message}", reason=made.reason, parent_id=parent_id,
+                                      dimension=made.dimension)
+        return made
+
+    def revoke(self, delegation_id: str, *, by: Principal | str | None = None) -> Any:
+        """Revoke a delegation, and so every delegation beneath it from the next evaluation on.
+        Idempotent: revoking a revoked one changes nothing. Returns the store's ``Revoked``
+        (``.delegation``, ``.changed``); an unknown id is ``InvalidArgument``."""
+        if isinstance(by, Principal):
+            by = by.agent + (f"/{by.user}" if by.user else "")
+        by = by if by is not None else "api"
+        if not isinstance(by, str) or not by.strip():
+            raise InvalidArgument("revoke(by=...) must name who revokes")
+        self.policy  # noqa: B018 - the store is ready
+        with self.scope():
+            done = self.store.revoke_delegation(delegation_id, by)
+        if done is None:
+            raise InvalidArgument(f"no delegation {delegation_id!r}")
+        return done
+
     # ------------------------------------------------------------------ hooks
 
     def register_hook(self, action: str, hook: Callable[[str], Any]) -> None:

@@ -15,6 +15,7 @@ __all__ = [
     "EffectKeyError",
     "ActionDenied",
     "AuthorityDenied",
+    "AuthorityEscalation",
     "BudgetRefused",
     "ApprovalRequired",
     "ApprovalTimeout",
@@ -68,6 +69,20 @@ class AuthorityDenied(ActionDenied):
         self.grant_id = grant_id
         self.delegation_id = delegation_id
         super().__init__(message, reason=reason, action_id=action_id)
+
+
+class AuthorityEscalation(ActionDenied):
+    """A delegation was refused when it was asked for (``Control.delegate``, ``ctrlrun delegate``):
+    ``reason`` is ``unknown_parent``, ``parent_not_delegable``, ``parent_not_valid``,
+    ``not_the_subject``, ``max_depth`` or ``containment`` (then ``dimension`` names the first of
+    ``subject actions resources constraints environments expires_at tasks budgets`` in which the
+    child asks for more than ``parent_id`` holds)."""
+
+    def __init__(self, message: str | None = None, *, reason: str, parent_id: str | None = None,
+                 dimension: str | None = None):
+        self.parent_id = parent_id
+        self.dimension = dimension
+        super().__init__(message, reason=reason)
 
 
 class BudgetRefused(InvalidArgument):

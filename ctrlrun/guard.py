@@ -17,6 +17,8 @@
 - **Budget ledger rows are never deleted** (nor truncated, on PostgreSQL): a charge is given back
   only by setting its ``released_at``, so spend cannot be erased to make room. Updates are not
   refused here (the store sets ``released_at``).
+- **Delegations are revoked once, never edited or deleted**: a row is inserted unrevoked, and its one
+  allowed change sets ``revoked_at`` and ``revoked_by`` on a row that had neither.
 
 An application's usual database role (SELECT/INSERT/UPDATE/DELETE) cannot disable these: only
 the tables' owner can. What a role *may* still write within the rules (a granted status, a
@@ -83,6 +85,18 @@ def _approval_allowed(same: str) -> str:
     return f"{fixed} AND {_edges(_APPROVAL_EDGES).format(column='status')}"
 
 
+#: What a delegation keeps for life; only revoked_at/revoked_by change, once.
+_DELEGATION_FIXED = ("delegation_id", "parent_id", "depth", "grant_json", "created_by_agent", "created_by_user",
+                     "created_via", "created_at")
+DELEGATION_TABLE = "ctrlrun_delegation"
+
+
+def _delegation_revoke_only(same: str) -> str:
+    fixed = " AND ".join(_same(c, same) for c in _DELEGATION_FIXED)
+    return (f'{fixed} AND OLD."revoked_at" IS NULL AND NEW."revoked_at" IS NOT NULL '
+            f'AND NEW."revoked_by" IS NOT NULL')
+
+
 _HEAD_FORWARD = "NEW.id = OLD.id AND NEW.seq >= OLD.seq AND NEW.event_seq >= OLD.event_seq"
 _INSERT_OK = f"NEW.state = '{INITIAL_STATE.value}' AND NEW.attempt = 1"
 
@@ -128,6 +142,15 @@ def _sqlite_statements(present: Any = None) -> list[tuple[str, str]]:
 
     if present is None or LEDGER_TABLE in present:
         add(f"{LEDGER_TABLE}_no_delete", "BEFORE DELETE", LEDGER_TABLE, LEDGER_MESSAGE)
+    if present is None or DELEGATION_TABLE in present:
+        table = DELEGATION_TABLE
+        add(f"{table}_no_replace", "BEFORE INSERT", table, "a delegation is created once, unrevoked",
+            condition=f'NEW."revoked_at" IS NOT NULL OR EXISTS (SELECT 1 FROM "{table}" WHERE '
+                      f'"delegation_id" = NEW."delegation_id")')
+        add(f"{table}_no_delete", "BEFORE DELETE", table, "ctrlrun delegations are never deleted")
+        add(f"{table}_revoke_once", "BEFORE UPDATE", table,
+            "a ctrlrun delegation is only ever revoked, once (there is no unrevoke)",
+            condition=f"NOT ({_delegation_revoke_only('IS')})")
 
     head = "ctrlrun_chainhead"
     add(f"{head}_no_replace", "BEFORE INSERT", head, "", ignore=True,
@@ -195,6 +218,21 @@ def _postgresql_statements(present: Any = None) -> list[str]:
             f'CREATE TRIGGER "{LEDGER_TABLE}_no_truncate" BEFORE TRUNCATE ON "{LEDGER_TABLE}" '
             "FOR EACH STATEMENT EXECUTE FUNCTION ctrlrun_guard_budgetledger()",
         ]
+    if present is None or DELEGATION_TABLE in present:
+        statements.append(_pg_function("ctrlrun_guard_delegation", "\n".join([
+            "IF TG_OP IN ('DELETE', 'TRUNCATE') THEN " + _pg_raise("ctrlrun delegations are never deleted") + " END IF;",
+            "IF TG_OP = 'INSERT' THEN IF NEW.revoked_at IS NOT NULL THEN "
+            + _pg_raise("a delegation is created unrevoked") + " END IF; RETURN NEW; END IF;",
+            f"IF NOT ({_delegation_revoke_only('IS NOT DISTINCT FROM')}) THEN "
+            + _pg_raise("a ctrlrun delegation is only ever revoked, once (there is no unrevoke)") + " END IF;",
+            "RETURN NEW;",
+        ])))
+        statements += [
+            f'CREATE TRIGGER "{DELEGATION_TABLE}_guard" BEFORE INSERT OR UPDATE OR DELETE ON "{DELEGATION_TABLE}" '
+            f"FOR EACH ROW EXECUTE FUNCTION ctrlrun_guard_delegation()",
+            f'CREATE TRIGGER "{DELEGATION_TABLE}_no_truncate" BEFORE TRUNCATE ON "{DELEGATION_TABLE}" '
+            f"FOR EACH STATEMENT EXECUTE FUNCTION ctrlrun_guard_delegation()",
+        ]
     for table in _evidence_tables(present):
         statements += [
             f'CREATE TRIGGER "{table}_append_only" BEFORE UPDATE OR DELETE ON "{table}" '
@@ -214,18 +252,19 @@ def _postgresql_statements(present: Any = None) -> list[str]:
 
 
 _PG_TRIGGERS = [(t, n) for t in EVIDENCE_TABLES for n in ("append_only", "no_truncate")] + [
-    (t, n) for t in ("ctrlrun_effectrecord", "ctrlrun_approval", "ctrlrun_chainhead", LEDGER_TABLE)
+    (t, n) for t in ("ctrlrun_effectrecord", "ctrlrun_approval", "ctrlrun_chainhead", LEDGER_TABLE, DELEGATION_TABLE)
     for n in ("guard", "no_truncate")]
 _PG_FUNCTIONS = ("ctrlrun_refuse_evidence_change", "ctrlrun_guard_effectrecord", "ctrlrun_guard_approval",
-                 "ctrlrun_guard_chainhead", "ctrlrun_guard_budgetledger")
+                 "ctrlrun_guard_chainhead", "ctrlrun_guard_budgetledger", "ctrlrun_guard_delegation")
 
 
-def _removal(vendor: str) -> list[str]:
+def _removal(vendor: str, present: Any = None) -> list[str]:
     if vendor == "sqlite":
         names = _SQLITE_LEGACY + [name for name, _ in _sqlite_statements()]
         return [f'DROP TRIGGER IF EXISTS "{name}"' for name in dict.fromkeys(names)]
     if vendor == "postgresql":
-        return ([f'DROP TRIGGER IF EXISTS "{t}_{n}" ON "{t}"' for t, n in _PG_TRIGGERS]
+        return ([f'DROP TRIGGER IF EXISTS "{t}_{n}" ON "{t}"' for t, n in _PG_TRIGGERS
+                 if present is None or t in present]
                 + [f"DROP FUNCTION IF EXISTS {f}()" for f in _PG_FUNCTIONS])
     return []
 
@@ -248,4 +287,4 @@ def install(connection: Any) -> None:
 
 def remove(connection: Any) -> None:
     """Lift the guard (a test database's flush; never in production)."""
-    _run(connection, _removal(connection.vendor))
+    _run(connection, _removal(connection.vendor, set(connection.introspection.table_names())))

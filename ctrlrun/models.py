@@ -361,3 +361,43 @@ class BudgetLedger(models.Model):
     def __str__(self) -> str:
         released = ", released" if self.released_at else ""
         return f"{self.amount} {self.metric} on {self.grant_id} by {self.effect_key} (attempt {self.attempt}{released})"
+
+
+class Delegation(models.Model):
+    """A grant handed down at runtime (``Control.delegate`` / ``ctrlrun delegate``) from a delegable
+    grant of the policy's ``authority:`` section, or from another delegation.
+
+    Evidence-like: never deleted, and ``revoked_at`` / ``revoked_by`` are set once, never cleared
+    (``store.revoke_delegation``; the database refuses any other change and every DELETE). The
+    chain above a delegation is walked again on every evaluation, so revoking one cuts every
+    delegation beneath it from the next call on. ``grant_json`` is the grant's sorted canonical
+    JSON, read back and validated each time: a row that cannot be read (or a ``created_via``
+    outside the closed set) refuses every action (``authority_unreadable``).
+    """
+
+    VIA = ("api", "cli", "break-glass", "hop")
+
+    delegation_id = models.CharField(primary_key=True, max_length=ID_LENGTH, help_text="dlg_ and 32 hex digits.")
+    parent_id = models.CharField(max_length=200, db_index=True,
+                                 help_text="The grant (policy id) or delegation (dlg_...) it was delegated from.")
+    depth = models.PositiveIntegerField(help_text="Steps below its root grant: 1 for a grant's direct delegation.")
+    grant_json = models.TextField(help_text="The delegated grant: its sorted canonical JSON, without id.")
+    created_by_agent = models.CharField(max_length=200, null=True, blank=True)
+    created_by_user = models.CharField(max_length=200, null=True, blank=True)
+    created_via = models.CharField(max_length=20, help_text="api, cli, break-glass or hop.")
+    created_at = models.DateTimeField()
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    revoked_by = models.CharField(max_length=200, null=True, blank=True)
+
+    class Meta:
+        ordering = ["created_at", "delegation_id"]
+        permissions = [("revoke_delegation", "Can revoke delegations")]
+        indexes = [models.Index(fields=["revoked_at", "created_at"], name="ctrlrun_delegation_live_idx")]
+        constraints = [
+            models.CheckConstraint(condition=Q(revoked_at__isnull=True, revoked_by__isnull=True)
+                                   | Q(revoked_at__isnull=False, revoked_by__isnull=False),
+                                   name="ctrlrun_delegation_revoked_by_someone"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.delegation_id} under {self.parent_id}{' (revoked)' if self.revoked_at else ''}"

@@ -34,6 +34,8 @@ Every failure is a :class:`~ctrlrun.errors.PolicyError` whose message starts wit
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import json
 import datetime as dt
 import gc
 import logging
@@ -67,6 +69,8 @@ __all__ = [
     "Evaluation",
     "Policy",
     "parse_policy",
+    "parse_grant",
+    "grant_from_json",
     "load_policy",
 ]
 
@@ -1807,3 +1811,72 @@ def load_policy(path: str | os.PathLike[str], *, environment: str | None = None)
         error.source, error.line, error.location = str(source), None, ""  # type: ignore[attr-defined]
         raise error from None
     return parse_policy(text, str(source), environment=environment)
+
+
+#: The id a delegated grant is read under until it has its own (``dlg_...``): never stored.
+_UNNAMED_GRANT = "delegated-grant"
+
+
+def parse_grant(text: str, source: str = "<grant>", *, ident: str | None = None) -> Grant:
+    """One grant document without ``id`` (what ``delegate --file`` reads, and a delegation's stored
+    ``grant_json``), validated as a grant of the newest schema; ``ident`` becomes its id. A grant
+    that names its own ``id`` is refused (InvalidArgument): a delegation's id is made by ctrlrun."""
+    if not isinstance(text, str):
+        raise InvalidArgument(f"a grant must be text (str), not {type(text).__name__}")
+    reader = _Reader(str(source))
+    reader.schema, reader.version = _NEWEST_SUPPORTED, _SCHEMA_VERSION[_NEWEST_SUPPORTED]
+    with _collector_paused():
+        document = _load_yaml(text, str(source))
+        if not isinstance(document, dict):
+            reader.fail(getattr(document, "line", None), "top level",
+                        f"a grant must be a mapping with 'subject' and 'actions', got {_type_name(document)}")
+        reader.check_values(document, "", document.line, set())
+        if "id" in document:
+            raise InvalidArgument(f"{source}: a delegated grant has no 'id' (line {document.key_lines['id']}): "
+                                  f"ctrlrun names each delegation (dlg_...); remove it")
+        document["id"] = _UNNAMED_GRANT
+        grant = reader.read_grant(document, document.line, "grant", {})
+    return dataclasses.replace(grant, id=ident if ident is not None else "")
+
+
+def grant_json(grant: Grant) -> str:
+    """A grant as a delegation row keeps it: its canonical form (budgets' windows in seconds,
+    ``expires_at`` ISO with its offset) as sorted JSON, without its id."""
+    return json.dumps(grant.canonical(), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def grant_from_json(text: str, ident: str) -> Grant:
+    """A delegation row's ``grant_json`` read back (and validated again) as the grant ``ident``;
+    ValueError (a sentence) when it is not a grant ctrlrun wrote."""
+    try:
+        data = json.loads(text)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"grant_json is not JSON ({exc})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("subject"), dict):
+        raise ValueError("grant_json is not a grant (no 'subject' mapping)")
+    document: dict[str, Any] = {}
+    subject = {key: value for key, value in data["subject"].items() if value is not None}
+    document["subject"] = subject
+    for key in ("actions", "resources", "environments", "tasks", "expires_at"):
+        if data.get(key) is not None:
+            document[key] = data[key]
+    if data.get("delegable"):
+        document["delegable"] = True
+    if data.get("constraints") is not None:
+        if not isinstance(data["constraints"], dict):
+            raise ValueError("grant_json constraints are not a mapping")
+        document["constraints"] = {key: (value or {}).get("operand") if isinstance(value, dict) else value
+                                   for key, value in data["constraints"].items()}
+    if data.get("budgets") is not None:
+        if not isinstance(data["budgets"], list):
+            raise ValueError("grant_json budgets are not a list")
+        document["budgets"] = [{**budget, "window": f"PT{budget.get('window')}S"} if isinstance(budget, dict)
+                               else budget for budget in data["budgets"]]
+    unknown = set(data) - {"actions", "budgets", "constraints", "delegable", "environments", "expires_at",
+                           "resources", "subject", "tasks"}
+    if unknown:
+        raise ValueError(f"grant_json has keys a grant does not: {', '.join(sorted(unknown))}")
+    try:
+        return parse_grant(json.dumps(document), f"delegation {ident}", ident=ident)
+    except (PolicyError, InvalidArgument) as exc:
+        raise ValueError(" ".join(str(exc).split())) from None

@@ -274,6 +274,9 @@ class _Running:
         """Authority (policy v3), before the policy: the grant that lets this principal propose the
         call, or an ``AuthorityDenied`` (recorded; in observe mode the call runs, said denied)."""
         authority = self.policy.authority
+        if authority.delegates:  # the live delegations and the store's time: one phase, off the event loop
+            now, delegations = yield Phase(_delegations_and_now, (self.control.store,))
+            return authority.evaluate(self.action, now=now, task=self.task, delegations=delegations)
         now = (yield Phase(self.control.store.now)) if authority.has_expiry else None
         return authority.evaluate(self.action, now=now, task=self.task)
 
@@ -340,9 +343,11 @@ class _Running:
             return (yield from self.observe(call, presented, None, with_policy=False))
         yield Record(store.record_denial, (replace(call, approval_id=presented), {"reason": judged.reason}),
                      {"with_policy": False})
-        about = f" (grant {judged.grant_id!r})" if judged.grant_id else ""
+        kind = "delegation" if judged.delegation_id else "grant"
+        about = f" ({kind} {judged.grant_id!r})" if judged.grant_id else ""
         raise AuthorityDenied(f"{self.name} denied: {judged.reason}{about}", reason=judged.reason,
-                              grant_id=judged.grant_id, action_id=self.action.action_id)
+                              grant_id=judged.grant_id, delegation_id=judged.delegation_id,
+                              action_id=self.action.action_id)
 
     def charges(self, judged: Any) -> tuple[tuple[Any, ...], tuple[str, str] | None]:
         """What this call charges the deciding grant's budgets, or why it cannot be charged."""
@@ -352,12 +357,12 @@ class _Running:
         if self.effect_key is None:
             return (), ("budget_unkeyed", f"grant {judged.grant_id!r} has budgets, and a budget is charged to an "
                                           f"effect key, but this action has none: give it one (effect=...)")
-        for _budget, cost in costs:
+        for _grant_id, _budget, cost in costs:
             if isinstance(cost, str):
                 return (), ("budget_unmeasurable", cost)
         Charge = self.control.store.Charge
-        return tuple(Charge(judged.grant_id, budget.metric, cost, budget.limit, budget.window_seconds)
-                     for budget, cost in costs), None
+        return tuple(Charge(grant_id, budget.metric, cost, budget.limit, budget.window_seconds)
+                     for grant_id, budget, cost in costs), None
 
     def wait_then_run(self, request: Any) -> Steps:
         """``wait=True``: pause until a person answers or the request expires, then run under it."""
@@ -559,6 +564,11 @@ def _not_a_result(value: Any) -> tuple[Result, str] | None:
                                   f"running now, not a result; {advice}")
     return Result.FAILED, (f"the protected function returned {kind} ({type(value).__name__}), so its body never "
                            f"ran here; {advice}")
+
+
+def _delegations_and_now(store: Any) -> tuple[dt.datetime, list[Any]]:
+    """The store's time and every delegation row (one indexed read), for authority to walk."""
+    return store.now(), store.list_delegations()
 
 
 def _best_effort(phase: Phase) -> Steps:

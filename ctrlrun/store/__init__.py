@@ -13,6 +13,7 @@ the work lives in one module per concern:
 - ``budgets``     the budget ledger: charged with a reservation, released when an attempt fails
 - ``evidence``    reads, chain verification, recorded checks, the overview
 - ``paused``      paused runs of agent frameworks (``ctrlrun.resumption``): stored, claimed once
+- ``delegations`` grants handed down at runtime (authority, §C3): created or refused, revoked once
 
 Its value types live in ``ctrlrun.values`` (no Django); its wording in ``ctrlrun.messages``.
 
@@ -82,7 +83,7 @@ from ..values import (
     Refused,
     Reserved,
 )
-from . import approvals, base, budgets, chain, effects, evidence, paused, policies, signatures, sql
+from . import approvals, base, budgets, chain, delegations, effects, evidence, paused, policies, signatures, sql
 from .approvals import (
     answer_approval,
     approvals_for_hash,
@@ -140,6 +141,13 @@ from .paused import (
     release_paused_run,
     save_paused_run,
 )
+from .delegations import (
+    create_delegation,
+    delegations_beneath,
+    get_delegation,
+    list_delegations,
+    revoke_delegation,
+)
 from .policies import ensure_policy, forget_known_policies
 from .signatures import (
     APPROVAL_DOMAIN,
@@ -180,6 +188,8 @@ __all__ = [
     # paused runs of agent frameworks (ctrlrun.resumption): mutable, not evidence
     "save_paused_run", "get_paused_run", "paused_run_for", "list_paused_runs", "ready_paused_runs",
     "claim_paused_run", "finish_paused_run", "release_paused_run",
+    # delegations (authority, §C3): revoked once, never deleted
+    "create_delegation", "revoke_delegation", "list_delegations", "get_delegation", "delegations_beneath",
     # evidence
     "list_effects", "get_effect", "list_receipts", "get_receipt", "events_for_action", "events_for_effect",
     "citing_control", "check_control_id", "unreadable_documents",
@@ -190,5 +200,5 @@ __all__ = [
     "HEAD_DOMAIN", "EFFECT_DOMAIN", "APPROVAL_DOMAIN", "CHECK_DOMAIN", "approval_signature_ok", "effect_signature_ok",
     "TAMPERED_HINT",
     # the modules, for tests and tools that reach one concern
-    "approvals", "base", "budgets", "chain", "effects", "evidence", "paused", "policies", "signatures", "sql",
+    "approvals", "base", "budgets", "chain", "delegations", "effects", "evidence", "paused", "policies", "signatures", "sql",
 ]

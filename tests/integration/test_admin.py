@@ -170,7 +170,8 @@ def world(refund, remote):
 
 def test_migration_created_the_three_groups_with_their_permissions():
     """Migration 0005's groups: each has the five view permissions, approvers and resolvers one custom permission more."""
-    view_all = {"view_approval", "view_effectrecord", "view_event", "view_receipt", "view_policydocument"}
+    view_all = {"view_approval", "view_effectrecord", "view_event", "view_receipt", "view_policydocument",
+                "view_delegation"}
     granted = {g.name: set(g.permissions.values_list("codename", flat=True)) for g in Group.objects.all()}
     assert granted == {
         "approvers": view_all | {"decide_approval"},

@@ -58,7 +58,7 @@ with ctrlrun.context(agent="mailer"):
         print("denied")
 """
 
-VIEW_ALL = ["view_approval", "view_effectrecord", "view_event", "view_policydocument", "view_receipt"]
+VIEW_ALL = ["view_approval", "view_delegation", "view_effectrecord", "view_event", "view_policydocument", "view_receipt"]
 #: The console's groups and their permissions (ctrlrun's app label), as the console needs them.
 GROUPS = {
     "approvers": sorted(VIEW_ALL + ["decide_approval"]),

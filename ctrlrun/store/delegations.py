@@ -1,0 +1,158 @@
+"""Delegations (policy v3, §C3): grants handed down at runtime, revoked once, never deleted.
+
+A delegation is created, or refused, in one phase: the live rows are read, the request is judged
+(``Authority.delegation_refusal``, pure) and the row and its ``DELEGATION_CREATED`` event, or the
+``DELEGATION_REJECTED`` event, are written in that same transaction, on the events' chain
+(``_seal``). A revoke is one conditional UPDATE (``revoked_at IS NULL``) and its
+``DELEGATION_REVOKED`` event, in one phase: only the first revoke of a row changes it; the
+database refuses any other change (``ctrlrun.guard``).
+
+``list_delegations`` is the one read the kernel makes per call (when the policy has a delegable
+grant): every row, each ``grant_json`` read back and validated again (a row that cannot be read is
+handed over as unreadable, and authority then refuses every action).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+from typing import Any
+
+from ..authority import CREATED_VIA, Authority, Delegation, Grant
+from ..canonical import new_id
+from ..errors import InvalidArgument
+from ..models import Delegation as DelegationRow
+from ..policy import grant_from_json, grant_json
+from ..states import EventType
+from .base import _phase, _q, _reading
+from .chain import _seal
+
+_ID = re.compile(r"dlg_[0-9a-f]{32}\Z")
+_FIELDS = ("delegation_id", "parent_id", "depth", "grant_json", "created_by_agent", "created_by_user",
+           "created_via", "created_at", "revoked_at", "revoked_by")
+#: Grants read back from rows, by (id, grant_json): the same text always reads the same grant.
+_parsed: dict[tuple[str, str], Grant | str] = {}
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """A delegation refused (its ``DELEGATION_REJECTED`` event is written): why, and on what."""
+
+    reason: str
+    dimension: str | None
+    message: str
+
+
+@dataclass(frozen=True)
+class Revoked:
+    """What a revoke did: ``changed`` False when the row was already revoked (at ``revoked_at``)."""
+
+    delegation: Delegation
+    changed: bool
+
+
+def _grant(ident: str, text: str) -> Grant | str:
+    key = (ident, text)
+    found = _parsed.get(key)
+    if found is None:
+        try:
+            found = grant_from_json(text, ident)
+        except ValueError as exc:
+            found = str(exc)
+        if len(_parsed) > 4096:
+            _parsed.clear()
+        _parsed[key] = found
+    return found
+
+
+def _delegation(values: tuple[Any, ...]) -> Delegation:
+    ident, parent_id, depth, text, agent, user, via, created_at, revoked_at, revoked_by = values
+    problem = None
+    grant = _grant(ident, text) if isinstance(ident, str) and isinstance(text, str) else "grant_json is missing"
+    if isinstance(grant, str):
+        problem, grant = grant, None
+    elif not isinstance(ident, str) or not _ID.match(ident):
+        problem, grant = f"{ident!r} is not a delegation id (dlg_ and 32 hex digits)", None
+    elif via not in CREATED_VIA:
+        problem, grant = f"created_via {via!r} is not one of {', '.join(CREATED_VIA)}", None
+    elif not isinstance(depth, int) or depth < 1:
+        problem, grant = f"depth {depth!r} is not a positive int", None
+    elif revoked_at is not None and not revoked_by:
+        problem, grant = "revoked_at is set but revoked_by is not", None
+    return Delegation(ident, parent_id, depth, grant, agent, user, via, created_at, revoked_at, revoked_by, problem)
+
+
+def _all() -> list[Delegation]:
+    return [_delegation(values) for values in _q(DelegationRow).order_by("created_at", "delegation_id")
+            .values_list(*_FIELDS)]
+
+
+def list_delegations() -> list[Delegation]:
+    """Every delegation row (revoked ones too: their children are refused ``authority_revoked``)."""
+    with _reading():
+        return _all()
+
+
+def get_delegation(delegation_id: str) -> Delegation | None:
+    with _reading():
+        values = _q(DelegationRow).filter(pk=delegation_id).values_list(*_FIELDS).first()
+        return _delegation(values) if values else None
+
+
+def create_delegation(authority: Authority, parent_id: str, grant: Grant, *, agent: str, user: str | None,
+                      via: str) -> Delegation | Rejected:
+    """Judge and write one delegation of ``grant`` from ``parent_id`` by ``agent``/``user``, in one phase."""
+    if via not in CREATED_VIA:
+        raise InvalidArgument(f"created_via must be one of {', '.join(CREATED_VIA)}, not {via!r}")
+    with _phase() as when:
+        rows = _all()
+        judged = authority.delegation_refusal(parent_id, grant, agent, user, now=when, delegations=rows)
+        if not isinstance(judged, int):
+            reason, dimension, message = judged
+            data: dict[str, Any] = {"reason": reason, "parent_id": parent_id}
+            if dimension is not None:
+                data["dimension"] = dimension
+            _seal([(when, EventType.DELEGATION_REJECTED.value, None, None, None, data)], [], when)
+            return Rejected(reason, dimension, message)
+        ident = new_id("dlg_")
+        text = grant_json(grant)
+        row = DelegationRow(delegation_id=ident, parent_id=parent_id, depth=judged, grant_json=text,
+                            created_by_agent=agent, created_by_user=user, created_via=via, created_at=when)
+        row.save(using=_q(DelegationRow).db, force_insert=True)
+        _seal([(when, EventType.DELEGATION_CREATED.value, None, None, None, {
+            "delegation_id": ident, "parent_id": parent_id, "depth": judged, "created_by_agent": agent,
+            "created_by_user": user, "created_via": via})], [], when)
+    return Delegation(ident, parent_id, judged, replace(grant, id=ident), agent, user, via, when)
+
+
+def revoke_delegation(delegation_id: str, revoked_by: str) -> Revoked | None:
+    """Revoke one delegation (and so everything beneath it): None when there is no such row; an
+    already revoked row is left as it is (``changed`` False), with no second event."""
+    if not isinstance(revoked_by, str) or not revoked_by.strip():
+        raise InvalidArgument("a revoke names who revokes (revoked_by)")
+    with _phase() as when:
+        changed = _q(DelegationRow).filter(pk=delegation_id, revoked_at__isnull=True).update(
+            revoked_at=when, revoked_by=revoked_by)
+        values = _q(DelegationRow).filter(pk=delegation_id).values_list(*_FIELDS).first()
+        if values is None:
+            return None
+        if changed:
+            _seal([(when, EventType.DELEGATION_REVOKED.value, None, None, None,
+                    {"delegation_id": delegation_id, "revoked_by": revoked_by})], [], when)
+    return Revoked(_delegation(values), bool(changed))
+
+
+def delegations_beneath(delegation_id: str, rows: list[Delegation] | None = None) -> list[Delegation]:
+    """Every delegation below ``delegation_id`` (or below the grant of that id), in creation order."""
+    rows = list_delegations() if rows is None else rows
+    below: set[str] = {delegation_id}
+    found: list[Delegation] = []
+    grown = True
+    while grown:
+        grown = False
+        for row in rows:
+            if row.parent_id in below and row.id not in below:
+                below.add(row.id)
+                found.append(row)
+                grown = True
+    order = {row.id: index for index, row in enumerate(rows)}
+    return sorted(found, key=lambda row: order[row.id])
