@@ -115,6 +115,9 @@ class Call:
     budget_charges: tuple[Charge, ...] = ()
     #: The hash of what the call's scope provider answered (``protect(scope=...)``), or None.
     scope_hash: str | None = None
+    #: The delegations (``dlg_...``) the call's authority rests on, nearest first: checked again, not
+    #: revoked, in the transaction that takes the call's key.
+    delegations: tuple[str, ...] = field(default=(), compare=False)
 
     @property
     def authority_grant_id(self) -> str | None:

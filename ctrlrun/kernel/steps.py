@@ -192,6 +192,13 @@ def _task(template: Template, action: Action) -> str:
     return template.render(dict(action.arguments), error=EffectKeyError)
 
 
+def _delegations_of(judged: Any) -> tuple[str, ...]:
+    """The delegations a passing authority result rests on (nearest first), for the store to re-check."""
+    if judged is None or not judged.passed:
+        return ()
+    return tuple(grant.id for grant in judged.chain if grant.id.startswith("dlg_"))
+
+
 def _denial_message(name: str, reason: str) -> str:
     if reason == "unknown_action":
         return (f"{name} denied: unknown_action (the policy has no entry for {name!r}; add one "
@@ -301,7 +308,8 @@ class _Running:
         evaluation = self.policy.evaluate(self.name, self.action.arguments)
         call = store.Call(self.action, evaluation.decision, evaluation.reason, self.policy.hash, self.effect_key,
                           controls=evaluation.controls, policy_version=self.policy.version,
-                          authority=judged.event_data() if judged is not None else None, task=self.task)
+                          authority=judged.event_data() if judged is not None else None, task=self.task,
+                          delegations=_delegations_of(judged))
         ceiling = self.max_attempts
         unmeasured = None
         if judged is not None and evaluation.decision is not Decision.DENY:

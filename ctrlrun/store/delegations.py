@@ -156,3 +156,27 @@ def delegations_beneath(delegation_id: str, rows: list[Delegation] | None = None
                 grown = True
     order = {row.id: index for index, row in enumerate(rows)}
     return sorted(found, key=lambda row: order[row.id])
+
+
+def revoked_beneath(call_delegations: tuple[str, ...]) -> str | None:
+    """Inside a reservation: the first of the delegations a call's authority rests on that is revoked
+    by now, or None. On PostgreSQL the rows are read FOR SHARE, so a revoke in flight is waited for
+    and then seen: a call either takes its key before the revoke commits, or is refused after it."""
+    if not call_delegations:
+        return None
+    from django.db import connections
+
+    from .base import _cursor, _db
+
+    connection = connections[_db()]
+    table = connection.ops.quote_name(DelegationRow._meta.db_table)
+    marks = ", ".join(["%s"] * len(call_delegations))
+    suffix = " FOR SHARE" if connection.vendor == "postgresql" else ""
+    with _cursor() as cursor:
+        rows = cursor.execute(f'SELECT "delegation_id", "revoked_at" FROM {table} WHERE "delegation_id" IN ({marks})'
+                              f' ORDER BY "delegation_id"{suffix}', list(call_delegations)).fetchall()
+    found = {ident: revoked for ident, revoked in rows}
+    for ident in call_delegations:  # in chain order: the nearest revoked one is named
+        if ident not in found or found[ident] is not None:
+            return ident
+    return None

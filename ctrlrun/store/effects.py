@@ -22,6 +22,7 @@ from ..canonical import evidence_text, evidence_time
 from ..errors import (
     ActionDenied,
     AmbiguousEffect,
+    AuthorityDenied,
     CTRLRunError,
     DuplicateEffect,
     EvidenceTampered,
@@ -46,6 +47,7 @@ from .chain import (
     _stash,
     _unstash,
 )
+from .delegations import revoked_beneath
 from .evidence import _effect_view, get_effect
 from .signatures import _effect_mac, _effect_ok, _head_problem
 
@@ -78,6 +80,21 @@ def record_denial(call: Call, data: dict[str, Any], *, with_policy: bool = True)
         _seal((), (), when, build=build, sizes=(2 + bool(with_policy) + (call.authority is not None), 1))
 
 
+def _revoked_refusal(call: Call, when: dt.datetime, events: list[EventRow]) -> Refused | None:
+    """A call whose authority rests on a delegation revoked since it was judged: refused here, in the
+    transaction that would have taken its key (``authority_revoked``), its evidence written."""
+    revoked = revoked_beneath(call.delegations)
+    if revoked is None:
+        return None
+    error = AuthorityDenied(f"{call.action.name} denied: authority_revoked (delegation {revoked!r} was revoked "
+                            f"while the call was being decided)", reason="authority_revoked",
+                            grant_id=call.authority_grant_id, delegation_id=revoked, action_id=call.action.action_id)
+    events.append(_event(EventType.ACTION_DENIED, call, call.effect_key,
+                         {"reason": "authority_revoked", "delegation_id": revoked}, when, call.approval_id))
+    _seal(events, [_ReceiptSpec(call, Result.DENIED, None, None, "authority_revoked")], when)
+    return Refused(error, None, True, call)
+
+
 def begin_unkeyed(call: Call, presented: str | None = None) -> Reserved | Refused:
     """A call with no effect key: nothing to reserve; the approval (if any) is checked and used.
 
@@ -88,6 +105,9 @@ def begin_unkeyed(call: Call, presented: str | None = None) -> Reserved | Refuse
     with _phase() as when:
         call = _started(call, when)
         events = _opening_events(call, when)
+        refusal = _revoked_refusal(call, when, events)
+        if refusal is not None:
+            return refusal
         call, approval, refusal = _take_presented(call, presented, when, events)
         if refusal is not None:
             return refusal
@@ -355,6 +375,9 @@ def reserve(call: Call, lease: dt.timedelta, *, opening: bool, hold_ambiguous: b
         when, record = _open_reservation(call.effect_key, when)
         call = _started(call, when)
         events = _opening_events(call, when) if opening else []
+        revoked = _revoked_refusal(call, when, events)  # authority (2) before the ceiling (4)
+        if revoked is not None:
+            return revoked
         if _over_ceiling(record, max_attempts):
             assert record is not None and max_attempts is not None
             uncharged = replace(call, budget_charges=())

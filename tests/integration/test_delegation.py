@@ -16,7 +16,7 @@ import ctrlrun
 from ctrlrun import store
 from ctrlrun.canonical import Principal
 from ctrlrun.control import Control
-from ctrlrun.models import Delegation, Event
+from ctrlrun.models import Delegation, EffectRecord, Event
 from ctrlrun.policy import parse_policy
 from tests.support import receipts, script_environment
 
@@ -267,4 +267,24 @@ def test_a_revoke_racing_a_call_from_two_processes(control, tmp_path):
     # and once one call was refused, every later one was too
     first = next(index for index, c in enumerate(calls) if c[0] == "authority_revoked")
     assert all(c[0] == "authority_revoked" for c in calls[first:])
+    assert store.verify().ok
+
+
+def test_a_revoke_between_the_judgement_and_the_reservation_refuses_the_call(control, drive):
+    """The revocation commits after authority judged the call but before its key is taken (here, from the
+    scope provider, which runs in between): the reservation reads the chain again and refuses."""
+    made = control.delegate("support", CHILD, by=ORCHESTRATOR)
+    ran = []
+
+    def revoking_scope(action):
+        control.revoke(made.id, by="ops-alice")
+        return {"resources": ["payment:*"]}
+
+    with pytest.raises(ctrlrun.AuthorityDenied) as refused:
+        drive(control, "stripe.refund", {"payment_id": "p1", "amount": 500}, "worker", lambda: ran.append(1),
+              scope=revoking_scope)
+    assert (refused.value.reason, refused.value.delegation_id) == ("authority_revoked", made.id)
+    assert ran == [] and not EffectRecord.objects.filter(pk="refund:p1").exists()
+    [receipt] = receipts()
+    assert (receipt["result"], receipt["decision_reason"]) == ("denied", "authority_revoked")
     assert store.verify().ok
