@@ -249,7 +249,10 @@ def check_errors(settings, tmp_path, text_: str) -> str:
      "    controls: [pci, phi]\n", ("line 6", "'phi'", "pci")),
     ("schema: ctrlrun.policy/v3\nmode: off\nactions: {}\n", ("line 2", "'mode' must be 'enforce' or 'observe'")),
     ("schema: ctrlrun.policy/v4\nactions:\n  a: {decision: allow, mode: observe}\n", ("line 3", "'mode'", "top level")),
-    ("schema: ctrlrun.policy/v3\nauthority:\n  grants: []\nactions: {}\n", ("line 2", "'authority'")),
+    ("schema: ctrlrun.policy/v3\nauthority:\n  grants: []\n  break_glass: {}\nactions: {}\n",
+     ("line 4", "'break_glass'", "not enforce it yet")),
+    ("schema: ctrlrun.policy/v3\nauthority:\n  grants: [{id: g, subject: {agent: a}, actions: ['x.**.y']}]\n"
+     "actions: {}\n", ("line 3", "'**' may only be the last")),
 ])
 def test_check_reports_v3_to_v8_errors_with_file_line_and_key(settings, tmp_path, body, fragments):
     message = check_errors(settings, tmp_path, body)
@@ -281,12 +284,12 @@ def test_manage_py_check_as_a_process(tmp_path):
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "(ctrlrun.W002)" in result.stderr and "Traceback" not in result.stderr
-    path.write_text("schema: ctrlrun.policy/v3\nauthority:\n  grants: []\nactions: {}\n")
+    path.write_text("schema: ctrlrun.policy/v3\nauthority:\n  grants: []\n  break_glass: {}\nactions: {}\n")
     result = subprocess.run([sys.executable, str(REPO / "manage.py"), "check"], cwd=REPO, env=env,
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
     [line] = [line for line in result.stderr.splitlines() if "(ctrlrun.E002)" in line]
-    assert f"{path}, line 2" in line and "'authority'" in line
+    assert f"{path}, line 4" in line and "'break_glass'" in line
 
 
 # --------------------------------------------------------------------------- the observe banner
