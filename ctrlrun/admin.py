@@ -355,8 +355,23 @@ def _paused_run_line(site: str, approval_id: str) -> SafeString | None:
                        _paused_badge(row.status))
 
 
+class _NumberedRows(EvidenceAdmin):
+    """Read-only rows with integer ids, seen by whoever may view them (the app index follows): an id
+    that is not a number is no row (a 404), never a database error."""
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return self.has_view_permission(request)
+
+    def get_object(self, request: HttpRequest, object_id: str, from_field: str | None = None) -> Any:
+        try:
+            int(object_id)
+        except ValueError:
+            return None
+        return super().get_object(request, object_id, from_field)
+
+
 @admin.register(PausedRun)
-class PausedRunAdmin(EvidenceAdmin):
+class PausedRunAdmin(_NumberedRows):
     """Agent runs paused on an approval (``ctrlrun.resumption``): read-only for everyone, and
     visible to whoever may read approvals (the console's groups): a paused run is what an
     approval's answer will continue. Never edited here; ``resume_runs`` moves them."""
@@ -393,15 +408,6 @@ class PausedRunAdmin(EvidenceAdmin):
         return user.is_active and user.is_staff and (user.has_perm(VIEW_APPROVAL) or user.has_perm(
             "ctrlrun.view_pausedrun"))
 
-    def has_module_permission(self, request: HttpRequest) -> bool:
-        return self.has_view_permission(request)
-
-    def get_object(self, request: HttpRequest, object_id: str, from_field: str | None = None) -> Any:
-        try:
-            int(object_id)
-        except ValueError:
-            return None
-        return super().get_object(request, object_id, from_field)
 
     @admin.display(description=_("run"), ordering="id")
     def run(self, obj: PausedRun) -> SafeString:
@@ -1703,7 +1709,7 @@ def grants_context(site: str, now: dt.datetime) -> dict[str, Any]:
 
 
 @admin.register(BudgetLedger)
-class BudgetLedgerAdmin(EvidenceAdmin):
+class BudgetLedgerAdmin(_NumberedRows):
     """The budget ledger (read-only: charges are written by the kernel, never here) and the "Grants and
     budgets" page (``grants/``): seen by whoever may read the evidence the charges point at (the console's
     groups: receipts or effect records), or holds ``view_budgetledger``."""
@@ -1725,15 +1731,6 @@ class BudgetLedgerAdmin(EvidenceAdmin):
         return user.is_active and user.is_staff and any(user.has_perm(p) for p in (
             "ctrlrun.view_receipt", "ctrlrun.view_effectrecord", "ctrlrun.view_budgetledger"))
 
-    def has_module_permission(self, request: HttpRequest) -> bool:
-        return self.has_view_permission(request)
-
-    def get_object(self, request: HttpRequest, object_id: str, from_field: str | None = None) -> Any:
-        try:
-            int(object_id)
-        except ValueError:
-            return None
-        return super().get_object(request, object_id, from_field)
 
     @admin.display(description=_("grant"), ordering="grant_id")
     def listed_grant(self, obj: BudgetLedger) -> SafeString:

@@ -18,6 +18,7 @@ from ctrlrun.canonical import Principal
 from ctrlrun.control import Control
 from ctrlrun.models import Delegation, EffectRecord, Event
 from ctrlrun.policy import parse_policy
+from tests.integration.test_authority import drive  # noqa: F401 - the fixture: both drivers
 from tests.support import receipts, script_environment
 
 pytestmark = pytest.mark.usefixtures("store_db")
@@ -62,18 +63,6 @@ def control():
     return Control(policy=parse_policy(POLICY))
 
 
-@pytest.fixture(params=["sync", "async"])
-def drive(request):
-    def call(control: Control, name: str, arguments: dict, agent: str, executor=lambda: "done", **options):
-        if request.param == "sync":
-            return control.call(name, arguments, executor, principal=agent, **options)
-
-        async def awaited():
-            return executor()
-
-        return asyncio.run(control.acall(name, arguments, awaited, principal=agent, **options))
-
-    return call
 
 
 def test_a_call_under_a_delegation_passes_with_its_id_on_the_receipt(control, drive):
