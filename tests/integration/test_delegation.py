@@ -3,7 +3,6 @@ delegation, a revoke above it, each creation refusal, the depth limit, rows the 
 change, an unreadable row, and a revoke racing a call from two real OS processes."""
 from __future__ import annotations
 
-import asyncio
 import json
 import subprocess
 import sys
