@@ -1,0 +1,69 @@
+"""Review of issue 12 (authority, delegation, budgets): each test here failed on the code it was
+written against, and pins the fix."""
+from __future__ import annotations
+
+import pytest
+
+import ctrlrun
+from ctrlrun import store
+from ctrlrun.canonical import Principal
+from ctrlrun.control import Control
+from ctrlrun.models import BudgetLedger
+from ctrlrun.policy import parse_policy
+from tests.support import receipts
+
+pytestmark = pytest.mark.usefixtures("store_db")
+
+POLICY = """\
+schema: ctrlrun.policy/v7
+authority:
+  grants:
+    - id: support
+      subject: {agent: orchestrator}
+      actions: ["stripe.*"]
+      resources: ["payment:*"]
+      expires_at: "2027-01-01T00:00:00Z"
+      delegable: true
+    - id: mailer
+      subject: {agent: mailer}
+      actions: [email.send]
+actions:
+  stripe.refund:
+    effect: "refund:{payment_id}"
+    resource: "payment:{payment_id}"
+    decision: allow
+  email.send:
+    decision: allow
+"""
+CHILD = """\
+subject: {agent: worker}
+actions: [stripe.refund]
+resources: ["payment:*"]
+expires_at: "2026-12-31T00:00:00Z"
+"""
+ORCHESTRATOR = Principal(agent="orchestrator")
+
+
+@pytest.fixture
+def control():
+    return Control(policy=parse_policy(POLICY))
+
+
+def test_a_delegation_with_a_long_budget_window_does_not_make_every_row_unreadable(control):
+    """A window of 12000 days is a valid window (under a hundred years); stored as seconds it must read back."""
+    made = control.delegate("support", CHILD + "budgets: [{metric: count, limit: 5, window: P12000D}]\n",
+                            by=ORCHESTRATOR)
+    assert control.call("email.send", {"msg_id": "m1"}, lambda: "sent", principal="mailer") == "sent"
+    assert control.call("stripe.refund", {"payment_id": "p1", "amount": 1}, lambda: "ok", principal="worker") == "ok"
+    assert store.get_delegation(made.id).problem is None
+
+
+def test_every_window_a_row_stores_reads_back():
+    from ctrlrun.authority import MAX_WINDOW, parse_window
+
+    assert parse_window("P12000D") == parse_window(f"PT{12000 * 86400}S")
+    assert parse_window(f"PT{int(MAX_WINDOW.total_seconds())}S") == MAX_WINDOW
+    with pytest.raises(ValueError, match="hundred years"):
+        parse_window(f"PT{int(MAX_WINDOW.total_seconds()) + 1}S")
+    with pytest.raises(ValueError, match="hundred years"):
+        parse_window("P99999999999D")
