@@ -59,6 +59,9 @@ PRECEDENCE = (
 )
 _RANK = {reason: rank for rank, reason in enumerate(PRECEDENCE)}
 
+#: The largest amount (and budget limit) the ledger holds: a signed 64-bit integer.
+MAX_AMOUNT = 2**63 - 1
+
 #: The longest budget window (whole seconds): a hundred years.
 MAX_WINDOW = dt.timedelta(days=36525)
 _WINDOW = re.compile(r"P(?:(?P<d>[0-9]+)D)?(?:T(?:(?P<h>[0-9]+)H)?(?:(?P<m>[0-9]+)M)?(?:(?P<s>[0-9]+)S)?)?\Z")
@@ -203,6 +206,9 @@ def budget_cost(budget: Budget, arguments: Mapping[str, Any]) -> int | str:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         return (f"budget '{budget.metric}' is measured by the argument {budget.metric!r}, which must be a "
                 f"non-negative int; this call gives {type(value).__name__} {value!r}")
+    if value > MAX_AMOUNT:
+        return (f"budget '{budget.metric}' is measured by the argument {budget.metric!r}, which must be at most "
+                f"{MAX_AMOUNT} (2**63 - 1, what the ledger holds); this call gives {value}")
     return value
 
 

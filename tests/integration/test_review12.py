@@ -67,3 +67,38 @@ def test_every_window_a_row_stores_reads_back():
         parse_window(f"PT{int(MAX_WINDOW.total_seconds()) + 1}S")
     with pytest.raises(ValueError, match="hundred years"):
         parse_window("P99999999999D")
+
+
+BIG_POLICY = """\
+schema: ctrlrun.policy/v7
+authority:
+  grants:
+    - id: metered
+      subject: {agent: metered}
+      actions: [stripe.refund]
+      budgets: [{metric: amount, limit: 9223372036854775807, window: P1D}]
+actions:
+  stripe.refund:
+    effect: "refund:{payment_id}"
+    decision: allow
+"""
+
+
+def test_an_amount_too_big_for_the_ledger_is_refused_before_anything_runs():
+    control = Control(policy=parse_policy(BIG_POLICY))
+    ran = []
+    with pytest.raises(ctrlrun.InvalidArgument) as refused:
+        control.call("stripe.refund", {"payment_id": "p1", "amount": 10**20}, lambda: ran.append(1),
+                     principal="metered")
+    assert refused.value.reason == "budget_unmeasurable"
+    assert ran == [] and not BudgetLedger.objects.exists()
+    assert control.call("stripe.refund", {"payment_id": "p2", "amount": 10**18}, lambda: "ok",
+                        principal="metered") == "ok"
+    assert store.verify().ok
+
+
+def test_a_limit_the_ledger_cannot_sum_is_refused_when_the_policy_loads():
+    from ctrlrun.errors import PolicyError
+
+    with pytest.raises(PolicyError, match="at most 9223372036854775807"):
+        parse_policy(BIG_POLICY.replace("9223372036854775807", "9223372036854775808"))
