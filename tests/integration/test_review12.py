@@ -102,3 +102,24 @@ def test_a_limit_the_ledger_cannot_sum_is_refused_when_the_policy_loads():
 
     with pytest.raises(PolicyError, match="at most 9223372036854775807"):
         parse_policy(BIG_POLICY.replace("9223372036854775807", "9223372036854775808"))
+
+
+@pytest.mark.slow
+def test_delegate_never_reads_more_of_a_grant_file_than_a_policy_may_be(tmp_path):
+    """``delegate --file /dev/zero`` must be refused by its size, as a policy file is, not read into memory."""
+    import resource
+    import subprocess
+    import sys
+
+    from tests.support import script_environment
+
+    env = script_environment(tmp_path, POLICY)
+
+    def capped() -> None:  # a process that reads /dev/zero to the end runs out of this, not the machine
+        resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+
+    done = subprocess.run([sys.executable, "-m", "ctrlrun", "delegate", "--parent", "support", "--file", "/dev/zero",
+                           "--as", "orchestrator"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=120, preexec_fn=capped)
+    assert done.returncode == 1, done.stderr
+    assert "1,048,576 bytes" in done.stderr and "Traceback" not in done.stderr
