@@ -123,3 +123,62 @@ def test_delegate_never_reads_more_of_a_grant_file_than_a_policy_may_be(tmp_path
                           timeout=120, preexec_fn=capped)
     assert done.returncode == 1, done.stderr
     assert "1,048,576 bytes" in done.stderr and "Traceback" not in done.stderr
+
+
+LEDGER_ROW = ("support", "amount", 40_000, "refund:p1", 1)
+
+
+def _charged_row():
+    import datetime as dt
+
+    from ctrlrun.models import BudgetLedger as Row
+
+    return Row.objects.create(grant_id="support", metric="amount", amount=40_000, effect_key="refund:p1", attempt=1,
+                              consumed_at=dt.datetime(2026, 11, 29, 12, tzinfo=dt.timezone.utc))
+
+
+@pytest.mark.parametrize("change", [
+    'UPDATE "ctrlrun_budgetledger" SET "amount" = 0',
+    'UPDATE "ctrlrun_budgetledger" SET "consumed_at" = \'2000-01-01 00:00:00\'',
+    'UPDATE "ctrlrun_budgetledger" SET "grant_id" = \'elsewhere\'',
+    'UPDATE "ctrlrun_budgetledger" SET "effect_key" = \'refund:other\', "attempt" = 7',
+])
+def test_plain_dml_cannot_erase_spend_by_rewriting_a_ledger_row(change):
+    from django.db import DatabaseError, connection, transaction
+
+    row = _charged_row()
+    with pytest.raises(DatabaseError, match="ledger"):
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(change)
+    row.refresh_from_db()
+    assert (row.grant_id, row.metric, row.amount, row.effect_key, row.attempt) == LEDGER_ROW
+    assert row.consumed_at.year == 2026
+
+
+def test_a_released_charge_stays_released():
+    from django.db import DatabaseError, connection, transaction
+
+    row = _charged_row()
+    with connection.cursor() as cursor:  # what the store does when the attempt ends failed: allowed
+        cursor.execute('UPDATE "ctrlrun_budgetledger" SET "released_at" = "consumed_at"')
+    with pytest.raises(DatabaseError, match="ledger"):
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute('UPDATE "ctrlrun_budgetledger" SET "released_at" = NULL')
+    row.refresh_from_db()
+    assert row.released_at is not None
+
+
+def test_sqlite_replace_cannot_delete_a_ledger_row():
+    """SQLite's REPLACE deletes the row it collides with without firing DELETE triggers."""
+    from django.db import DatabaseError, connection, transaction
+
+    if connection.vendor != "sqlite":
+        pytest.skip("REPLACE is SQLite's")
+    row = _charged_row()
+    with pytest.raises(DatabaseError, match="ledger"):
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute('INSERT OR REPLACE INTO "ctrlrun_budgetledger" ("id", "grant_id", "metric", "amount", '
+                           '"effect_key", "attempt", "consumed_at", "released_at") VALUES '
+                           '(%s, \'support\', \'amount\', 0, \'refund:p1\', 1, \'2026-11-29 12:00:00\', NULL)', [row.id])
+    row.refresh_from_db()
+    assert row.amount == 40_000
