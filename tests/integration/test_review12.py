@@ -182,3 +182,18 @@ def test_sqlite_replace_cannot_delete_a_ledger_row():
                            '(%s, \'support\', \'amount\', 0, \'refund:p1\', 1, \'2026-11-29 12:00:00\', NULL)', [row.id])
     row.refresh_from_db()
     assert row.amount == 40_000
+
+
+def test_inspect_grant_shows_a_delegations_budget(control):
+    """A delegation's budget is charged like a grant's; ``inspect --grant dlg_...`` must show it."""
+    from tests.support import run_command
+
+    made = control.delegate("support", CHILD + "budgets: [{metric: count, limit: 5, window: P1D}]\n",
+                            by=ORCHESTRATOR)
+    assert control.call("stripe.refund", {"payment_id": "p1", "amount": 1}, lambda: "ok", principal="worker") == "ok"
+    from unittest import mock
+
+    with mock.patch("ctrlrun.control.default_control", return_value=control):
+        lines = run_command("inspect", "--grant", made.id)
+    assert lines[0] == f"grant {made.id}"
+    assert any(line.strip().startswith("count: 1 of 5 per day") for line in lines), lines
