@@ -59,6 +59,9 @@ PRECEDENCE = (
 )
 _RANK = {reason: rank for rank, reason in enumerate(PRECEDENCE)}
 
+#: The largest amount (and budget limit) the ledger holds: a signed 64-bit integer.
+MAX_AMOUNT = 2**63 - 1
+
 #: The longest budget window (whole seconds): a hundred years.
 MAX_WINDOW = dt.timedelta(days=36525)
 _WINDOW = re.compile(r"P(?:(?P<d>[0-9]+)D)?(?:T(?:(?P<h>[0-9]+)H)?(?:(?P<m>[0-9]+)M)?(?:(?P<s>[0-9]+)S)?)?\Z")
@@ -156,15 +159,14 @@ def parse_window(text: Any) -> dt.timedelta:
                          f"'P<n>D', 'PT<n>H', 'PT<n>M', 'PT<n>S' or a combination ('P1DT12H'); no months, years "
                          f"or fractions")
     parts = {key: int(value) for key, value in found.groupdict().items() if value is not None}
-    if any(value > 10**9 for value in parts.values()):
-        raise ValueError(f"{text!r} is longer than a hundred years")
-    window = dt.timedelta(days=parts.get("d", 0), hours=parts.get("h", 0), minutes=parts.get("m", 0),
-                          seconds=parts.get("s", 0))
-    if window <= dt.timedelta(0):
+    # Whole seconds, in integer arithmetic: any part may be large ('PT3155760000S' is the longest
+    # window, as a delegation row stores it) as long as the total is at most a hundred years.
+    seconds = parts.get("d", 0) * 86400 + parts.get("h", 0) * 3600 + parts.get("m", 0) * 60 + parts.get("s", 0)
+    if seconds <= 0:
         raise ValueError(f"{text!r} is empty: a window must be longer than zero")
-    if window > MAX_WINDOW:
+    if seconds > int(MAX_WINDOW.total_seconds()):
         raise ValueError(f"{text!r} is longer than a hundred years")
-    return window
+    return dt.timedelta(seconds=seconds)
 
 
 def window_text(seconds: int) -> str:
@@ -204,6 +206,9 @@ def budget_cost(budget: Budget, arguments: Mapping[str, Any]) -> int | str:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         return (f"budget '{budget.metric}' is measured by the argument {budget.metric!r}, which must be a "
                 f"non-negative int; this call gives {type(value).__name__} {value!r}")
+    if value > MAX_AMOUNT:
+        return (f"budget '{budget.metric}' is measured by the argument {budget.metric!r}, which must be at most "
+                f"{MAX_AMOUNT} (2**63 - 1, what the ledger holds); this call gives {value}")
     return value
 
 

@@ -14,9 +14,10 @@
 - **Approvals move pending -> granted | denied | expired, granted -> consumed | expired**; what
   the human read (the action, its hash, the principal, the expiry) never changes; never deleted.
 - **The chain head only moves forward** and is never deleted.
-- **Budget ledger rows are never deleted** (nor truncated, on PostgreSQL): a charge is given back
-  only by setting its ``released_at``, so spend cannot be erased to make room. Updates are not
-  refused here (the store sets ``released_at``).
+- **Budget ledger rows are never deleted** (nor truncated, on PostgreSQL, nor replaced, on SQLite):
+  a charge is given back only by setting its ``released_at``, once; every other column is fixed
+  and a release is never undone, so spend cannot be erased (or moved) to make room by rewriting
+  a row either. (Which rows the store releases, those of a failed attempt, is the store's rule.)
 - **Delegations are revoked once, never edited or deleted**: a row is inserted unrevoked, and its one
   allowed change sets ``revoked_at`` and ``revoked_by`` on a row that had neither.
 
@@ -37,6 +38,8 @@ __all__ = ["install", "remove", "APPEND_ONLY_MESSAGE"]
 
 LEDGER_TABLE = "ctrlrun_budgetledger"
 LEDGER_MESSAGE = "ctrlrun budget ledger rows are never deleted (a failed attempt releases its charge instead)"
+LEDGER_RELEASE_MESSAGE = ("a ctrlrun budget ledger row only ever gets released_at, once (what it charged, to whom "
+                          "and when never changes)")
 APPEND_ONLY_MESSAGE = "ctrlrun evidence is append-only: receipts and events are never updated or deleted"
 EVIDENCE_TABLES = ("ctrlrun_receipt", "ctrlrun_event", "ctrlrun_policydocument", "ctrlrun_chaincheck")
 #: Columns an insert may collide on (primary key and unique columns), per evidence table.
@@ -83,6 +86,15 @@ def _same(column: str, distinct: str) -> str:
 def _approval_allowed(same: str) -> str:
     fixed = " AND ".join(_same(c, same) for c in _APPROVAL_FIXED)
     return f"{fixed} AND {_edges(_APPROVAL_EDGES).format(column='status')}"
+
+
+#: What a ledger row keeps for life; only released_at changes, once (NULL -> a time).
+_LEDGER_FIXED = ("id", "grant_id", "metric", "amount", "effect_key", "attempt", "consumed_at")
+
+
+def _ledger_release_only(same: str) -> str:
+    fixed = " AND ".join(_same(c, same) for c in _LEDGER_FIXED)
+    return f'{fixed} AND (OLD."released_at" IS NULL OR NEW."released_at" {same} OLD."released_at")'
 
 
 #: What a delegation keeps for life; only revoked_at/revoked_by change, once.
@@ -142,6 +154,10 @@ def _sqlite_statements(present: Any = None) -> list[tuple[str, str]]:
 
     if present is None or LEDGER_TABLE in present:
         add(f"{LEDGER_TABLE}_no_delete", "BEFORE DELETE", LEDGER_TABLE, LEDGER_MESSAGE)
+        add(f"{LEDGER_TABLE}_no_replace", "BEFORE INSERT", LEDGER_TABLE, LEDGER_MESSAGE,
+            condition=f'EXISTS (SELECT 1 FROM "{LEDGER_TABLE}" WHERE "id" = NEW."id")')
+        add(f"{LEDGER_TABLE}_release_only", "BEFORE UPDATE", LEDGER_TABLE, LEDGER_RELEASE_MESSAGE,
+            condition=f"NOT ({_ledger_release_only('IS')})")
     if present is None or DELEGATION_TABLE in present:
         table = DELEGATION_TABLE
         add(f"{table}_no_replace", "BEFORE INSERT", table, "a delegation is created once, unrevoked",
@@ -209,11 +225,16 @@ def _postgresql_statements(present: Any = None) -> list[str]:
             + _pg_raise("the ctrlrun chain head only moves forward") + " END IF;",
             "RETURN NEW;",
         ])),
-        _pg_function("ctrlrun_guard_budgetledger", _pg_raise(LEDGER_MESSAGE)),
+        _pg_function("ctrlrun_guard_budgetledger", "\n".join([
+            "IF TG_OP IN ('DELETE', 'TRUNCATE') THEN " + _pg_raise(LEDGER_MESSAGE) + " END IF;",
+            f"IF NOT ({_ledger_release_only('IS NOT DISTINCT FROM')}) THEN "
+            + _pg_raise(LEDGER_RELEASE_MESSAGE) + " END IF;",
+            "RETURN NEW;",
+        ])),
     ]
     if present is None or LEDGER_TABLE in present:
         statements += [
-            f'CREATE TRIGGER "{LEDGER_TABLE}_guard" BEFORE DELETE ON "{LEDGER_TABLE}" '
+            f'CREATE TRIGGER "{LEDGER_TABLE}_guard" BEFORE UPDATE OR DELETE ON "{LEDGER_TABLE}" '
             "FOR EACH ROW EXECUTE FUNCTION ctrlrun_guard_budgetledger()",
             f'CREATE TRIGGER "{LEDGER_TABLE}_no_truncate" BEFORE TRUNCATE ON "{LEDGER_TABLE}" '
             "FOR EACH STATEMENT EXECUTE FUNCTION ctrlrun_guard_budgetledger()",

@@ -51,7 +51,7 @@ import yaml
 from yaml.constructor import ConstructorError
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
-from .authority import Authority, Budget, Grant, parse_window, validate_pattern
+from .authority import MAX_AMOUNT, Authority, Budget, Grant, parse_window, validate_pattern
 from .canonical import DEFAULT_ENVIRONMENT, Template, canonical_bytes, sha256_hash
 from .errors import InvalidArgument, PolicyError
 from .states import Decision
@@ -1449,8 +1449,9 @@ class _Reader:
             if not isinstance(metric, str) or not (metric == "count" or metric.isidentifier()):
                 self.fail(item.key_lines["metric"], here, f"'metric' is 'count' or the name of an int argument, "
                                                           f"got {metric!r}")
-            if not _is_int(limit) or limit < 0:
-                self.fail(item.key_lines["limit"], here, f"'limit' must be an int of 0 or more, got {limit!r}")
+            if not _is_int(limit) or limit < 0 or limit > MAX_AMOUNT:
+                self.fail(item.key_lines["limit"], here, f"'limit' must be an int of 0 or more, at most "
+                                                         f"{MAX_AMOUNT} (2**63 - 1), got {limit!r}")
             try:
                 window = parse_window(item["window"])
             except ValueError as exc:

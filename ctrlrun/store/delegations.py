@@ -103,6 +103,13 @@ def create_delegation(authority: Authority, parent_id: str, grant: Grant, *, age
     """Judge and write one delegation of ``grant`` from ``parent_id`` by ``agent``/``user``, in one phase."""
     if via not in CREATED_VIA:
         raise InvalidArgument(f"created_via must be one of {', '.join(CREATED_VIA)}, not {via!r}")
+    text = grant_json(grant)
+    try:  # the row must read back as this very grant: one that does not would refuse every action
+        again = grant_from_json(text, "dlg_" + "0" * 32)
+    except ValueError as exc:
+        raise InvalidArgument(f"this grant cannot be stored as a delegation: {exc}") from None
+    if grant_json(again) != text:
+        raise InvalidArgument("this grant cannot be stored as a delegation: it does not read back as itself")
     with _phase() as when:
         rows = _all()
         judged = authority.delegation_refusal(parent_id, grant, agent, user, now=when, delegations=rows)
@@ -114,7 +121,6 @@ def create_delegation(authority: Authority, parent_id: str, grant: Grant, *, age
             _seal([(when, EventType.DELEGATION_REJECTED.value, None, None, None, data)], [], when)
             return Rejected(reason, dimension, message)
         ident = new_id("dlg_")
-        text = grant_json(grant)
         row = DelegationRow(delegation_id=ident, parent_id=parent_id, depth=judged, grant_json=text,
                             created_by_agent=agent, created_by_user=user, created_via=via, created_at=when)
         row.save(using=_q(DelegationRow).db, force_insert=True)

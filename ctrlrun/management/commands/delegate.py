@@ -39,10 +39,16 @@ class Command(CtrlrunCommand):
         from ...control import default_control
         from ...policy import parse_grant
 
+        from ...policy import MAX_POLICY_BYTES
+
         by = principal(as_, "--as")
         path = Path(file)
-        try:
-            text = path.read_text(encoding="utf-8")
+        try:  # never more than a policy may be: a huge file (or /dev/zero) is refused by its size
+            with path.open("rb") as handle:
+                data = handle.read(MAX_POLICY_BYTES + 1)
+            if len(data) > MAX_POLICY_BYTES:
+                raise Error(f"cannot read {file}: a grant file is at most {MAX_POLICY_BYTES:,} bytes")
+            text = data.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")
         except (OSError, UnicodeError) as exc:
             raise Error(f"cannot read {file}: {getattr(exc, 'strerror', None) or exc}") from None
         grant = parse_grant(text, file)

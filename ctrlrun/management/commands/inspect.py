@@ -96,6 +96,11 @@ class Command(CtrlrunCommand):
         if authority is None:
             raise Error(reveal(f"no grant {grant_id}: the policy ({policy.source}) has no authority section"))
         found = authority.grants.get(grant_id)
+        if found is None and grant_id.startswith("dlg_"):  # a delegation's budgets are charged as a grant's
+            from ... import store
+
+            delegation = store.get_delegation(grant_id)
+            found = delegation.grant if delegation is not None else None
         if found is None:
             known = ", ".join(authority.grants) or "none"
             raise Error(reveal(f"no grant {grant_id}; the policy's grants are: {known}"))
