@@ -278,6 +278,8 @@ class Control:
         from .errors import AuthorityEscalation
         from .policy import parse_grant
 
+        if via not in ("api", "cli"):  # hops and break-glass envelopes are made by their own paths (not built)
+            raise InvalidArgument(f"delegate(via=...) is 'api' or 'cli', not {via!r}")
         policy = self.policy
         if policy.authority is None:
             raise InvalidArgument(f"{policy.source} has no 'authority:' section: there is nothing to delegate from")

@@ -276,3 +276,10 @@ def test_a_revoke_between_the_judgement_and_the_reservation_refuses_the_call(con
     [receipt] = receipts()
     assert (receipt["result"], receipt["decision_reason"]) == ("denied", "authority_revoked")
     assert store.verify().ok
+
+
+@pytest.mark.parametrize("via", ["hop", "break-glass", "", None])
+def test_a_delegation_cannot_claim_to_be_a_hop_or_a_break_glass(control, via):
+    with pytest.raises(ctrlrun.InvalidArgument, match="via"):
+        control.delegate("support", CHILD, by=ORCHESTRATOR, via=via)
+    assert not Delegation.objects.exists()
