@@ -1583,19 +1583,21 @@ def current_policy() -> Any:
     when its file's path, modification time or size changed. Never raises: a broken or missing
     policy must not break a page (``manage.py check`` and the protected calls say what is wrong)."""
     try:
-        path, environment = conf.policy_path(), conf.environment_override()
+        path, environment, authority = conf.policy_path(), conf.environment_override(), conf.authority_path()
         stat = path.stat()
+        grants = authority.stat() if authority is not None else None
     except (CTRLRunError, OSError, ValueError):
         return None
-    return _policy_of(str(path), stat.st_mtime_ns, stat.st_size, environment)
+    return _policy_of(str(path), stat.st_mtime_ns, stat.st_size, environment,
+                      (str(authority), grants.st_mtime_ns, grants.st_size) if grants is not None else None)
 
 
 @functools.lru_cache(maxsize=8)
-def _policy_of(path: str, mtime_ns: int, size: int, environment: str | None) -> Any:
+def _policy_of(path: str, mtime_ns: int, size: int, environment: str | None, authority: Any = None) -> Any:
     from .policy import load_policy
 
     try:
-        return load_policy(path, environment=environment)
+        return load_policy(path, environment=environment, authority=authority[0] if authority else None)
     except (CTRLRunError, OSError, ValueError):
         return None
 
@@ -1615,7 +1617,7 @@ def _grants_policy() -> tuple[Any, str | None]:
 
     try:  # only when it failed: read it again for the reason (current_policy keeps none)
         path = conf.policy_path()
-        load_policy(path, environment=conf.environment_override())
+        load_policy(path, environment=conf.environment_override(), authority=conf.authority_path())
     except (CTRLRunError, OSError, ValueError) as exc:
         return None, " ".join(str(exc).split())
     return None, _g("the policy file could not be read")

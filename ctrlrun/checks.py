@@ -28,7 +28,7 @@ def check_policy(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMes
             )
         ]
     try:
-        policy = load_policy(path, environment=conf.environment_override())
+        policy = load_policy(path, environment=conf.environment_override(), authority=conf.authority_path())
     except CTRLRunError as exc:
         return [checks.Error(str(exc), hint="fix the policy file, then run the check again", id="ctrlrun.E002")]
     if policy.observing:

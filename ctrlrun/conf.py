@@ -65,6 +65,16 @@ def policy_path() -> Path:
     return Path(from_env) if from_env else Path.cwd() / "ctrlrun.yaml"
 
 
+def authority_path() -> Path | None:
+    """A standalone authority file (§C2) to enforce with the policy: the ``CTRLRUN_AUTHORITY``
+    setting, else ``$CTRLRUN_AUTHORITY``; None (the default) when the grants, if any, are inline."""
+    configured = _setting("CTRLRUN_AUTHORITY")
+    if configured:
+        return Path(configured)
+    from_env = _env("CTRLRUN_AUTHORITY")
+    return Path(from_env) if from_env else None
+
+
 def environment_override() -> str | None:
     """The deployment's environment, when it names one: ``CTRLRUN_ENVIRONMENT`` (setting, else the
     variable). It ranks above the policy's own ``environment:``; None leaves that to the policy."""

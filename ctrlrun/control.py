@@ -27,7 +27,7 @@ from .canonical import Principal
 from .errors import InvalidArgument
 from .kernel import drive
 from .kernel.steps import call_steps
-from .policy import Evaluation, Policy, load_policy, parse_policy
+from .policy import AuthorityDocument, Evaluation, Policy, load_authority, load_policy, parse_policy
 
 __all__ = ["Control", "default_control", "reset_default"]
 
@@ -61,13 +61,20 @@ class Control:
     def __init__(self, policy: Policy | str | Path | None = None, *, database: str | None = None,
                  clock: Callable[[], dt.datetime] | None = None, approvals: Any = None,
                  observers: Sequence[Any] = (), lease: dt.timedelta | float | None = None,
-                 approval_ttl: dt.timedelta | float | None = None, environment: str | None = None) -> None:
+                 approval_ttl: dt.timedelta | float | None = None, environment: str | None = None,
+                 authority: str | Path | AuthorityDocument | None = None) -> None:
+        if authority is not None and not isinstance(authority, AuthorityDocument):
+            if not isinstance(authority, (str, Path)):
+                raise InvalidArgument(f"Control(authority=...) is the path of an authority file (or a parsed "
+                                      f"AuthorityDocument), not {type(authority).__name__}")
+            authority = load_authority(authority)
         if isinstance(policy, (str, Path)):
-            policy = load_policy(policy, environment=environment or _environment())
-        elif isinstance(policy, Policy) and environment is not None and (
-                not isinstance(environment, str) or environment.strip() != policy.environment):
+            policy = load_policy(policy, environment=environment or _environment(), authority=authority)
+        elif isinstance(policy, Policy) and (authority is not None or environment is not None and (
+                not isinstance(environment, str) or environment.strip() != policy.environment)):
             # A Policy keeps the environment it was parsed with; Control(environment=) ranks above it.
-            policy = parse_policy(policy.text, policy.source, environment=environment)
+            policy = parse_policy(policy.text, policy.source, environment=environment or policy.environment,
+                                  authority=authority)
         elif policy is not None and not isinstance(policy, Policy):
             raise InvalidArgument(f"Control(policy=...) must be a Policy or a path to a policy file, not "
                                   f"{type(policy).__name__}")
@@ -84,6 +91,7 @@ class Control:
                 raise InvalidArgument(f"Control(observers=...): {observer!r} has neither on_event() nor on_receipt()")
         self._policy: Policy | None = policy
         self._environment = environment
+        self._authority = authority
         self._database = database
         self._clock = clock
         self._approvals = approvals
@@ -224,7 +232,8 @@ class Control:
             from . import standalone
 
             standalone.configure_settings()
-            self._policy = load_policy(conf.policy_path(), environment=self._environment or _environment())
+            self._policy = load_policy(conf.policy_path(), environment=self._environment or _environment(),
+                                       authority=self._authority or conf.authority_path())
         return self._policy
 
     def load(self) -> Policy:
@@ -237,8 +246,13 @@ class Control:
             alias = self._alias_now()
             if alias not in self._stored:
                 with self.scope():
-                    self.store.ensure_policy(policy.hash, policy.schema, policy.source, policy.text,
-                                             policy.environment)
+                    grants = policy.authority_document
+                    if grants is not None:  # the grants' own text is kept too, under its own identity
+                        self.store.ensure_policy(grants.hash, grants.schema, f"authority file {grants.source}",
+                                                 grants.text, policy.environment)
+                    self.store.ensure_policy(policy.hash, policy.schema, policy.source if grants is None else
+                                             f"{policy.source}, with the grants of {grants.source} ({grants.hash})",
+                                             policy.text, policy.environment)
                 self._stored.add(alias)
         return policy
 

@@ -409,6 +409,8 @@ class Policy:
     controls: Mapping[str, ControlEntry] = field(default_factory=dict)
     #: The ``authority:`` section (v3), or None: without one, authority is not checked.
     authority: Authority | None = None
+    #: The standalone authority file the grants came from (§C2), when they are not inline.
+    authority_document: Any = None
 
     def __hash__(self) -> int:
         # The generated hash would try to hash the actions mapping; the policy hash already
@@ -1755,13 +1757,91 @@ def _collector_paused() -> Iterator[None]:
             gc.enable()
 
 
-def parse_policy(text: str, source: str = "<string>", *, environment: str | None = None) -> Policy:
+@dataclass(frozen=True)
+class AuthorityDocument:
+    """A standalone authority file (§C2): exactly ``schema`` and ``authority``, kept apart from the
+    policy so that who writes grants need not be who writes rules. Its grants hash as an inline
+    section's would."""
+
+    authority: Authority
+    schema: str
+    source: str
+    text: str
+
+    @property
+    def hash(self) -> str:
+        """The document's own identity (what the store keeps it under)."""
+        return sha256_hash(canonical_bytes({"authority": self.authority.canonical(), "schema": self.schema,
+                                            "standalone": True}))
+
+
+def parse_authority(text: str, source: str = "<authority>") -> AuthorityDocument:
+    """Validate a standalone authority document: ``schema`` (v3 or later) and ``authority`` only."""
+    if not isinstance(text, str):
+        raise InvalidArgument(f"an authority document must be text (str), not {type(text).__name__}")
+    source = str(source)
+    reader = _Reader(source)
+    with _collector_paused():
+        document = _load_yaml(text, source)
+        if not isinstance(document, dict):
+            reader.fail(getattr(document, "line", None), "top level",
+                        f"an authority document is a mapping with 'schema' and 'authority', got {_type_name(document)}")
+        reader.check_values(document, "", document.line, set())
+        reader.read_schema(document)
+        for key in document:
+            if key in ("actions", "mode", "environment", "controls", "version"):
+                reader.fail(document.key_lines[key], "top level",
+                            f"'{key}' belongs in the policy file: an authority document holds only 'schema' and "
+                            f"'authority'")
+        reader.check_keys(document, {"schema": 1, "authority": 3}, document.line, "top level")
+        if "authority" not in document:
+            reader.fail(document.line, "top level", "an authority document needs an 'authority' section")
+        section = document["authority"]
+        if isinstance(section, dict) and "break_glass" in section:
+            reader.fail(section.key_lines["break_glass"], "authority",
+                        "'break_glass' cannot be in a standalone authority document: its envelopes cite the "
+                        "policy's controls, which this document cannot see")
+        authority = reader.read_authority(section, document.key_lines["authority"])
+    return AuthorityDocument(authority, reader.schema, source, text)
+
+
+def _read_text(path: str | os.PathLike[str], what: str) -> tuple[str, str]:
+    """The text of a policy-sized file (refused over MAX_POLICY_BYTES before reading it all)."""
+    source = os.fspath(path)
+    try:
+        with open(source, "rb") as handle:
+            # Never read more than the limit: a huge file (or /dev/zero) is refused by its size.
+            size = os.fstat(handle.fileno()).st_size
+            if size > MAX_POLICY_BYTES:
+                raise _size_error(str(source), f"the {what} file is {size:,} bytes")
+            data = handle.read(MAX_POLICY_BYTES + 1)
+        if len(data) > MAX_POLICY_BYTES:
+            raise _size_error(str(source), f"the {what} file is more than {MAX_POLICY_BYTES:,} bytes")
+        # Universal newlines, as reading in text mode gives: the stored text is the same.
+        return str(source), data.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")
+    except (OSError, UnicodeDecodeError) as exc:
+        # The one message that does not start with "<source>:": the spec's wording, and the
+        # path is in it anyway.
+        error = PolicyError(f"{what} file {source} could not be read: {exc}")
+        error.source, error.line, error.location = str(source), None, ""  # type: ignore[attr-defined]
+        raise error from None
+
+
+def load_authority(path: str | os.PathLike[str]) -> AuthorityDocument:
+    """Read and parse a standalone authority file."""
+    return parse_authority(*reversed(_read_text(path, "authority")))
+
+
+def parse_policy(text: str, source: str = "<string>", *, environment: str | None = None,
+                 authority: AuthorityDocument | None = None) -> Policy:
     """Validate a policy document and return the :class:`Policy`; PolicyError names what is wrong.
 
     ``environment`` is the caller's explicit environment (``Control(environment=)``, else the
     ``CTRLRUN_ENVIRONMENT`` setting or variable), or None: then the document's own
     ``environment:`` (v3) applies, else ``production``. The resolved value is part of the hash
     and of every action, because rules approved for staging are not an approval for production.
+    ``authority`` is a standalone authority document (§C2) to enforce with it; a policy with its
+    own ``authority:`` section cannot take one as well.
     """
     if not isinstance(text, str):
         raise InvalidArgument(f"a policy must be text (str), not {type(text).__name__}")
@@ -1771,6 +1851,12 @@ def parse_policy(text: str, source: str = "<string>", *, environment: str | None
     reader = _Reader(source)
     with _collector_paused():
         read = reader.read(_load_yaml(text, source))
+        if authority is not None:
+            if read.authority is not None:
+                reader.fail(None, "top level",
+                            f"this policy has its own 'authority:' section and {authority.source} declares one "
+                            f"too: keep the grants in one place (remove the section, or the authority file)")
+            read.authority = authority.authority
         resolved = environment.strip() if environment is not None else read.environment or DEFAULT_ENVIRONMENT
         try:
             digest = policy_hash(read.schema, read.raw_actions, resolved, mode=read.mode, controls=read.raw_controls,
@@ -1788,30 +1874,18 @@ def parse_policy(text: str, source: str = "<string>", *, environment: str | None
         version=read.version,
         controls=types.MappingProxyType(read.controls),
         authority=read.authority,
+        authority_document=authority,
     )
 
 
-def load_policy(path: str | os.PathLike[str], *, environment: str | None = None) -> Policy:
-    """Read and parse the policy file at ``path``; messages name the path as given."""
-    source = os.fspath(path)
-    try:
-        with open(source, "rb") as handle:
-            # Never read more than the limit: a huge file (or /dev/zero) is refused by its size.
-            size = os.fstat(handle.fileno()).st_size
-            if size > MAX_POLICY_BYTES:
-                raise _size_error(str(source), f"the policy file is {size:,} bytes")
-            data = handle.read(MAX_POLICY_BYTES + 1)
-        if len(data) > MAX_POLICY_BYTES:
-            raise _size_error(str(source), f"the policy file is more than {MAX_POLICY_BYTES:,} bytes")
-        # Universal newlines, as reading in text mode gives: the stored text is the same.
-        text = data.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")
-    except (OSError, UnicodeDecodeError) as exc:
-        # The one message that does not start with "<source>:": the spec's wording, and the
-        # path is in it anyway.
-        error = PolicyError(f"policy file {source} could not be read: {exc}")
-        error.source, error.line, error.location = str(source), None, ""  # type: ignore[attr-defined]
-        raise error from None
-    return parse_policy(text, str(source), environment=environment)
+def load_policy(path: str | os.PathLike[str], *, environment: str | None = None,
+                authority: str | os.PathLike[str] | AuthorityDocument | None = None) -> Policy:
+    """Read and parse the policy file at ``path`` (and, when given, a standalone authority file to
+    enforce with it); messages name the paths as given."""
+    if authority is not None and not isinstance(authority, AuthorityDocument):
+        authority = load_authority(authority)
+    source, text = _read_text(path, "policy")
+    return parse_policy(text, source, environment=environment, authority=authority)
 
 
 #: The id a delegated grant is read under until it has its own (``dlg_...``): never stored.

@@ -134,7 +134,8 @@ def _policy_actions() -> tuple[list[str], str | None]:
     from .policy import load_policy
 
     try:
-        return sorted(load_policy(conf.policy_path(), environment=conf.environment_override()).actions), None
+        return sorted(load_policy(conf.policy_path(), environment=conf.environment_override(),
+                                   authority=conf.authority_path()).actions), None
     except (PolicyError, InvalidArgument) as exc:
         return [], f"the policy could not be read ({' '.join(str(exc).split())[:200]})"
 
