@@ -233,16 +233,22 @@ class Grant:
 
     def covers(self, action: Any) -> bool:
         """Subject, action, resource and environment: whether this grant is about this call at all."""
+        return self.uncovered(action) is None
+
+    def uncovered(self, action: Any) -> str | None:
+        """The first dimension (``subject``, ``actions``, ``resources``, ``environments``) in which
+        this grant is not about this call, or None when it covers it."""
         principal = action.principal
-        if self.agent is not None and not matches(self.agent, principal.agent, "", subject=True):
-            return False
-        if self.user is not None and not matches(self.user, principal.user, "", subject=True):
-            return False
+        if (self.agent is not None and not matches(self.agent, principal.agent, "", subject=True)) or (
+                self.user is not None and not matches(self.user, principal.user, "", subject=True)):
+            return "subject"
         if not any(matches(pattern, action.name, ".") for pattern in self.actions):
-            return False
+            return "actions"
         if self.resources is not None and not any(matches(p, action.resource, ":") for p in self.resources):
-            return False
-        return self.environments is None or action.environment in self.environments
+            return "resources"
+        if self.environments is not None and action.environment not in self.environments:
+            return "environments"
+        return None
 
     def refusal(self, action: Any, *, now: dt.datetime | None, task: str | None) -> str | None:
         """Why this grant, which covers the call, does not pass it (a reason code), or None: it passes."""
@@ -419,14 +425,18 @@ class Authority:
         return self.max_delegation_depth > 0 and any(grant.delegable for grant in self.grants.values())
 
     def evaluate(self, action: Any, *, now: dt.datetime | None = None, task: str | None = None,
-                 delegations: Sequence[Delegation] = ()) -> AuthorityResult:
+                 delegations: Sequence[Delegation] = (), hop: str | None = None) -> AuthorityResult:
         """Judge ``action`` (a canonical ``Action``) at ``now`` for ``task``, over the section's grants
-        and the store's ``delegations`` (each chain re-walked). Pure."""
+        and the store's ``delegations`` (each chain re-walked). With ``hop`` (a delegation id the
+        caller presents, §C7) that delegation is the only candidate: the caller's own grants do not
+        widen it, and its chain pays. Pure."""
         for delegation in delegations:  # one row that cannot be read: nothing can be trusted
             if delegation.problem is not None or delegation.grant is None:
                 return AuthorityResult(False, "authority_unreadable", delegation.id, None, delegation.id,
                                        delegation.depth, details={"error": delegation.problem or "unreadable"})
         by_id = {d.id: d for d in delegations}
+        if hop is not None:
+            return self._under_hop(action, hop, by_id, now=now, task=task)
         candidates: list[tuple[Grant, Delegation | None]] = [(g, None) for g in self.grants.values()]
         candidates += [(d.grant, d) for d in delegations]  # type: ignore[misc]
         passing: dict[str, AuthorityResult] = {}
@@ -450,6 +460,22 @@ class Authority:
             return _NO_AUTHORITY
         strongest = min((r.reason for r in refused.values()), key=_RANK.__getitem__)
         return refused[min(ident for ident, r in refused.items() if r.reason == strongest)]
+
+    def _under_hop(self, action: Any, hop: str, by_id: Mapping[str, Delegation], *, now: dt.datetime | None,
+                   task: str | None) -> AuthorityResult:
+        delegation = by_id.get(hop)
+        if delegation is None or delegation.grant is None:
+            return AuthorityResult(False, "authority_hop", details={"hop": hop})
+        grant = delegation.grant
+        dimension = grant.uncovered(action)
+        if dimension is not None:
+            return AuthorityResult(False, "authority_hop", grant.id, grant, hop, delegation.depth,
+                                   details={"hop": hop, "dimension": dimension})
+        standing = self.standing(hop, now=now, delegations=by_id)
+        reason = standing.reason or grant.refusal(action, now=now, task=task)
+        details = {"hop": hop, **(dict(standing.details) if standing.reason else {})}
+        return AuthorityResult(reason is None, reason or "authority_grant", grant.id, grant, hop, delegation.depth,
+                               standing.chain, details)
 
     def delegation_refusal(self, parent_id: str, grant: Grant, agent: str, user: str | None, *,
                            now: dt.datetime | None, delegations: Sequence[Delegation] = ()

@@ -292,8 +292,25 @@ class Control:
         from .errors import AuthorityEscalation
         from .policy import parse_grant
 
-        if via not in ("api", "cli"):  # hops and break-glass envelopes are made by their own paths (not built)
+        if via not in ("api", "cli"):  # a hop is made by hop(); break-glass envelopes are not built
             raise InvalidArgument(f"delegate(via=...) is 'api' or 'cli', not {via!r}")
+        return self._delegate(parent_id, grant, by=by, via=via)
+
+    def hop(self, parent_id: str, grant: Any, *, by: Principal | str, action_id: str | None = None) -> Any:
+        """A delegation made for another agent to present with its calls (``protect(hop=...)``,
+        ``call(hop=...)``): under a hop, that delegation is the only grant that counts (the agent's
+        own grants do not widen it) and its chain's budgets pay. ``action_id`` names the call that
+        handed it over, for the record. Refused as ``delegate`` is."""
+        if action_id is not None and (not isinstance(action_id, str) or not action_id):
+            raise InvalidArgument("hop(action_id=...) names the call that handed the hop over, or is None")
+        return self._delegate(parent_id, grant, by=by, via="hop", action_id=action_id)
+
+    def _delegate(self, parent_id: str, grant: Any, *, by: Principal | str, via: str,
+                  action_id: str | None = None) -> Any:
+        from .authority import Grant
+        from .errors import AuthorityEscalation
+        from .policy import parse_grant
+
         policy = self.policy
         if policy.authority is None:
             raise InvalidArgument(f"{policy.source} has no 'authority:' section: there is nothing to delegate from")
@@ -321,7 +338,7 @@ class Control:
                                   f"not {type(grant).__name__}")
         with self.scope():
             made = self.store.create_delegation(policy.authority, parent_id, grant, agent=by.agent, user=by.user,
-                                                via=via)
+                                                via=via, action_id=action_id)
         if isinstance(made, self.store.delegations.Rejected):
             raise AuthorityEscalation(f"{made.reason}: {made.message}", reason=made.reason, parent_id=parent_id,
                                       dimension=made.dimension)

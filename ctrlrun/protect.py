@@ -85,7 +85,7 @@ def _template(value: Any, what: str, name: str) -> Template | None:
 
 #: The options of one guarded action (``protect``'s, and ``Control.call``'s), with their defaults.
 OPTIONS: dict[str, Any] = {"effect": None, "resource": None, "lease": None, "reconcile": None,
-                           "reconcile_eagerly": False, "wait": False, "task": None, "scope": None}
+                           "reconcile_eagerly": False, "wait": False, "task": None, "scope": None, "hop": None}
 
 
 def plan_for(name: str, options: Mapping[str, Any]) -> Plan:
@@ -125,7 +125,7 @@ def plan_for(name: str, options: Mapping[str, Any]) -> Plan:
         raise InvalidArgument(f"protect({name!r}, scope=...) must be callable (a function of the Action returning "
                               f"{{'resources': [patterns]}}), not {type(scope).__name__}")
     return Plan(name, effect_template, resource_template, lease, reconcile, reconcile_eagerly, wait, task_template,
-                scope)
+                scope, _template(chosen["hop"], "hop", name))
 
 
 def protect(
@@ -139,6 +139,7 @@ def protect(
     wait: bool = False,
     task: str | None = None,
     scope: Callable[[Any], Any] | None = None,
+    hop: str | None = None,
     control: Any = None,
 ) -> Callable[[F], F]:
     """Guard a function that acts on the world: the policy decides, the effect key dedupes.
@@ -155,9 +156,11 @@ def protect(
     on the receipt, not in the action hash. ``scope`` is a function of the ``Action`` returning
     ``{"resources": [patterns]}``: the resources this call may touch now (e.g. the requesting user's
     own records); a resource outside them is refused ``out_of_scope`` before the key is taken.
+    ``hop`` is a template naming the delegation (``Control.hop``) this call is made under
+    (``"{hop_id}"``): then that delegation is the only grant that counts.
     """
     plan = plan_for(name, {"effect": effect, "resource": resource, "lease": lease, "reconcile": reconcile,
-                           "reconcile_eagerly": reconcile_eagerly, "wait": wait, "task": task, "scope": scope})
+                           "reconcile_eagerly": reconcile_eagerly, "wait": wait, "task": task, "scope": scope, "hop": hop})
     if control is not None:
         from .control import Control
 

@@ -110,6 +110,7 @@ class Call:
     #: when the policy has no ``authority:`` section; and the call's task (not in the action hash).
     authority: Mapping[str, Any] | None = None
     task: str | None = None
+    hop: str | None = None
     #: The budget charges the call would make (authority, §C5), filled by the kernel; the store
     #: charges them when it takes the key. A call the store hands back refused carries none.
     budget_charges: tuple[Charge, ...] = ()

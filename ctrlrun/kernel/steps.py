@@ -146,6 +146,7 @@ class Plan:
     wait: bool = False
     task: Template | None = None
     scope: Callable[[Action], Any] | None = None
+    hop: Template | None = None
 
 
 _warned: set[tuple[str, str, int]] = set()
@@ -235,16 +236,17 @@ def call_steps(control: Any, plan: Plan, bind: Callable[[], Mapping[str, Any]], 
     resource_tpl = _choose(plan, "resource", plan.resource, entry.resource if entry else None)
     resource = resource_tpl.render(arguments, error=InvalidArgument) if resource_tpl else None
     action = Action(plan.name, arguments, principal, resource=resource, environment=policy.environment)
-    effect_key, task, problem = None, None, None
+    effect_key, named, problem = None, {"task": None, "hop": None}, None
     try:
         effect_key = _effect_key(plan, effect, action)
     except EffectKeyError as exc:
         problem = exc, {"effect": effect.text if effect else None}
-    if problem is None and plan.task is not None:
-        try:
-            task = _task(plan.task, action)
-        except EffectKeyError as exc:
-            problem = exc, {"task": plan.task.text}
+    for what, template in (("task", plan.task), ("hop", plan.hop)):
+        if problem is None and template is not None:
+            try:
+                named[what] = _task(template, action)
+            except EffectKeyError as exc:
+                problem = exc, {what: template.text}
     if problem is not None:
         exc, template = problem
         call = store.Call(action, Decision.DENY, "effect_key_error", policy.hash, None,
@@ -256,7 +258,7 @@ def call_steps(control: Any, plan: Plan, bind: Callable[[], Mapping[str, Any]], 
         yield Record(store.record_denial, (call, {"reason": "effect_key_error", **template, "error": str(exc)}),
                      {"with_policy": False})
         raise exc
-    run = _Running(control, plan, policy, action, effect_key, invoke, awaitable, task)
+    run = _Running(control, plan, policy, action, effect_key, invoke, awaitable, named["task"], named["hop"])
     return (yield from run.decide_and_run(presented_approval()))
 
 
@@ -272,6 +274,7 @@ class _Running:
     invoke: Callable[[Action], Any]
     awaitable: bool
     task: str | None = None
+    hop: str | None = None
 
     @property
     def name(self) -> str:
@@ -281,9 +284,9 @@ class _Running:
         """Authority (policy v3), before the policy: the grant that lets this principal propose the
         call, or an ``AuthorityDenied`` (recorded; in observe mode the call runs, said denied)."""
         authority = self.policy.authority
-        if authority.delegates:  # the live delegations and the store's time: one phase, off the event loop
+        if authority.delegates or self.hop is not None:  # the delegations and the store's time: one phase
             now, delegations = yield Phase(_delegations_and_now, (self.control.store,))
-            return authority.evaluate(self.action, now=now, task=self.task, delegations=delegations)
+            return authority.evaluate(self.action, now=now, task=self.task, delegations=delegations, hop=self.hop)
         now = (yield Phase(self.control.store.now)) if authority.has_expiry else None
         return authority.evaluate(self.action, now=now, task=self.task)
 
@@ -309,6 +312,7 @@ class _Running:
         call = store.Call(self.action, evaluation.decision, evaluation.reason, self.policy.hash, self.effect_key,
                           controls=evaluation.controls, policy_version=self.policy.version,
                           authority=judged.event_data() if judged is not None else None, task=self.task,
+                          hop=self.hop,
                           delegations=_delegations_of(judged))
         ceiling = self.max_attempts
         unmeasured = None
@@ -346,13 +350,18 @@ class _Running:
     def refuse_authority(self, judged: Any, presented: str | None) -> Steps:
         store = self.control.store
         call = store.Call(self.action, Decision.DENY, judged.reason, self.policy.hash, self.effect_key,
-                          policy_version=self.policy.version, authority=judged.event_data(), task=self.task)
+                          policy_version=self.policy.version, authority=judged.event_data(), task=self.task,
+                          hop=self.hop)
         if self.policy.observing:
             return (yield from self.observe(call, presented, None, with_policy=False))
         yield Record(store.record_denial, (replace(call, approval_id=presented), {"reason": judged.reason}),
                      {"with_policy": False})
         kind = "delegation" if judged.delegation_id else "grant"
         about = f" ({kind} {judged.grant_id!r})" if judged.grant_id else ""
+        if judged.reason == "authority_hop":
+            dimension = (judged.details or {}).get("dimension")
+            about += (f": the hop does not cover this call ({dimension})" if dimension else
+                      ": no such hop") + f"; see 'ctrlrun inspect --hop {self.hop}'"
         raise AuthorityDenied(f"{self.name} denied: {judged.reason}{about}", reason=judged.reason,
                               grant_id=judged.grant_id, delegation_id=judged.delegation_id,
                               action_id=self.action.action_id)

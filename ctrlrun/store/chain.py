@@ -78,6 +78,7 @@ def _receipt_doc(spec: _ReceiptSpec, when: dt.datetime) -> dict[str, Any]:
         controls=list(call.controls),
         authority_grant_id=call.authority_grant_id,
         task=call.task,
+        hop=call.hop,
         scope_hash=call.scope_hash,
         budget_charges=_receipt_charges(spec),
     )
@@ -228,6 +229,7 @@ def _stash(call: Call, attempt: int, events: Sequence[EventRow]) -> Pending:
                  "controls": list(call.controls), "policy_version": call.policy_version,
                  **({"authority": dict(call.authority)} if call.authority else {}),
                  **({"task": call.task} if call.task else {}),
+                 **({"hop": call.hop} if call.hop else {}),
                  **({"scope_hash": call.scope_hash} if call.scope_hash else {}),
                  **({"would_have": dict(call.would_have)} if call.would_have else {}),
                  **({"budget_charges": [[c.grant_id, c.metric, c.amount, c.limit, c.window_seconds]
@@ -252,7 +254,8 @@ def _unstash(text: str) -> tuple[Call, int, list[EventRow]]:
                 dt.datetime.fromisoformat(info["started_at"]) if info["started_at"] else None,
                 info["approval_id"], info["approver"], controls=tuple(info.get("controls") or ()),
                 policy_version=info.get("policy_version"), would_have=info.get("would_have"),
-                authority=info.get("authority"), task=info.get("task"), scope_hash=info.get("scope_hash"),
+                authority=info.get("authority"), task=info.get("task"), hop=info.get("hop"),
+                scope_hash=info.get("scope_hash"),
                 budget_charges=tuple(Charge(*charge) for charge in info.get("budget_charges") or ()))
     return call, info["attempt"], events
 

@@ -99,7 +99,7 @@ def get_delegation(delegation_id: str) -> Delegation | None:
 
 
 def create_delegation(authority: Authority, parent_id: str, grant: Grant, *, agent: str, user: str | None,
-                      via: str) -> Delegation | Rejected:
+                      via: str, action_id: str | None = None) -> Delegation | Rejected:
     """Judge and write one delegation of ``grant`` from ``parent_id`` by ``agent``/``user``, in one phase."""
     if via not in CREATED_VIA:
         raise InvalidArgument(f"created_via must be one of {', '.join(CREATED_VIA)}, not {via!r}")
@@ -126,7 +126,8 @@ def create_delegation(authority: Authority, parent_id: str, grant: Grant, *, age
         row.save(using=_q(DelegationRow).db, force_insert=True)
         _seal([(when, EventType.DELEGATION_CREATED.value, None, None, None, {
             "delegation_id": ident, "parent_id": parent_id, "depth": judged, "created_by_agent": agent,
-            "created_by_user": user, "created_via": via})], [], when)
+            "created_by_user": user, "created_via": via, **({"action_id": action_id} if action_id else {})})],
+              [], when)
     return Delegation(ident, parent_id, judged, replace(grant, id=ident), agent, user, via, when)
 
 

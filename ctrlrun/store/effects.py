@@ -122,7 +122,7 @@ def _start_unkeyed(call: Call, approval: Approval | None, events: list[EventRow]
     if approval is not None:
         events.append(_consumption_event(approval, call, when, required=call.decision is Decision.APPROVE))
         _mark_consumed(approval, call, when)
-    events.append(_event(EventType.EXECUTION_STARTED, call, None, {"task": call.task, "hop": None}, when,
+    events.append(_event(EventType.EXECUTION_STARTED, call, None, {"task": call.task, "hop": call.hop}, when,
                          call.approval_id))
     _seal(events, [], when)
 
@@ -291,7 +291,7 @@ def _taking_events(call: Call, attempt: int, when: dt.datetime, lease_until: dt.
     events += [
         _event(EventType.EFFECT_RESERVED, call, call.effect_key,
                {"attempt": attempt, "lease_expires_at": evidence_time(lease_until)}, when, call.approval_id),
-        _event(EventType.EXECUTION_STARTED, call, call.effect_key, {"task": call.task, "hop": None}, when,
+        _event(EventType.EXECUTION_STARTED, call, call.effect_key, {"task": call.task, "hop": call.hop}, when,
                call.approval_id),
     ]
     return events
@@ -539,7 +539,7 @@ def observe_begin(call: Call, lease: dt.timedelta, *, presented: str | None = No
             refused = _refusal_event(call, error, when)[5]
             reservation = _problem_name(error)
         events += [_event(EventType.EFFECT_RESERVATION_REFUSED, call, key, refused, when, call.approval_id),
-                   _event(EventType.EXECUTION_STARTED, call, key, {"task": call.task, "hop": None}, when, call.approval_id)]
+                   _event(EventType.EXECUTION_STARTED, call, key, {"task": call.task, "hop": call.hop}, when, call.approval_id)]
         _seal([*lapsed_events, *events], lapsed_receipts, when)
         return Observation(call, record.attempt + 1 if ceiling else record.attempt, False, ceiling=ceiling,
                            approval_problem=problem, reservation_problem=reservation)

@@ -118,7 +118,7 @@ def test_a_policy_without_authority(use_policy):
 
 
 def test_an_action_id_and_a_grant_together_or_neither(policy):
-    with pytest.raises(CommandError, match="not both"):
+    with pytest.raises(CommandError, match="give one of an action id, --grant ID or --hop DLG"):
         run_command("inspect", "act_x", "--grant", "support")
     with pytest.raises(CommandError, match="an action id .* or --grant ID"):
         run_command("inspect")

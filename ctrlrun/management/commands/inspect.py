@@ -32,14 +32,21 @@ class Command(CtrlrunCommand):
                                                          "error message), or a ctr_... receipt id from 'receipts'")
         parser.add_argument("--grant", metavar="ID", help="show a grant of the policy's authority section instead: "
                                                           "per budget what is spent, held (and by which calls)")
+        parser.add_argument("--hop", metavar="DLG", help="show a hop (a delegation made with Control.hop) "
+                                                         "instead: who made it for whom, and its chain to the root")
         parser.add_argument("--json", action="store_true", help=f"print a {INSPECTION_SCHEMA} document "
-                                                                f"({BUDGET_SCHEMA} with --grant)")
+                                                                f"({BUDGET_SCHEMA} with --grant, {HOP_SCHEMA} with "
+                                                                f"--hop)")
 
-    def run(self, *, action_id: str | None, json: bool, grant: str | None = None, **_: Any) -> None:
+    def run(self, *, action_id: str | None, json: bool, grant: str | None = None, hop: str | None = None,
+            **_: Any) -> None:
+        if sum(x is not None for x in (action_id, grant, hop)) > 1:
+            raise Error("give one of an action id, --grant ID or --hop DLG")
         if grant is not None:
-            if action_id is not None:
-                raise Error("give an action id or --grant ID, not both")
             self._grant(grant, json)
+            return
+        if hop is not None:
+            self._hop(hop, json)
             return
         if action_id is None:
             raise Error("give an action id (act_... or ctr_...) or --grant ID")
@@ -83,6 +90,67 @@ class Command(CtrlrunCommand):
             self._json(action_id, summary, effects, docs, events, unreadable, approvals)
         else:
             self._text(action_id, summary, effects, receipts, events, readable, approvals, hidden)
+
+    def _hop(self, hop_id: str, as_json: bool) -> None:
+        """``inspect --hop``: one delegation, who made it for whom, and each link of its chain."""
+        from ...authority import DIMENSIONS
+
+        rows = {row.id: row for row in store.list_delegations()}
+        row = rows.get(hop_id)
+        if row is None:
+            raise Error(reveal(f"no hop {hop_id}: no delegation has that id ('delegate' and Control.hop make them)"))
+        chain, missing, current, seen = [], None, row, set()
+        while current is not None and current.id not in seen:
+            seen.add(current.id)
+            parent = rows.get(current.parent_id)
+            parent_grant = parent.grant if parent is not None else self._root_grant(current.parent_id)
+            narrowed = [] if current.grant is None or parent_grant is None else [
+                dimension for dimension in DIMENSIONS if _dimension(current.grant, dimension)
+                != _dimension(parent_grant, dimension)]
+            chain.append({"id": current.id, "parent_id": current.parent_id, "depth": current.depth,
+                          "created_via": current.created_via,
+                          "revoked_at": evidence_time(current.revoked_at) if current.revoked_at else None,
+                          "narrowed": narrowed})
+            if parent is None and parent_grant is None:
+                missing = current.parent_id
+            current = parent
+        root = chain[-1]["parent_id"] if missing is None else None
+        grant = row.grant
+        document = {
+            "schema": HOP_SCHEMA, "hop": row.id,
+            "created_by": {"agent": row.created_by_agent, "user": row.created_by_user},
+            "created_at": evidence_time(row.created_at) if row.created_at else None,
+            "created_via": row.created_via,
+            "subject": {"agent": grant.agent, "user": grant.user} if grant is not None else None,
+            "depth": row.depth, "revoked_at": evidence_time(row.revoked_at) if row.revoked_at else None,
+            "root_id": root, "missing_parent_id": missing, "chain": chain,
+        }
+        if as_json:
+            self.stdout.write(dumps(document, indent=2))
+            return
+        subject = document["subject"] or {}
+        lines = [f"{row.created_via} {row.id}",
+                 f"created by {row.created_by_agent or '-'}{'/' + row.created_by_user if row.created_by_user else ''}"
+                 f" at {document['created_at']}",
+                 f"issued to {subject.get('agent') or '-'}{'/' + subject['user'] if subject.get('user') else ''}",
+                 f"depth {row.depth}" + (f", revoked at {document['revoked_at']}" if row.revoked_at else "")]
+        for link in chain:
+            narrowed = ", ".join(link["narrowed"]) or "nothing"
+            lines.append(f"  {link['id']} under {link['parent_id']} (depth {link['depth']}): narrows {narrowed}"
+                         + (f"; revoked at {link['revoked_at']}" if link["revoked_at"] else ""))
+        lines.append(f"root {root}" if root else f"root missing: {missing} is neither a grant nor a delegation")
+        for line in lines:
+            self.stdout.write(reveal(line))
+
+    @staticmethod
+    def _root_grant(grant_id: str) -> Any:
+        from ...control import default_control
+
+        try:
+            authority = default_control().read_policy().authority
+        except CTRLRunError:
+            return None
+        return authority.grants.get(grant_id) if authority is not None else None
 
     def _grant(self, grant_id: str, as_json: bool) -> None:
         """``inspect --grant``: the grant's budgets, from the policy read without touching the store."""
@@ -186,3 +254,18 @@ class Command(CtrlrunCommand):
             "updated_at": evidence_time(effect.updated_at), "lease_expires_at": evidence_time(effect.lease_expires_at),
             "error": effect.error, "resolved_by": effect.resolved_by,
         }
+
+
+#: The document ``inspect --hop --json`` prints.
+HOP_SCHEMA = "ctrlrun.hop/v1"
+
+
+def _dimension(grant: Any, dimension: str) -> Any:
+    """One dimension of a grant, comparable between a child and its parent."""
+    if dimension == "subject":
+        return (grant.agent, grant.user)
+    if dimension == "constraints":
+        return None if grant.constraints is None else sorted((c.key, repr(c.operand)) for c in grant.constraints)
+    if dimension == "budgets":
+        return None if grant.budgets is None else sorted(tuple(sorted(b.canonical().items())) for b in grant.budgets)
+    return getattr(grant, dimension)
