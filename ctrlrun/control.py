@@ -106,12 +106,16 @@ class Control:
     @classmethod
     def from_file(cls, path: str | Path | None = None, *, environment: str | None = None, **options: Any) -> Control:
         """A Control whose policy is read from ``path`` (default: ``CTRLRUN_POLICY``, else
-        ``./ctrlrun.yaml``) now, so a broken file fails here, before any call."""
+        ``./ctrlrun.yaml``) now, so a broken file fails here, before any call. Without ``path`` the
+        settings' policy comes with the settings' authority file (``CTRLRUN_AUTHORITY``), as the
+        default Control's does: grants configured there are never left unenforced."""
         if path is None:
             from . import standalone
 
             standalone.configure_settings()
             path = conf.policy_path()
+            if options.get("authority") is None:
+                options["authority"] = conf.authority_path()
         return cls(Path(path), environment=environment, **options)
 
     def __repr__(self) -> str:

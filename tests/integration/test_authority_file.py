@@ -118,3 +118,14 @@ def test_manage_py_check_reports_the_authority_file(files, settings):
     with pytest.raises(SystemCheckError) as caught:
         call_command("check", stdout=StringIO(), stderr=StringIO())
     assert str(grants) in str(caught.value) and "no months" in str(caught.value)
+
+
+def test_control_from_file_reads_the_settings_authority_file_too(files, settings):
+    # Control.from_file() without a path is the settings' policy: it must come with the settings'
+    # grants, as the default Control's does. Without them no grant is checked (fail-open).
+    rules, grants = files
+    settings.CTRLRUN_POLICY, settings.CTRLRUN_AUTHORITY = str(rules), str(grants)
+    control = Control.from_file()
+    assert control.policy.hash == load_policy(rules, authority=grants).hash
+    with pytest.raises(ctrlrun.AuthorityDenied):
+        control.call("stripe.refund", {"payment_id": "p1", "amount": 1}, lambda: "ok", principal="mallory")
