@@ -73,8 +73,9 @@ class Control:
         elif isinstance(policy, Policy) and (authority is not None or environment is not None and (
                 not isinstance(environment, str) or environment.strip() != policy.environment)):
             # A Policy keeps the environment it was parsed with; Control(environment=) ranks above it.
+            # The grants it was parsed with (a standalone file) stay with it, unless others are given.
             policy = parse_policy(policy.text, policy.source, environment=environment or policy.environment,
-                                  authority=authority)
+                                  authority=authority or policy.authority_document)
         elif policy is not None and not isinstance(policy, Policy):
             raise InvalidArgument(f"Control(policy=...) must be a Policy or a path to a policy file, not "
                                   f"{type(policy).__name__}")

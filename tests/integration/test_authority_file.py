@@ -129,3 +129,14 @@ def test_control_from_file_reads_the_settings_authority_file_too(files, settings
     assert control.policy.hash == load_policy(rules, authority=grants).hash
     with pytest.raises(ctrlrun.AuthorityDenied):
         control.call("stripe.refund", {"payment_id": "p1", "amount": 1}, lambda: "ok", principal="mallory")
+
+
+def test_a_policy_with_standalone_grants_keeps_them_under_another_environment(files):
+    # Control(policy, environment=...) parses the policy's text again for the environment: the
+    # grants of its authority file must come along, or no grant is checked (fail-open).
+    rules, grants = files
+    control = Control(load_policy(rules, authority=grants), environment="staging")
+    assert control.policy.environment == "staging"
+    assert control.policy.hash == load_policy(rules, environment="staging", authority=grants).hash
+    with pytest.raises(ctrlrun.AuthorityDenied):
+        control.call("stripe.refund", {"payment_id": "p1", "amount": 1}, lambda: "ok", principal="mallory")
