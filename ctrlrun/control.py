@@ -69,7 +69,10 @@ class Control:
                                       f"AuthorityDocument), not {type(authority).__name__}")
             authority = load_authority(authority)
         if isinstance(policy, (str, Path)):
-            policy = load_policy(policy, environment=environment or _environment(), authority=authority)
+            # The deployment's authority file applies to an explicit policy path too (as its environment
+            # does): grants configured for this process are never silently left out.
+            policy = load_policy(policy, environment=environment or _environment(),
+                                 authority=authority or _authority_file())
         elif isinstance(policy, Policy) and (authority is not None or environment is not None and (
                 not isinstance(environment, str) or environment.strip() != policy.environment)):
             # A Policy keeps the environment it was parsed with; Control(environment=) ranks above it.
@@ -466,6 +469,14 @@ def _arguments(name: str, arguments: Mapping[str, Any]) -> dict[str, Any]:
         if key == "data_scope":
             raise InvalidArgument(f"{name}: 'data_scope' is reserved and cannot be an argument name")
     return dict(arguments)
+
+
+def _authority_file() -> Path | None:
+    """The deployment's standalone authority file (``CTRLRUN_AUTHORITY``), if it names one."""
+    from . import standalone
+
+    standalone.configure_settings()
+    return conf.authority_path()
 
 
 def _environment() -> str | None:

@@ -140,3 +140,14 @@ def test_a_policy_with_standalone_grants_keeps_them_under_another_environment(fi
     assert control.policy.hash == load_policy(rules, environment="staging", authority=grants).hash
     with pytest.raises(ctrlrun.AuthorityDenied):
         control.call("stripe.refund", {"payment_id": "p1", "amount": 1}, lambda: "ok", principal="mallory")
+
+
+def test_an_explicit_policy_path_takes_the_deployments_authority_file_too(files, settings):
+    """CTRLRUN_AUTHORITY names grants for this process: a Control given a policy path enforces them as well
+    (never silently without them)."""
+    rules, grants = files
+    settings.CTRLRUN_AUTHORITY = str(grants)
+    control = Control(rules)
+    assert control.read_policy().authority is not None
+    with pytest.raises(ctrlrun.AuthorityDenied):
+        control.call("stripe.refund", {"payment_id": "p1", "amount": 1}, lambda: "ok", principal="mallory")
