@@ -168,32 +168,34 @@ def test_a_released_charge_stays_released():
     assert row.released_at is not None
 
 
-def test_sqlite_replace_cannot_delete_a_ledger_row():
-    """SQLite's REPLACE deletes the row it collides with without firing DELETE triggers."""
+def test_a_colliding_insert_cannot_replace_a_ledger_row():
+    """An insert that collides with a row and overwrites it: SQLite's REPLACE (which deletes the row it
+    collides with without firing DELETE triggers), PostgreSQL's ON CONFLICT DO UPDATE. Both are refused."""
     from django.db import DatabaseError, connection, transaction
 
-    if connection.vendor != "sqlite":
-        pytest.skip("REPLACE is SQLite's")
     row = _charged_row()
+    columns = ('"id", "grant_id", "metric", "amount", "effect_key", "attempt", "consumed_at", "released_at"')
+    values = "(%s, 'support', 'amount', 0, 'refund:p1', 1, '2026-11-29 12:00:00+00', NULL)"
+    if connection.vendor == "sqlite":
+        statement = f'INSERT OR REPLACE INTO "ctrlrun_budgetledger" ({columns}) VALUES {values}'
+    else:
+        statement = (f'INSERT INTO "ctrlrun_budgetledger" ({columns}) VALUES {values} '
+                     f'ON CONFLICT ("id") DO UPDATE SET "amount" = 0')
     with pytest.raises(DatabaseError, match="ledger"):
         with transaction.atomic(), connection.cursor() as cursor:
-            cursor.execute('INSERT OR REPLACE INTO "ctrlrun_budgetledger" ("id", "grant_id", "metric", "amount", '
-                           '"effect_key", "attempt", "consumed_at", "released_at") VALUES '
-                           '(%s, \'support\', \'amount\', 0, \'refund:p1\', 1, \'2026-11-29 12:00:00\', NULL)', [row.id])
+            cursor.execute(statement, [row.id])
     row.refresh_from_db()
     assert row.amount == 40_000
 
 
-def test_inspect_grant_shows_a_delegations_budget(control):
+def test_inspect_grant_shows_a_delegations_budget(control, use_policy):
     """A delegation's budget is charged like a grant's; ``inspect --grant dlg_...`` must show it."""
     from tests.support import run_command
 
+    use_policy(POLICY)
     made = control.delegate("support", CHILD + "budgets: [{metric: count, limit: 5, window: P1D}]\n",
                             by=ORCHESTRATOR)
     assert control.call("stripe.refund", {"payment_id": "p1", "amount": 1}, lambda: "ok", principal="worker") == "ok"
-    from unittest import mock
-
-    with mock.patch("ctrlrun.control.default_control", return_value=control):
-        lines = run_command("inspect", "--grant", made.id)
+    lines = run_command("inspect", "--grant", made.id)  # the settings' policy is this one (the fixture)
     assert lines[0] == f"grant {made.id}"
     assert any(line.strip().startswith("count: 1 of 5 per day") for line in lines), lines
