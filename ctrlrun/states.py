@@ -181,19 +181,23 @@ def effective_approval_status(status: str, expires_at: dt.datetime, now: dt.date
 
 
 def blocked_reason(decision: Decision, reason: str, *, presented: bool, ceiling: bool = False,
-                   budget: bool = False, approval_problem: str | None = None, reservation_problem: str | None = None) -> str | None:
+                   budget: bool = False, budget_problem: str | None = None, scope_problem: str | None = None,
+                   approval_problem: str | None = None, reservation_problem: str | None = None) -> str | None:
     """Observe mode's ``blocked_reason``: what enforcement would have refused a call with first, by
-    decision point - the policy (its own reason), the attempt ceiling, a budget, the approval gate (no
-    approval presented), the presented approval, the reservation - or None when nothing would have."""
+    decision point - the policy (its own reason), the attempt ceiling, a budget (one that cannot be
+    measured, ``budget_problem``, or one exhausted), the approval gate (no approval presented), the
+    scope, the presented approval, the reservation - or None when nothing would have."""
     if decision is Decision.DENY:
         return reason
     if ceiling:
         return "attempt_ceiling"
+    if budget_problem is not None:
+        return budget_problem
     if budget:
         return "budget_exhausted"
     if decision is Decision.APPROVE and not presented:
         return "approval_required"
-    return approval_problem or reservation_problem
+    return scope_problem or approval_problem or reservation_problem
 
 
 def would_have(decision: Decision, reason: str, blocked: str | None) -> dict[str, str | None]:

@@ -145,13 +145,15 @@ class Observation:
     reservation_problem: str | None = None
     budget_exhausted: bool = False
 
-    def would_have(self, presented: bool) -> dict[str, str | None]:
-        """The receipt's ``would_have``: the policy's verdict and what would have refused the call first."""
+    def would_have(self, presented: bool, *, budget_problem: str | None = None,
+                   scope_problem: str | None = None) -> dict[str, str | None]:
+        """The receipt's ``would_have``: the policy's verdict and what would have refused the call first
+        (with what the kernel found before the store: an unmeasurable budget, a call out of scope)."""
         call = self.call
         return would_have(call.decision, call.reason, blocked_reason(
             call.decision, call.reason, presented=presented, ceiling=self.ceiling,
-            budget=self.budget_exhausted, approval_problem=self.approval_problem,
-            reservation_problem=self.reservation_problem))
+            budget=self.budget_exhausted, budget_problem=budget_problem, scope_problem=scope_problem,
+            approval_problem=self.approval_problem, reservation_problem=self.reservation_problem))
 
 
 @dataclass(frozen=True)

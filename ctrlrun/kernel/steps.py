@@ -468,14 +468,10 @@ class _Running:
         store = self.control.store
         lease = self.plan.lease or self.control.lease
         call, out_of_scope = yield from self.scoped(call)
+        found = {"budget_problem": unmeasured, "scope_problem": out_of_scope[0] if out_of_scope else None}
         seen = yield Phase(store.observe_begin, (call, lease), {"presented": presented, "max_attempts": ceiling,
-                                                                "with_policy": with_policy})
-        would_have = seen.would_have(presented is not None)
-        if out_of_scope is not None and would_have["blocked_reason"] in (None, seen.approval_problem,
-                                                                          seen.reservation_problem):
-            would_have["blocked_reason"] = out_of_scope[0]  # the scope (8) before the approval taken (9)
-        if unmeasured is not None and call.decision is not Decision.DENY and not seen.ceiling:
-            would_have["blocked_reason"] = unmeasured  # the budget (6) before the approval gate (7)
+                                                                "with_policy": with_policy, **found})
+        would_have = seen.would_have(presented is not None, **found)
         return (yield from self.run(seen.call, seen.attempt, lease, held=seen.held, would_have=would_have))
 
     def run(self, call: Any, attempt: int, lease: dt.timedelta, *, held: bool,

@@ -463,7 +463,8 @@ def _problem_name(error: CTRLRunError) -> str:
 
 
 def observe_begin(call: Call, lease: dt.timedelta, *, presented: str | None = None,
-                  max_attempts: int | None = None, with_policy: bool = True) -> Observation:
+                  max_attempts: int | None = None, with_policy: bool = True, budget_problem: str | None = None,
+                  scope_problem: str | None = None) -> Observation:
     """Begin an observe-mode call (§B3): record it, and take its effect key if the key is free, but
     refuse nothing. What would have refused it is returned, for its receipt.
 
@@ -507,7 +508,8 @@ def observe_begin(call: Call, lease: dt.timedelta, *, presented: str | None = No
         if taking:
             # Held: kept with the record, so a sweeper writing this attempt's receipt writes an observed one.
             call = replace(call, would_have=Observation(call, attempt, True, approval_problem=problem,
-                                                        budget_exhausted=budget).would_have(presented is not None))
+                                                        budget_exhausted=budget).would_have(
+                presented is not None, budget_problem=budget_problem, scope_problem=scope_problem))
             pending = _stash(call, attempt, [*events, *_taking_events(call, attempt, when, lease_until, approval)])
             if record is None:
                 taking = _insert_fresh(call, when, lease_until, pending)
