@@ -156,9 +156,9 @@ def _proposed(events: list[Any]) -> dict[str, Any] | None:
 
 
 def _policy_document(policy_hash: str | None) -> PolicyDocument | None:
-    if not policy_hash:
-        return None
-    return PolicyDocument.objects.using(store.alias()).filter(pk=policy_hash).first()
+    """The stored policy text pages explain decisions with: only one ctrlrun stored (a row written
+    under a policy's hash outside ctrlrun is never shown as the rules that decided)."""
+    return store.policy_document(policy_hash)
 
 
 def _timeline(site: str, events: list[Any]) -> list[dict[str, Any]]:
@@ -1539,8 +1539,9 @@ def _readable(receipt: Any) -> bool:
 class PolicyDocumentAdmin(EvidenceAdmin):
     list_display = ("short_hash", "schema", "listed_source", "environment", "at_first_seen", "in_force")
     search_fields = ("hash", "source")
-    fields = ("hash", "schema", "shown_source", "environment", "at_first_seen", "in_force", "pretty_text")
-    readonly_fields = ("shown_source", "at_first_seen", "in_force", "pretty_text")
+    fields = ("hash", "schema", "shown_source", "environment", "at_first_seen", "in_force", "signature",
+              "pretty_text")
+    readonly_fields = ("shown_source", "at_first_seen", "in_force", "signature", "pretty_text")
 
     at_first_seen = _at("first_seen", _("first used at"))
 
@@ -1565,6 +1566,14 @@ class PolicyDocumentAdmin(EvidenceAdmin):
             return _g("unknown (this server cannot read its policy file)")
         return _g("yes: %(path)s") % {"path": conf.policy_path()} if obj.hash == current else \
             _g("no (an earlier or other policy)")
+
+    @admin.display(description=_("signature"))
+    def signature(self, obj: PolicyDocument) -> SafeString:
+        if store.policy_document_ok(obj):
+            return format_html("{}", _g("ctrlrun's: this is the text ctrlrun stored under this hash"))
+        return format_html('<span class="ctrlrun-badge alert">{}</span>', _g(
+            "NOT ctrlrun's: this row was written outside ctrlrun (its signature does not hold). It is not the "
+            "policy that decided anything; no page explains a decision with it. Run receipts --verify-chain"))
 
     @admin.display(description=_("text"))
     def pretty_text(self, obj: PolicyDocument) -> str:

@@ -91,6 +91,8 @@ class PolicyDocument(models.Model):
     text = models.TextField()
     environment = models.CharField(max_length=100)
     first_seen = models.DateTimeField()
+    mac = models.CharField(max_length=MAC_LENGTH, null=True, blank=True,
+                           help_text="ctrlrun's signature of the hash, the text and where it came from.")
 
     class Meta:
         ordering = ["-first_seen"]
@@ -247,6 +249,10 @@ class ChainCheck(models.Model):
     FULL, INCREMENTAL = "full", "incremental"
 
     id = models.BigAutoField(primary_key=True)
+    # Unique and signed: a recorded check copied under a new id either keeps its nonce (refused) or
+    # takes another (and no longer verifies).
+    nonce = models.CharField(max_length=ID_LENGTH, unique=True, null=True,
+                             help_text="The check's own identity, under its signature.")
     checked_at = models.DateTimeField(help_text="When the check started (the store's clock).")
     mode = models.CharField(max_length=12, choices=[(FULL, FULL), (INCREMENTAL, INCREMENTAL)])
     from_receipt_seq = models.BigIntegerField(default=0, help_text="The receipt seq it started after (0: all).")
@@ -346,6 +352,8 @@ class BudgetLedger(models.Model):
     consumed_at = models.DateTimeField(help_text="When the charge was made (the store's clock).")
     released_at = models.DateTimeField(null=True, blank=True,
                                        help_text="When the attempt ended failed and the charge was given back.")
+    mac = models.CharField(max_length=MAC_LENGTH, null=True, blank=True,
+                           help_text="ctrlrun's signature of the charge and its release.")
 
     class Meta:
         ordering = ["id"]
@@ -356,7 +364,12 @@ class BudgetLedger(models.Model):
                          condition=models.Q(released_at__isnull=True)),
             models.Index(fields=["effect_key", "attempt"], name="ctrlrun_ledger_attempt_idx"),
         ]
-        constraints = [models.CheckConstraint(condition=Q(amount__gte=0), name="ctrlrun_ledger_amount_nonneg")]
+        constraints = [
+            models.CheckConstraint(condition=Q(amount__gte=0), name="ctrlrun_ledger_amount_nonneg"),
+            # A charge's identity (what its signature covers): a copy of a row is refused.
+            models.UniqueConstraint(fields=["effect_key", "attempt", "grant_id", "metric"],
+                                    name="ctrlrun_ledger_one_charge"),
+        ]
 
     def __str__(self) -> str:
         released = ", released" if self.released_at else ""
@@ -382,17 +395,24 @@ class Delegation(models.Model):
                                  help_text="The grant (policy id) or delegation (dlg_...) it was delegated from.")
     depth = models.PositiveIntegerField(help_text="Steps below its root grant: 1 for a grant's direct delegation.")
     grant_json = models.TextField(help_text="The delegated grant: its sorted canonical JSON, without id.")
+    # The grant's subject agent (always one literal agent): a call reads the delegations of its own
+    # agent through this index, never the whole table.
+    agent = models.CharField(max_length=200, null=True, blank=True,
+                             help_text="The agent the grant is delegated to.")
     created_by_agent = models.CharField(max_length=200, null=True, blank=True)
     created_by_user = models.CharField(max_length=200, null=True, blank=True)
     created_via = models.CharField(max_length=20, help_text="api, cli, break-glass or hop.")
     created_at = models.DateTimeField()
     revoked_at = models.DateTimeField(null=True, blank=True)
     revoked_by = models.CharField(max_length=200, null=True, blank=True)
+    mac = models.CharField(max_length=MAC_LENGTH, null=True, blank=True,
+                           help_text="ctrlrun's signature of the delegation and its revocation.")
 
     class Meta:
         ordering = ["created_at", "delegation_id"]
         permissions = [("revoke_delegation", "Can revoke delegations")]
-        indexes = [models.Index(fields=["revoked_at", "created_at"], name="ctrlrun_delegation_live_idx")]
+        indexes = [models.Index(fields=["revoked_at", "created_at"], name="ctrlrun_delegation_live_idx"),
+                   models.Index(fields=["agent"], name="ctrlrun_delegation_agent_idx")]
         constraints = [
             models.CheckConstraint(condition=Q(revoked_at__isnull=True, revoked_by__isnull=True)
                                    | Q(revoked_at__isnull=False, revoked_by__isnull=False),

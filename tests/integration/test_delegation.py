@@ -182,19 +182,23 @@ def test_the_database_refuses_to_unrevoke_edit_or_delete(control):
     assert Delegation.objects.get(pk=made.id).revoked_by == "ops"
 
 
-def test_an_unreadable_row_refuses_every_action(control, drive):
+def test_an_unreadable_row_refuses_what_rests_on_it(control, drive):
+    """A row that cannot be read (or is not signed) refuses every action of its agent, and of every
+    delegation beneath it: a call reads only the delegations that can apply to it (a departure from
+    the reference, which refuses every action of every agent: docs/reference-differences.md)."""
     from tests.support import evidence_unguarded
 
     made = control.delegate("support", CHILD, by=ORCHESTRATOR)
     with evidence_unguarded():
         Delegation.objects.filter(pk=made.id).update(created_via="fax")
     with pytest.raises(ctrlrun.AuthorityDenied) as denied:
-        drive(control, "email.send", {"to": "a"}, "mailer")  # not even about the delegation
+        drive(control, "email.send", {"to": "a"}, "worker")  # not even about the delegation
     assert (denied.value.reason, denied.value.delegation_id) == ("authority_unreadable", made.id)
+    assert drive(control, "email.send", {"to": "a"}, "mailer") == "done"  # another agent reads none of it
     with evidence_unguarded():
         Delegation.objects.filter(pk=made.id).update(created_via="api", grant_json="{not json")
     with pytest.raises(ctrlrun.AuthorityDenied, match="authority_unreadable"):
-        drive(control, "email.send", {"to": "a"}, "mailer")
+        drive(control, "email.send", {"to": "a"}, "worker")
 
 
 RACER = """\
