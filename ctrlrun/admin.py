@@ -383,14 +383,16 @@ class PausedRunAdmin(_NumberedRows):
     list_per_page = 50
     ordering = ("-created_at", "-id")
     fieldsets = [
-        (_("The paused run"), {"fields": ("run", "shown_status", "shown_framework", "approval", "shown_resume_with")}),
+        (_("The paused run"), {"fields": ("run", "shown_status", "shown_framework", "approval", "shown_resume_with",
+                                          "shown_signature")}),
         (_("Resuming"), {"fields": ("shown_answer", "at_created_at", "at_claimed_at", "shown_claimed_by",
                                     "at_resumed_at", "shown_error")}),
         (_("Released"), {"fields": ("shown_released_by", "at_released_at", "shown_release_reason",
                                     "shown_released_claim")}),
         (_("The framework's state (not trusted for consent)"), {"fields": ("shown_state",)}),
     ]
-    readonly_fields = ("run", "shown_status", "shown_framework", "approval", "shown_resume_with", "shown_answer",
+    readonly_fields = ("run", "shown_status", "shown_framework", "approval", "shown_resume_with", "shown_signature",
+                       "shown_answer",
                        "at_created_at", "at_claimed_at", "shown_claimed_by", "at_resumed_at", "shown_error",
                        "shown_released_by", "at_released_at", "shown_release_reason", "shown_released_claim",
                        "shown_state")
@@ -412,6 +414,13 @@ class PausedRunAdmin(_NumberedRows):
     @admin.display(description=_("run"), ordering="id")
     def run(self, obj: PausedRun) -> SafeString:
         return link(change_url(self.site, "pausedrun", obj.pk), str(obj.pk))
+
+    @admin.display(description=_("signature"))
+    def shown_signature(self, obj: PausedRun) -> SafeString:
+        if store.paused_run_ok(obj):
+            return format_html("{}", _g("ctrlrun's: the request, framework, state and resumer are as stored"))
+        return format_html('<span class="ctrlrun-badge alert">{}</span>', _g(
+            "NOT ctrlrun's: changed outside ctrlrun; it is never resumed. Run receipts --verify-chain"))
 
     @admin.display(description=_("status"), ordering="status")
     def shown_status(self, obj: PausedRun) -> SafeString:

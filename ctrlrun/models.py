@@ -320,6 +320,8 @@ class PausedRun(models.Model):
     released_claim = models.CharField(max_length=300, null=True, blank=True,
                                       help_text="The claim that was released: the process (host:pid) and when it "
                                                 "claimed the run.")
+    mac = models.CharField(max_length=MAC_LENGTH, null=True, blank=True,
+                           help_text="ctrlrun's signature of the request, framework, state and resumer.")
 
     class Meta:
         ordering = ["created_at", "id"]

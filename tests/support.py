@@ -386,3 +386,22 @@ def role_refused(store: RoleStore):
 def breaks(report: dict) -> list[tuple[str, str]]:
     """(name, kind) of each break a ``--verify-chain --json`` report names."""
     return [(b["name"], b["kind"]) for b in report["breaks"]]
+
+
+def rewrite_paused(approval_id: str, /, **fields) -> None:
+    """Rewrite columns of the run paused on ``approval_id`` as someone holding the signing key would
+    (re-signed): what is left to stop an edited run is the grant at the effect. Without the key the row
+    is never resumed at all (``test_an_edited_state_without_the_key_is_never_resumed``)."""
+    from ctrlrun.models import PausedRun
+    from ctrlrun.store.signatures import paused_mac
+
+    row = PausedRun.objects.get(approval_id=approval_id)
+    for name, value in fields.items():
+        setattr(row, name, value)
+    row.mac = paused_mac(row)
+    row.save(update_fields=[*fields, "mac"])
+
+
+def write_paused_state(approval_id: str, state: str) -> None:
+    """``rewrite_paused`` of the state alone."""
+    rewrite_paused(approval_id, state=state)

@@ -7,11 +7,13 @@
 # - BudgetLedger: ``mac``, and its identity (effect_key, attempt, grant_id, metric) unique.
 # - ChainCheck: ``nonce`` (unique, under the signature, now ``ctrlrun.check/v2``).
 # - PolicyDocument: ``mac``.
+# - PausedRun: ``mac`` (what a resume is made of: the request, framework, state and resumer).
 #
 # Rows written before this migration are signed here only where they can be vouched for: a
 # delegation whose DELEGATION_CREATED (and, if revoked, DELEGATION_REVOKED) event the chain holds; a
 # budget charge whose release agrees with its effect record; a chain check whose v1 signature holds
-# (the first of identical copies only); a policy text that hashes to its hash. Anything else stays
+# (the first of identical copies only); a policy text that hashes to its hash; a paused run whose
+# request's APPROVAL_REQUESTED event the chain holds. Anything else stays
 # unsigned, and is refused where it is used and named by ``receipts --verify-chain``.
 
 import json
@@ -76,6 +78,13 @@ def _sign_legacy(apps, schema_editor):
         row.nonce = "chk_" + uuid.uuid4().hex
         row.mac = sig.signing.sign(sig.CHECK_DOMAIN, (row.nonce, *document))
         row.save(update_fields=["nonce", "mac"])
+
+    requested = set(rows("Event").filter(type="APPROVAL_REQUESTED", seq__isnull=False)
+                    .values_list("approval_id", flat=True))
+    for row in rows("PausedRun").all():
+        if row.approval_id in requested:
+            row.mac = sig.paused_mac(row)
+            row.save(update_fields=["mac"])
 
     from ctrlrun.errors import CTRLRunError
     from ctrlrun.policy import parse_authority, parse_policy
@@ -157,6 +166,12 @@ class Migration(migrations.Migration):
             name='mac',
             field=models.CharField(blank=True, help_text="ctrlrun's signature of the hash, the text and where it came "
                                                          "from.", max_length=MAC_LENGTH, null=True),
+        ),
+        migrations.AddField(
+            model_name='pausedrun',
+            name='mac',
+            field=models.CharField(blank=True, help_text="ctrlrun's signature of the request, framework, state and "
+                                                         "resumer.", max_length=MAC_LENGTH, null=True),
         ),
         migrations.RunPython(_sign_legacy, migrations.RunPython.noop),
         migrations.RunPython(_install, migrations.RunPython.noop),

@@ -151,6 +151,7 @@ from .delegations import (
     revoke_delegation,
 )
 from .policies import ensure_policy, forget_known_policies, policy_document, policy_document_forged
+from .signatures import paused_ok as paused_run_ok
 from .signatures import policy_document_ok
 from .signatures import (
     APPROVAL_DOMAIN,
@@ -178,7 +179,7 @@ __all__ = [
     # which database, and its clock
     "using", "alias", "now",
     # policies
-    "ensure_policy", "forget_known_policies", "policy_document", "policy_document_forged", "policy_document_ok",
+    "ensure_policy", "forget_known_policies", "policy_document", "policy_document_forged", "policy_document_ok", "paused_run_ok",
     # effects
     "record_denial", "begin_unkeyed", "check_ceiling", "observe_begin", "reserve", "record_refusal", "renew_lease",
     "record_outcome",

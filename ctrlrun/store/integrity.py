@@ -1,5 +1,5 @@
 """The signed rows beside the chains, checked by ``receipts --verify-chain``: delegations, budget
-charges, stored policy texts and recorded chain checks.
+charges, stored policy texts, recorded chain checks and paused runs.
 
 Each must carry ctrlrun's signature over its identity and every column a decision or a page reads;
 a delegation must also agree with the event chain (its ``DELEGATION_CREATED``, and, once revoked,
@@ -16,11 +16,11 @@ from typing import Any
 
 from django.db.models import Q
 
-from ..models import BudgetLedger, ChainCheck, Event, PolicyDocument
+from ..models import BudgetLedger, ChainCheck, Event, PausedRun, PolicyDocument
 from ..models import Delegation as DelegationRow
 from ..receipts import ChainBreak
 from .base import _q
-from .signatures import _check_ok, delegation_ok, ledger_ok, policy_document_ok
+from .signatures import _check_ok, delegation_ok, ledger_ok, paused_ok, policy_document_ok
 
 _DELEGATION_COLUMNS = ("delegation_id", "parent_id", "depth", "grant_json", "agent", "created_by_agent",
                        "created_by_user", "created_via", "created_at", "revoked_at", "revoked_by", "mac")
@@ -117,4 +117,12 @@ def row_breaks(since: dt.datetime | None, walked: dict[str, set[str]], upto_even
             out.append(_unsigned("check", str(row.id), f"chain check {row.id} ({'intact' if row.ok else 'broken'}, "
                                  f"{row.mode}, up to receipt {row.receipt_seq})",
                                  "no check starts from it, and the front page does not take it for the last check"))
+    paused = _q(PausedRun).all()
+    if since is not None:
+        paused = paused.filter(created_at__gte=since)
+    for row in paused.order_by("id").iterator():
+        checked += 1
+        if not paused_ok(row):
+            out.append(_unsigned("paused", row.approval_id, f"the run paused on {row.approval_id} ({row.framework}, "
+                                 f"resumer {row.resume_with!r})", "it is never resumed"))
     return out, checked

@@ -15,7 +15,7 @@ from typing import Any
 
 from .. import messages, signing
 from ..canonical import GENESIS_HASH
-from ..models import Approval, ChainCheck, EffectRecord, PolicyDocument
+from ..models import Approval, ChainCheck, EffectRecord, PausedRun, PolicyDocument
 from .base import _db, _digest, _iso
 
 #: Signature domains: a MAC made for one kind of row can never pass for another.
@@ -23,7 +23,7 @@ HEAD_DOMAIN, EFFECT_DOMAIN, APPROVAL_DOMAIN = "ctrlrun.head/v1", "ctrlrun.effect
 #: v1 signed a check's content only, so a copy under a new id verified; v2 signs its ``nonce`` too.
 CHECK_DOMAIN_V1, CHECK_DOMAIN = "ctrlrun.check/v1", "ctrlrun.check/v2"
 DELEGATION_DOMAIN, LEDGER_DOMAIN = "ctrlrun.delegation/v1", "ctrlrun.ledger/v1"
-POLICY_DOMAIN = "ctrlrun.policy-document/v1"
+POLICY_DOMAIN, PAUSED_DOMAIN = "ctrlrun.policy-document/v1", "ctrlrun.paused-run/v1"
 #: The head row's columns, in the order ``_head_problem`` takes them.
 HEAD_FIELDS = ("seq", "hash", "event_seq", "event_hash", "mac", "key_id")
 
@@ -190,3 +190,19 @@ def policy_document_ok(row: PolicyDocument) -> bool:
     """Whether a stored policy text is one ctrlrun stored under that hash (a text the application's
     role inserted under a policy's hash before its first use is not)."""
     return _signed_ok(POLICY_DOMAIN, _policy_document, row)
+
+
+# --------------------------------------------------------------------------- paused runs
+
+
+def _paused_fields(row: PausedRun) -> tuple:
+    """What a resume is made of, as signed (the request id is unique: it is the row's identity)."""
+    return (row.approval_id, row.framework, _digest(row.state), row.resume_with, _iso(row.created_at))
+
+
+def paused_mac(row: PausedRun) -> str:
+    return signing.sign(PAUSED_DOMAIN, _paused_fields(row))
+
+
+def paused_ok(row: PausedRun) -> bool:
+    return _signed_ok(PAUSED_DOMAIN, _paused_fields, row)

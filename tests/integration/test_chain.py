@@ -69,15 +69,15 @@ def problems(lines: list[str]) -> list[str]:
 
 def intact_lines(receipts: int) -> list[str]:
     """What --verify-chain prints for an untouched store holding ``receipts`` receipts."""
-    from ctrlrun.models import Approval, BudgetLedger, ChainCheck, Delegation, Event, PolicyDocument
+    from ctrlrun.models import Approval, BudgetLedger, ChainCheck, Delegation, Event, PausedRun, PolicyDocument
 
     events = Event.objects.count()
     # The head, and every signed row but the check that printed these lines (recorded after it ran).
     signed = 1 + sum(model.objects.count() for model in (Approval, EffectRecord, Delegation, BudgetLedger,
-                                                          PolicyDocument, ChainCheck)) - 1
+                                                          PolicyDocument, ChainCheck, PausedRun)) - 1
     return [f"chain: {receipts} of {receipts} receipts verified", f"events: {events} of {events} events verified",
             f"signatures: {signed} of {signed} signed rows verify (the chain head, approvals, effect records, "
-            f"delegations, budget charges, policy texts, chain checks)",
+            f"delegations, budget charges, policy texts, chain checks, paused runs)",
             "the chain is intact"]
 
 
