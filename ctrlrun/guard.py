@@ -13,7 +13,9 @@
   ``REPLACE`` harmless).
 - **Approvals move pending -> granted | denied | expired, granted -> consumed | expired**; what
   the human read (the action, its hash, the principal, the expiry) never changes; never deleted.
-- **The chain head only moves forward** and is never deleted.
+- **The chain head only moves forward**, is never deleted, and is the one row (id 1) of its table.
+- **A paused run is never deleted, and what it resumes with never changes** (its request, framework,
+  state, resumer, creation time and signature); only the claim bookkeeping moves.
 - **Budget ledger rows are never deleted** (nor truncated, on PostgreSQL, nor replaced, on SQLite):
   a charge is given back only by setting its ``released_at`` (and its signature), once, and only
   while the effect record of its attempt is ``failed`` at that attempt: a committed charge is spent
@@ -119,6 +121,15 @@ def _delegation_revoke_only(same: str) -> str:
 
 
 _HEAD_FORWARD = "NEW.id = OLD.id AND NEW.seq >= OLD.seq AND NEW.event_seq >= OLD.event_seq"
+HEAD_ONE_MESSAGE = "the ctrlrun chain head is the one row with id 1"
+PAUSED_TABLE = "ctrlrun_pausedrun"
+PAUSED_MESSAGE = ("a ctrlrun paused run is never deleted, and what it resumes with (request, framework, state, resumer) "
+                  "never changes")
+_PAUSED_FIXED = ("id", "approval_id", "framework", "state", "resume_with", "created_at", "mac")
+
+
+def _paused_fixed(same: str) -> str:
+    return " AND ".join(_same(c, same) for c in _PAUSED_FIXED)
 _INSERT_OK = f"NEW.state = '{INITIAL_STATE.value}' AND NEW.attempt = 1"
 
 # --------------------------------------------------------------------------- SQLite
@@ -179,9 +190,18 @@ def _sqlite_statements(present: Any = None) -> list[tuple[str, str]]:
             "a ctrlrun delegation is only ever revoked, once (there is no unrevoke)",
             condition=f"NOT ({_delegation_revoke_only('IS')})")
 
+    if present is None or PAUSED_TABLE in present:
+        add(f"{PAUSED_TABLE}_no_delete", "BEFORE DELETE", PAUSED_TABLE, PAUSED_MESSAGE)
+        add(f"{PAUSED_TABLE}_fixed", "BEFORE UPDATE", PAUSED_TABLE, PAUSED_MESSAGE,
+            condition=f"NOT ({_paused_fixed('IS')})")
+        add(f"{PAUSED_TABLE}_no_replace", "BEFORE INSERT", PAUSED_TABLE, PAUSED_MESSAGE,
+            condition=f'EXISTS (SELECT 1 FROM "{PAUSED_TABLE}" WHERE "id" = NEW."id" OR "approval_id" = '
+                      f'NEW."approval_id")')
+
     head = "ctrlrun_chainhead"
     add(f"{head}_no_replace", "BEFORE INSERT", head, "", ignore=True,
         condition=f'EXISTS (SELECT 1 FROM "{head}" WHERE "id" = NEW."id")')
+    add(f"{head}_only_one", "BEFORE INSERT", head, HEAD_ONE_MESSAGE, condition='NEW."id" <> 1')
     add(f"{head}_no_delete", "BEFORE DELETE", head, "the ctrlrun chain head is never deleted")
     add(f"{head}_forward", "BEFORE UPDATE", head, "the ctrlrun chain head only moves forward",
         condition=f"NOT ({_HEAD_FORWARD})")
@@ -232,6 +252,7 @@ def _postgresql_statements(present: Any = None) -> list[str]:
         ])),
         _pg_function("ctrlrun_guard_chainhead", "\n".join([
             "IF TG_OP IN ('DELETE', 'TRUNCATE') THEN " + _pg_raise("the ctrlrun chain head is never deleted") + " END IF;",
+            "IF TG_OP = 'INSERT' THEN IF NEW.id <> 1 THEN " + _pg_raise(HEAD_ONE_MESSAGE) + " END IF; RETURN NEW; END IF;",
             f"IF TG_OP = 'UPDATE' AND NOT ({_HEAD_FORWARD}) THEN "
             + _pg_raise("the ctrlrun chain head only moves forward") + " END IF;",
             "RETURN NEW;",
@@ -249,6 +270,18 @@ def _postgresql_statements(present: Any = None) -> list[str]:
             "FOR EACH ROW EXECUTE FUNCTION ctrlrun_guard_budgetledger()",
             f'CREATE TRIGGER "{LEDGER_TABLE}_no_truncate" BEFORE TRUNCATE ON "{LEDGER_TABLE}" '
             "FOR EACH STATEMENT EXECUTE FUNCTION ctrlrun_guard_budgetledger()",
+        ]
+    if present is None or PAUSED_TABLE in present:
+        statements.append(_pg_function("ctrlrun_guard_pausedrun", "\n".join([
+            "IF TG_OP IN ('DELETE', 'TRUNCATE') THEN " + _pg_raise(PAUSED_MESSAGE) + " END IF;",
+            f"IF NOT ({_paused_fixed('IS NOT DISTINCT FROM')}) THEN " + _pg_raise(PAUSED_MESSAGE) + " END IF;",
+            "RETURN NEW;",
+        ])))
+        statements += [
+            f'CREATE TRIGGER "{PAUSED_TABLE}_guard" BEFORE UPDATE OR DELETE ON "{PAUSED_TABLE}" '
+            f"FOR EACH ROW EXECUTE FUNCTION ctrlrun_guard_pausedrun()",
+            f'CREATE TRIGGER "{PAUSED_TABLE}_no_truncate" BEFORE TRUNCATE ON "{PAUSED_TABLE}" '
+            f"FOR EACH STATEMENT EXECUTE FUNCTION ctrlrun_guard_pausedrun()",
         ]
     if present is None or DELEGATION_TABLE in present:
         statements.append(_pg_function("ctrlrun_guard_delegation", "\n".join([
@@ -274,7 +307,7 @@ def _postgresql_statements(present: Any = None) -> list[str]:
         ]
     for table, function, ops in (("ctrlrun_effectrecord", "ctrlrun_guard_effectrecord", "INSERT OR UPDATE OR DELETE"),
                                  ("ctrlrun_approval", "ctrlrun_guard_approval", "INSERT OR UPDATE OR DELETE"),
-                                 ("ctrlrun_chainhead", "ctrlrun_guard_chainhead", "UPDATE OR DELETE")):
+                                 ("ctrlrun_chainhead", "ctrlrun_guard_chainhead", "INSERT OR UPDATE OR DELETE")):
         statements += [
             f'CREATE TRIGGER "{table}_guard" BEFORE {ops} ON "{table}" FOR EACH ROW EXECUTE FUNCTION {function}()',
             f'CREATE TRIGGER "{table}_no_truncate" BEFORE TRUNCATE ON "{table}" '
@@ -284,10 +317,12 @@ def _postgresql_statements(present: Any = None) -> list[str]:
 
 
 _PG_TRIGGERS = [(t, n) for t in EVIDENCE_TABLES for n in ("append_only", "no_truncate")] + [
-    (t, n) for t in ("ctrlrun_effectrecord", "ctrlrun_approval", "ctrlrun_chainhead", LEDGER_TABLE, DELEGATION_TABLE)
+    (t, n) for t in ("ctrlrun_effectrecord", "ctrlrun_approval", "ctrlrun_chainhead", LEDGER_TABLE, DELEGATION_TABLE,
+                     PAUSED_TABLE)
     for n in ("guard", "no_truncate")]
 _PG_FUNCTIONS = ("ctrlrun_refuse_evidence_change", "ctrlrun_guard_effectrecord", "ctrlrun_guard_approval",
-                 "ctrlrun_guard_chainhead", "ctrlrun_guard_budgetledger", "ctrlrun_guard_delegation")
+                 "ctrlrun_guard_chainhead", "ctrlrun_guard_budgetledger", "ctrlrun_guard_delegation",
+                 "ctrlrun_guard_pausedrun")
 
 
 def _removal(vendor: str, present: Any = None) -> list[str]:

@@ -267,6 +267,13 @@ def refund(payment_id: str, amount: int) -> str:
         raise TimeoutError("read timed out")
     return "refunded"
 
+from ctrlrun import resumption
+
+@resumption.resumer("matrix")
+def resume_matrix(run, answer):
+    with open(folder / "resumed.log", "a") as log:
+        log.write(f"{run.approval_id} {answer.status}\n")
+
 def run(op):
     kind = op["op"]
     if kind == "refund":
@@ -281,6 +288,13 @@ def run(op):
         from ctrlrun.control import default_control
         made = default_control().delegate(op["parent"], op["grant"], by=op.get("by", "support-agent"))
         return {"value": made.id}
+    if kind == "pause":
+        return {"value": store.save_paused_run(op["approval"], "pydantic-ai", '{"messages": []}', "matrix").id}
+    if kind == "answer":
+        store.answer_approval(op["approval"], op.get("granted", True), by="alice")
+        return {"value": "answered"}
+    if kind == "resume":
+        return [[o.status, o.detail] for o in resumption.resume_ready()]
     if kind == "check":
         report, _ = store.run_check(incremental=op.get("incremental", False), ran_by="role-agent")
         return {"ok": report.ok, "breaks": [[b.name, b.kind] for b in report.breaks]}
@@ -399,7 +413,8 @@ def rewrite_paused(approval_id: str, /, **fields) -> None:
     for name, value in fields.items():
         setattr(row, name, value)
     row.mac = paused_mac(row)
-    row.save(update_fields=[*fields, "mac"])
+    with evidence_unguarded():  # the database refuses the application's role this change
+        row.save(update_fields=[*fields, "mac"])
 
 
 def write_paused_state(approval_id: str, state: str) -> None:

@@ -182,12 +182,21 @@ def test_editing_the_stored_state_to_change_the_arguments_is_refused(files):
 
 
 def test_an_edited_state_without_the_key_is_never_resumed(files):
-    """The application's database role edits a paused run's state by SQL: its signature fails, the run
-    is left pending and never resumed, and the check names it."""
+    """The application's database role cannot edit a paused run's state (the database refuses it); the
+    store's owner can, without the key: its signature fails, the run is left pending and never
+    resumed, and the check names it."""
+    from django.db import DatabaseError, transaction
+
+    from tests.support import evidence_unguarded
+
     approval_id = pause("openai-agents")
     store.answer_approval(approval_id, True, by="alice")
     row = paused_row(approval_id)
-    PausedRun.objects.filter(pk=row.pk).update(state=row.state.replace("500000", "900000"))
+    edited = row.state.replace("500000", "900000")
+    with pytest.raises(DatabaseError, match="paused run"), transaction.atomic():
+        PausedRun.objects.filter(pk=row.pk).update(state=edited)
+    with evidence_unguarded():
+        PausedRun.objects.filter(pk=row.pk).update(state=edited)
     (outcome,) = resumption.resume_ready()
     assert outcome.status == "skipped" and "signature" in outcome.detail
     assert paused_row(approval_id).status == "pending" and ledger(files) == [] and seen(files) == []

@@ -86,7 +86,8 @@ def test_a_run_pointed_at_another_granted_request_never_runs_its_tool(framework,
     waiting = pause(framework)
     other = pause("pydantic-ai", {"payment_id": "txn_other", "amount": 400_000}, thread="t-other")
     store.answer_approval(other, True, by="alice")
-    PausedRun.objects.filter(approval_id=other).delete()  # B's own run gone: A takes its place
+    with evidence_unguarded():  # B's own run gone (by the store's owner): A takes its place
+        PausedRun.objects.filter(approval_id=other).delete()
     rewrite_paused(waiting, approval_id=other)
 
     outcomes = resumption.resume_ready()
@@ -173,7 +174,8 @@ def test_an_answer_that_changes_after_the_claim_is_told_as_it_was_and_the_grant_
 ])
 def test_a_deeply_nested_state_is_a_one_line_error_and_stores_nothing(state, files):
     approval_id = pause("pydantic-ai")
-    PausedRun.objects.all().delete()
+    with evidence_unguarded():
+        PausedRun.objects.all().delete()
     if state == "deep-dict":
         state = {}
         for _ in range(100_000):
