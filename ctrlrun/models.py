@@ -16,9 +16,10 @@
 - ``ChainHead``: a single row holding the last receipt's and the last event's ``seq`` and
   ``hash``, signed (``mac``) with a key kept outside the database (``ctrlrun.signing``) whose id it
   records. Every evidence append locks it, which keeps both chains linear on any host.
-- ``mac`` on effect records and approvals: the store's signature of the fields that decide
-  what may run (state, holder, attempt, lease, resolver; status, approver, what was approved), so
-  a row written around ctrlrun is refused where it is used.
+- ``mac`` on effect records, approvals, delegations, budget charges, policy documents, chain
+  checks and paused runs: the store's signature of the row's identity and every column a decision
+  or a page reads (``store/signatures.py``), so a row written around ctrlrun is refused where it is
+  used and named by ``receipts --verify-chain`` (docs/guarantees.md has the table-by-table matrix).
 - ``Approval``: a human's answer to an ``approve`` decision, bound to the action hash of the
   exact call the human read (``action_json`` keeps that call whole). It moves pending ->
   granted | denied | expired, and granted -> consumed (once) | expired; only the store moves it.
@@ -28,7 +29,12 @@
   so an incremental check can start from the last intact one, and the front page can show the
   last result without re-hashing anything.
 - ``BudgetLedger``: one row per budget charge of an attempt (authority), written with the
-  reservation, released (``released_at``) when the attempt ends failed, never deleted.
+  reservation, released (``released_at``) when the attempt ends failed (the database allows it only
+  then), never deleted.
+- ``Delegation``: a grant handed down at runtime, revoked once, never deleted; read per call by
+  its ``agent`` (indexed) and the ancestors of those rows, never all of them.
+- ``PausedRun``: an agent framework's run paused on an approval (app data; what it resumes with is
+  signed and fixed).
 - ``PolicyDocument``: every policy text that decided an action, by hash, so a receipt's
   ``policy_hash`` can always be traced back to the exact rules that applied.
 
