@@ -32,7 +32,7 @@ authority:
       actions: ["stripe.*"]
       resources: ["payment:*"]
       constraints: {amount_lte: 50000}
-      expires_at: "2027-01-01T00:00:00Z"
+      expires_at: "2099-01-01T00:00:00Z"
       delegable: true
     - id: mailer
       subject: {agent: mailer}
@@ -50,7 +50,7 @@ subject: {agent: worker}
 actions: [stripe.refund]
 resources: ["payment:*"]
 constraints: {amount_lte: 1000}
-expires_at: "2026-12-31T00:00:00Z"
+expires_at: "2098-12-31T00:00:00Z"
 """
 DELEGABLE_CHILD = CHILD + "delegable: true\n"
 GRANDCHILD = CHILD.replace("worker", "helper")
@@ -116,7 +116,7 @@ def test_revoking_the_parent_refuses_the_child(control, drive):
     ("support", CHILD, "mallory", "not_the_subject", None),
     ("support", CHILD.replace('resources: ["payment:*"]\n', ""), "orchestrator", "containment", "resources"),
     ("support", CHILD.replace("amount_lte: 1000", "amount_lte: 90000"), "orchestrator", "containment", "constraints"),
-    ("support", CHILD.replace("2026-12-31", "2027-06-01"), "orchestrator", "containment", "expires_at"),
+    ("support", CHILD.replace("2098-12-31", "2099-06-01"), "orchestrator", "containment", "expires_at"),
 ])
 def test_each_creation_refusal_is_recorded(control, parent, text, by, reason, dimension):
     with pytest.raises(ctrlrun.AuthorityEscalation) as refused:

@@ -22,7 +22,7 @@ authority:
       subject: {agent: orchestrator}
       actions: ["stripe.*"]
       resources: ["payment:*"]
-      expires_at: "2027-01-01T00:00:00Z"
+      expires_at: "2099-01-01T00:00:00Z"
       delegable: true
     - id: mailer
       subject: {agent: mailer}
@@ -39,7 +39,7 @@ CHILD = """\
 subject: {agent: worker}
 actions: [stripe.refund]
 resources: ["payment:*"]
-expires_at: "2026-12-31T00:00:00Z"
+expires_at: "2098-12-31T00:00:00Z"
 """
 ORCHESTRATOR = Principal(agent="orchestrator")
 
