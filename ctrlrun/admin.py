@@ -156,9 +156,9 @@ def _proposed(events: list[Any]) -> dict[str, Any] | None:
 
 
 def _policy_document(policy_hash: str | None) -> PolicyDocument | None:
-    if not policy_hash:
-        return None
-    return PolicyDocument.objects.using(store.alias()).filter(pk=policy_hash).first()
+    """The stored policy text pages explain decisions with: only one ctrlrun stored (a row written
+    under a policy's hash outside ctrlrun is never shown as the rules that decided)."""
+    return store.policy_document(policy_hash)
 
 
 def _timeline(site: str, events: list[Any]) -> list[dict[str, Any]]:
@@ -383,14 +383,16 @@ class PausedRunAdmin(_NumberedRows):
     list_per_page = 50
     ordering = ("-created_at", "-id")
     fieldsets = [
-        (_("The paused run"), {"fields": ("run", "shown_status", "shown_framework", "approval", "shown_resume_with")}),
+        (_("The paused run"), {"fields": ("run", "shown_status", "shown_framework", "approval", "shown_resume_with",
+                                          "shown_signature")}),
         (_("Resuming"), {"fields": ("shown_answer", "at_created_at", "at_claimed_at", "shown_claimed_by",
                                     "at_resumed_at", "shown_error")}),
         (_("Released"), {"fields": ("shown_released_by", "at_released_at", "shown_release_reason",
                                     "shown_released_claim")}),
         (_("The framework's state (not trusted for consent)"), {"fields": ("shown_state",)}),
     ]
-    readonly_fields = ("run", "shown_status", "shown_framework", "approval", "shown_resume_with", "shown_answer",
+    readonly_fields = ("run", "shown_status", "shown_framework", "approval", "shown_resume_with", "shown_signature",
+                       "shown_answer",
                        "at_created_at", "at_claimed_at", "shown_claimed_by", "at_resumed_at", "shown_error",
                        "shown_released_by", "at_released_at", "shown_release_reason", "shown_released_claim",
                        "shown_state")
@@ -412,6 +414,13 @@ class PausedRunAdmin(_NumberedRows):
     @admin.display(description=_("run"), ordering="id")
     def run(self, obj: PausedRun) -> SafeString:
         return link(change_url(self.site, "pausedrun", obj.pk), str(obj.pk))
+
+    @admin.display(description=_("signature"))
+    def shown_signature(self, obj: PausedRun) -> SafeString:
+        if store.paused_run_ok(obj):
+            return format_html("{}", _g("ctrlrun's: the request, framework, state and resumer are as stored"))
+        return format_html('<span class="ctrlrun-badge alert">{}</span>', _g(
+            "NOT ctrlrun's: changed outside ctrlrun; it is never resumed. Run receipts --verify-chain"))
 
     @admin.display(description=_("status"), ordering="status")
     def shown_status(self, obj: PausedRun) -> SafeString:
@@ -1539,8 +1548,9 @@ def _readable(receipt: Any) -> bool:
 class PolicyDocumentAdmin(EvidenceAdmin):
     list_display = ("short_hash", "schema", "listed_source", "environment", "at_first_seen", "in_force")
     search_fields = ("hash", "source")
-    fields = ("hash", "schema", "shown_source", "environment", "at_first_seen", "in_force", "pretty_text")
-    readonly_fields = ("shown_source", "at_first_seen", "in_force", "pretty_text")
+    fields = ("hash", "schema", "shown_source", "environment", "at_first_seen", "in_force", "signature",
+              "pretty_text")
+    readonly_fields = ("shown_source", "at_first_seen", "in_force", "signature", "pretty_text")
 
     at_first_seen = _at("first_seen", _("first used at"))
 
@@ -1565,6 +1575,14 @@ class PolicyDocumentAdmin(EvidenceAdmin):
             return _g("unknown (this server cannot read its policy file)")
         return _g("yes: %(path)s") % {"path": conf.policy_path()} if obj.hash == current else \
             _g("no (an earlier or other policy)")
+
+    @admin.display(description=_("signature"))
+    def signature(self, obj: PolicyDocument) -> SafeString:
+        if store.policy_document_ok(obj):
+            return format_html("{}", _g("ctrlrun's: this is the text ctrlrun stored under this hash"))
+        return format_html('<span class="ctrlrun-badge alert">{}</span>', _g(
+            "NOT ctrlrun's: this row was written outside ctrlrun (its signature does not hold). It is not the "
+            "policy that decided anything; no page explains a decision with it. Run receipts --verify-chain"))
 
     @admin.display(description=_("text"))
     def pretty_text(self, obj: PolicyDocument) -> str:

@@ -13,13 +13,16 @@
   ``REPLACE`` harmless).
 - **Approvals move pending -> granted | denied | expired, granted -> consumed | expired**; what
   the human read (the action, its hash, the principal, the expiry) never changes; never deleted.
-- **The chain head only moves forward** and is never deleted.
+- **The chain head only moves forward**, is never deleted, and is the one row (id 1) of its table.
+- **A paused run is never deleted, and what it resumes with never changes** (its request, framework,
+  state, resumer, creation time and signature); only the claim bookkeeping moves.
 - **Budget ledger rows are never deleted** (nor truncated, on PostgreSQL, nor replaced, on SQLite):
-  a charge is given back only by setting its ``released_at``, once; every other column is fixed
-  and a release is never undone, so spend cannot be erased (or moved) to make room by rewriting
-  a row either. (Which rows the store releases, those of a failed attempt, is the store's rule.)
+  a charge is given back only by setting its ``released_at`` (and its signature), once, and only
+  while the effect record of its attempt is ``failed`` at that attempt: a committed charge is spent
+  for good, whoever asks. Every other column is fixed and a release is never undone, so spend
+  cannot be erased (or moved) to make room by rewriting a row either.
 - **Delegations are revoked once, never edited or deleted**: a row is inserted unrevoked, and its one
-  allowed change sets ``revoked_at`` and ``revoked_by`` on a row that had neither.
+  allowed change sets ``revoked_at``, ``revoked_by`` (and its signature) on a row that had neither.
 
 An application's usual database role (SELECT/INSERT/UPDATE/DELETE) cannot disable these: only
 the tables' owner can. What a role *may* still write within the rules (a granted status, a
@@ -38,13 +41,13 @@ __all__ = ["install", "remove", "APPEND_ONLY_MESSAGE"]
 
 LEDGER_TABLE = "ctrlrun_budgetledger"
 LEDGER_MESSAGE = "ctrlrun budget ledger rows are never deleted (a failed attempt releases its charge instead)"
-LEDGER_RELEASE_MESSAGE = ("a ctrlrun budget ledger row only ever gets released_at, once (what it charged, to whom "
-                          "and when never changes)")
+LEDGER_RELEASE_MESSAGE = ("a ctrlrun budget ledger row only ever gets released_at, once, while the effect record of "
+                          "its attempt is failed (what it charged, to whom and when never changes)")
 APPEND_ONLY_MESSAGE = "ctrlrun evidence is append-only: receipts and events are never updated or deleted"
 EVIDENCE_TABLES = ("ctrlrun_receipt", "ctrlrun_event", "ctrlrun_policydocument", "ctrlrun_chaincheck")
 #: Columns an insert may collide on (primary key and unique columns), per evidence table.
 _UNIQUE = {"ctrlrun_receipt": ("receipt_id", "seq"), "ctrlrun_event": ("id", "seq"),
-           "ctrlrun_policydocument": ("hash",), "ctrlrun_chaincheck": ("id",)}
+           "ctrlrun_policydocument": ("hash",), "ctrlrun_chaincheck": ("id", "nonce")}
 #: What the person deciding read; an approval keeps it for life.
 _APPROVAL_FIXED = ("approval_id", "action", "action_id", "action_hash", "action_json", "agent", "user",
                    "effect_key", "policy_hash", "decision_reason", "created_at", "expires_at")
@@ -88,18 +91,26 @@ def _approval_allowed(same: str) -> str:
     return f"{fixed} AND {_edges(_APPROVAL_EDGES).format(column='status')}"
 
 
-#: What a ledger row keeps for life; only released_at changes, once (NULL -> a time).
+#: What a ledger row keeps for life; only released_at changes (with the row's signature), once.
 _LEDGER_FIXED = ("id", "grant_id", "metric", "amount", "effect_key", "attempt", "consumed_at")
+EFFECT_TABLE = "ctrlrun_effectrecord"
 
 
 def _ledger_release_only(same: str) -> str:
+    """A ledger UPDATE changes nothing, or releases an unreleased charge whose attempt's effect record
+    is ``failed`` at that very attempt (NotExecuted, a hook's not_executed, a person's resolve
+    --failed: the store moves the record first, in the same transaction)."""
     fixed = " AND ".join(_same(c, same) for c in _LEDGER_FIXED)
-    return f'{fixed} AND (OLD."released_at" IS NULL OR NEW."released_at" {same} OLD."released_at")'
+    failed = (f'EXISTS (SELECT 1 FROM "{EFFECT_TABLE}" WHERE "{EFFECT_TABLE}"."effect_key" = OLD."effect_key" '
+              f'AND "{EFFECT_TABLE}"."attempt" = OLD."attempt" AND "{EFFECT_TABLE}"."state" = \'{S.FAILED.value}\')')
+    unchanged = f'{_same("released_at", same)} AND {_same("mac", same)}'
+    return (f'{fixed} AND (({unchanged}) OR (OLD."released_at" IS NULL AND NEW."released_at" IS NOT NULL '
+            f'AND {failed}))')
 
 
 #: What a delegation keeps for life; only revoked_at/revoked_by change, once.
-_DELEGATION_FIXED = ("delegation_id", "parent_id", "depth", "grant_json", "created_by_agent", "created_by_user",
-                     "created_via", "created_at")
+_DELEGATION_FIXED = ("delegation_id", "parent_id", "depth", "grant_json", "agent", "created_by_agent",
+                     "created_by_user", "created_via", "created_at")
 DELEGATION_TABLE = "ctrlrun_delegation"
 
 
@@ -110,6 +121,15 @@ def _delegation_revoke_only(same: str) -> str:
 
 
 _HEAD_FORWARD = "NEW.id = OLD.id AND NEW.seq >= OLD.seq AND NEW.event_seq >= OLD.event_seq"
+HEAD_ONE_MESSAGE = "the ctrlrun chain head is the one row with id 1"
+PAUSED_TABLE = "ctrlrun_pausedrun"
+PAUSED_MESSAGE = ("a ctrlrun paused run is never deleted, and what it resumes with (request, framework, state, resumer) "
+                  "never changes")
+_PAUSED_FIXED = ("id", "approval_id", "framework", "state", "resume_with", "created_at", "mac")
+
+
+def _paused_fixed(same: str) -> str:
+    return " AND ".join(_same(c, same) for c in _PAUSED_FIXED)
 _INSERT_OK = f"NEW.state = '{INITIAL_STATE.value}' AND NEW.attempt = 1"
 
 # --------------------------------------------------------------------------- SQLite
@@ -155,7 +175,9 @@ def _sqlite_statements(present: Any = None) -> list[tuple[str, str]]:
     if present is None or LEDGER_TABLE in present:
         add(f"{LEDGER_TABLE}_no_delete", "BEFORE DELETE", LEDGER_TABLE, LEDGER_MESSAGE)
         add(f"{LEDGER_TABLE}_no_replace", "BEFORE INSERT", LEDGER_TABLE, LEDGER_MESSAGE,
-            condition=f'EXISTS (SELECT 1 FROM "{LEDGER_TABLE}" WHERE "id" = NEW."id")')
+            condition=f'EXISTS (SELECT 1 FROM "{LEDGER_TABLE}" WHERE "id" = NEW."id" OR ("effect_key" = '
+                      f'NEW."effect_key" AND "attempt" = NEW."attempt" AND "grant_id" = NEW."grant_id" AND '
+                      f'"metric" = NEW."metric"))')
         add(f"{LEDGER_TABLE}_release_only", "BEFORE UPDATE", LEDGER_TABLE, LEDGER_RELEASE_MESSAGE,
             condition=f"NOT ({_ledger_release_only('IS')})")
     if present is None or DELEGATION_TABLE in present:
@@ -168,9 +190,18 @@ def _sqlite_statements(present: Any = None) -> list[tuple[str, str]]:
             "a ctrlrun delegation is only ever revoked, once (there is no unrevoke)",
             condition=f"NOT ({_delegation_revoke_only('IS')})")
 
+    if present is None or PAUSED_TABLE in present:
+        add(f"{PAUSED_TABLE}_no_delete", "BEFORE DELETE", PAUSED_TABLE, PAUSED_MESSAGE)
+        add(f"{PAUSED_TABLE}_fixed", "BEFORE UPDATE", PAUSED_TABLE, PAUSED_MESSAGE,
+            condition=f"NOT ({_paused_fixed('IS')})")
+        add(f"{PAUSED_TABLE}_no_replace", "BEFORE INSERT", PAUSED_TABLE, PAUSED_MESSAGE,
+            condition=f'EXISTS (SELECT 1 FROM "{PAUSED_TABLE}" WHERE "id" = NEW."id" OR "approval_id" = '
+                      f'NEW."approval_id")')
+
     head = "ctrlrun_chainhead"
     add(f"{head}_no_replace", "BEFORE INSERT", head, "", ignore=True,
         condition=f'EXISTS (SELECT 1 FROM "{head}" WHERE "id" = NEW."id")')
+    add(f"{head}_only_one", "BEFORE INSERT", head, HEAD_ONE_MESSAGE, condition='NEW."id" <> 1')
     add(f"{head}_no_delete", "BEFORE DELETE", head, "the ctrlrun chain head is never deleted")
     add(f"{head}_forward", "BEFORE UPDATE", head, "the ctrlrun chain head only moves forward",
         condition=f"NOT ({_HEAD_FORWARD})")
@@ -221,6 +252,7 @@ def _postgresql_statements(present: Any = None) -> list[str]:
         ])),
         _pg_function("ctrlrun_guard_chainhead", "\n".join([
             "IF TG_OP IN ('DELETE', 'TRUNCATE') THEN " + _pg_raise("the ctrlrun chain head is never deleted") + " END IF;",
+            "IF TG_OP = 'INSERT' THEN IF NEW.id <> 1 THEN " + _pg_raise(HEAD_ONE_MESSAGE) + " END IF; RETURN NEW; END IF;",
             f"IF TG_OP = 'UPDATE' AND NOT ({_HEAD_FORWARD}) THEN "
             + _pg_raise("the ctrlrun chain head only moves forward") + " END IF;",
             "RETURN NEW;",
@@ -238,6 +270,18 @@ def _postgresql_statements(present: Any = None) -> list[str]:
             "FOR EACH ROW EXECUTE FUNCTION ctrlrun_guard_budgetledger()",
             f'CREATE TRIGGER "{LEDGER_TABLE}_no_truncate" BEFORE TRUNCATE ON "{LEDGER_TABLE}" '
             "FOR EACH STATEMENT EXECUTE FUNCTION ctrlrun_guard_budgetledger()",
+        ]
+    if present is None or PAUSED_TABLE in present:
+        statements.append(_pg_function("ctrlrun_guard_pausedrun", "\n".join([
+            "IF TG_OP IN ('DELETE', 'TRUNCATE') THEN " + _pg_raise(PAUSED_MESSAGE) + " END IF;",
+            f"IF NOT ({_paused_fixed('IS NOT DISTINCT FROM')}) THEN " + _pg_raise(PAUSED_MESSAGE) + " END IF;",
+            "RETURN NEW;",
+        ])))
+        statements += [
+            f'CREATE TRIGGER "{PAUSED_TABLE}_guard" BEFORE UPDATE OR DELETE ON "{PAUSED_TABLE}" '
+            f"FOR EACH ROW EXECUTE FUNCTION ctrlrun_guard_pausedrun()",
+            f'CREATE TRIGGER "{PAUSED_TABLE}_no_truncate" BEFORE TRUNCATE ON "{PAUSED_TABLE}" '
+            f"FOR EACH STATEMENT EXECUTE FUNCTION ctrlrun_guard_pausedrun()",
         ]
     if present is None or DELEGATION_TABLE in present:
         statements.append(_pg_function("ctrlrun_guard_delegation", "\n".join([
@@ -263,7 +307,7 @@ def _postgresql_statements(present: Any = None) -> list[str]:
         ]
     for table, function, ops in (("ctrlrun_effectrecord", "ctrlrun_guard_effectrecord", "INSERT OR UPDATE OR DELETE"),
                                  ("ctrlrun_approval", "ctrlrun_guard_approval", "INSERT OR UPDATE OR DELETE"),
-                                 ("ctrlrun_chainhead", "ctrlrun_guard_chainhead", "UPDATE OR DELETE")):
+                                 ("ctrlrun_chainhead", "ctrlrun_guard_chainhead", "INSERT OR UPDATE OR DELETE")):
         statements += [
             f'CREATE TRIGGER "{table}_guard" BEFORE {ops} ON "{table}" FOR EACH ROW EXECUTE FUNCTION {function}()',
             f'CREATE TRIGGER "{table}_no_truncate" BEFORE TRUNCATE ON "{table}" '
@@ -273,10 +317,12 @@ def _postgresql_statements(present: Any = None) -> list[str]:
 
 
 _PG_TRIGGERS = [(t, n) for t in EVIDENCE_TABLES for n in ("append_only", "no_truncate")] + [
-    (t, n) for t in ("ctrlrun_effectrecord", "ctrlrun_approval", "ctrlrun_chainhead", LEDGER_TABLE, DELEGATION_TABLE)
+    (t, n) for t in ("ctrlrun_effectrecord", "ctrlrun_approval", "ctrlrun_chainhead", LEDGER_TABLE, DELEGATION_TABLE,
+                     PAUSED_TABLE)
     for n in ("guard", "no_truncate")]
 _PG_FUNCTIONS = ("ctrlrun_refuse_evidence_change", "ctrlrun_guard_effectrecord", "ctrlrun_guard_approval",
-                 "ctrlrun_guard_chainhead", "ctrlrun_guard_budgetledger", "ctrlrun_guard_delegation")
+                 "ctrlrun_guard_chainhead", "ctrlrun_guard_budgetledger", "ctrlrun_guard_delegation",
+                 "ctrlrun_guard_pausedrun")
 
 
 def _removal(vendor: str, present: Any = None) -> list[str]:

@@ -79,6 +79,12 @@ def head_unsigned(seq: int, event_seq: int) -> str:
             f"moved outside ctrlrun")
 
 
+def policy_document_forged(policy_hash: str) -> str:
+    return (f"the policy text stored under this policy's hash {policy_hash} is not the one ctrlrun stored (its "
+            f"signature or its text does not match): it was written outside ctrlrun, and a page would show it as the "
+            f"rules that decided. The store's owner must remove that row")
+
+
 HEAD_MISSING = "the chain head row is missing while receipts or events exist"
 BEYOND_HEAD = "a receipt or event lies past the chain head: it was added outside ctrlrun"
 

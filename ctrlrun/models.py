@@ -16,9 +16,10 @@
 - ``ChainHead``: a single row holding the last receipt's and the last event's ``seq`` and
   ``hash``, signed (``mac``) with a key kept outside the database (``ctrlrun.signing``) whose id it
   records. Every evidence append locks it, which keeps both chains linear on any host.
-- ``mac`` on effect records and approvals: the store's signature of the fields that decide
-  what may run (state, holder, attempt, lease, resolver; status, approver, what was approved), so
-  a row written around ctrlrun is refused where it is used.
+- ``mac`` on effect records, approvals, delegations, budget charges, policy documents, chain
+  checks and paused runs: the store's signature of the row's identity and every column a decision
+  or a page reads (``store/signatures.py``), so a row written around ctrlrun is refused where it is
+  used and named by ``receipts --verify-chain`` (docs/guarantees.md has the table-by-table matrix).
 - ``Approval``: a human's answer to an ``approve`` decision, bound to the action hash of the
   exact call the human read (``action_json`` keeps that call whole). It moves pending ->
   granted | denied | expired, and granted -> consumed (once) | expired; only the store moves it.
@@ -28,7 +29,12 @@
   so an incremental check can start from the last intact one, and the front page can show the
   last result without re-hashing anything.
 - ``BudgetLedger``: one row per budget charge of an attempt (authority), written with the
-  reservation, released (``released_at``) when the attempt ends failed, never deleted.
+  reservation, released (``released_at``) when the attempt ends failed (the database allows it only
+  then), never deleted.
+- ``Delegation``: a grant handed down at runtime, revoked once, never deleted; read per call by
+  its ``agent`` (indexed) and the ancestors of those rows, never all of them.
+- ``PausedRun``: an agent framework's run paused on an approval (app data; what it resumes with is
+  signed and fixed).
 - ``PolicyDocument``: every policy text that decided an action, by hash, so a receipt's
   ``policy_hash`` can always be traced back to the exact rules that applied.
 
@@ -91,6 +97,8 @@ class PolicyDocument(models.Model):
     text = models.TextField()
     environment = models.CharField(max_length=100)
     first_seen = models.DateTimeField()
+    mac = models.CharField(max_length=MAC_LENGTH, null=True, blank=True,
+                           help_text="ctrlrun's signature of the hash, the text and where it came from.")
 
     class Meta:
         ordering = ["-first_seen"]
@@ -247,6 +255,10 @@ class ChainCheck(models.Model):
     FULL, INCREMENTAL = "full", "incremental"
 
     id = models.BigAutoField(primary_key=True)
+    # Unique and signed: a recorded check copied under a new id either keeps its nonce (refused) or
+    # takes another (and no longer verifies).
+    nonce = models.CharField(max_length=ID_LENGTH, unique=True, null=True,
+                             help_text="The check's own identity, under its signature.")
     checked_at = models.DateTimeField(help_text="When the check started (the store's clock).")
     mode = models.CharField(max_length=12, choices=[(FULL, FULL), (INCREMENTAL, INCREMENTAL)])
     from_receipt_seq = models.BigIntegerField(default=0, help_text="The receipt seq it started after (0: all).")
@@ -314,6 +326,8 @@ class PausedRun(models.Model):
     released_claim = models.CharField(max_length=300, null=True, blank=True,
                                       help_text="The claim that was released: the process (host:pid) and when it "
                                                 "claimed the run.")
+    mac = models.CharField(max_length=MAC_LENGTH, null=True, blank=True,
+                           help_text="ctrlrun's signature of the request, framework, state and resumer.")
 
     class Meta:
         ordering = ["created_at", "id"]
@@ -346,6 +360,8 @@ class BudgetLedger(models.Model):
     consumed_at = models.DateTimeField(help_text="When the charge was made (the store's clock).")
     released_at = models.DateTimeField(null=True, blank=True,
                                        help_text="When the attempt ended failed and the charge was given back.")
+    mac = models.CharField(max_length=MAC_LENGTH, null=True, blank=True,
+                           help_text="ctrlrun's signature of the charge and its release.")
 
     class Meta:
         ordering = ["id"]
@@ -356,7 +372,12 @@ class BudgetLedger(models.Model):
                          condition=models.Q(released_at__isnull=True)),
             models.Index(fields=["effect_key", "attempt"], name="ctrlrun_ledger_attempt_idx"),
         ]
-        constraints = [models.CheckConstraint(condition=Q(amount__gte=0), name="ctrlrun_ledger_amount_nonneg")]
+        constraints = [
+            models.CheckConstraint(condition=Q(amount__gte=0), name="ctrlrun_ledger_amount_nonneg"),
+            # A charge's identity (what its signature covers): a copy of a row is refused.
+            models.UniqueConstraint(fields=["effect_key", "attempt", "grant_id", "metric"],
+                                    name="ctrlrun_ledger_one_charge"),
+        ]
 
     def __str__(self) -> str:
         released = ", released" if self.released_at else ""
@@ -382,17 +403,24 @@ class Delegation(models.Model):
                                  help_text="The grant (policy id) or delegation (dlg_...) it was delegated from.")
     depth = models.PositiveIntegerField(help_text="Steps below its root grant: 1 for a grant's direct delegation.")
     grant_json = models.TextField(help_text="The delegated grant: its sorted canonical JSON, without id.")
+    # The grant's subject agent (always one literal agent): a call reads the delegations of its own
+    # agent through this index, never the whole table.
+    agent = models.CharField(max_length=200, null=True, blank=True,
+                             help_text="The agent the grant is delegated to.")
     created_by_agent = models.CharField(max_length=200, null=True, blank=True)
     created_by_user = models.CharField(max_length=200, null=True, blank=True)
     created_via = models.CharField(max_length=20, help_text="api, cli, break-glass or hop.")
     created_at = models.DateTimeField()
     revoked_at = models.DateTimeField(null=True, blank=True)
     revoked_by = models.CharField(max_length=200, null=True, blank=True)
+    mac = models.CharField(max_length=MAC_LENGTH, null=True, blank=True,
+                           help_text="ctrlrun's signature of the delegation and its revocation.")
 
     class Meta:
         ordering = ["created_at", "delegation_id"]
         permissions = [("revoke_delegation", "Can revoke delegations")]
-        indexes = [models.Index(fields=["revoked_at", "created_at"], name="ctrlrun_delegation_live_idx")]
+        indexes = [models.Index(fields=["revoked_at", "created_at"], name="ctrlrun_delegation_live_idx"),
+                   models.Index(fields=["agent"], name="ctrlrun_delegation_agent_idx")]
         constraints = [
             models.CheckConstraint(condition=Q(revoked_at__isnull=True, revoked_by__isnull=True)
                                    | Q(revoked_at__isnull=False, revoked_by__isnull=False),

@@ -107,8 +107,9 @@ class ChainBreak:
     """One thing verification found wrong.
 
     ``kind`` says which evidence: ``receipt`` (``seq`` is the receipt's), ``event`` (``seq`` is the
-    event chain's), ``head`` (the chain head row), ``approval`` or ``effect`` (a signed row, named
-    by ``subject``), ``check`` (a recorded chain check an incremental one would start from). ``name`` is one of missing, content_altered, hash_missing, link_broken,
+    event chain's), ``head`` (the chain head row), ``approval``, ``effect``, ``delegation``, ``ledger``
+    (a budget charge), ``policy`` (a stored policy text) or ``paused`` (a paused run): a signed row, named by ``subject``;
+    ``check`` (a recorded chain check). ``name`` is one of missing, content_altered, hash_missing, link_broken,
     head_mismatch, unchained, reordered, duplicate, signature_invalid, unresolved (a break a recorded check found, carried by an incremental check until a full one is intact), rewound (a signed row put back
     from before what the event chain records).
     """

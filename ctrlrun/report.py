@@ -61,12 +61,14 @@ def chain_lines(report: ChainReport) -> list[str]:
     if report.signatures_checked is not None:
         bad = sum(1 for b in report.breaks if b.name == "signature_invalid")
         lines.append(f"signatures: {report.signatures_checked - bad} of {report.signatures_checked} signed rows "
-                     f"verify (the chain head, approvals, effect records"
+                     f"verify (the chain head, approvals, effect records, delegations, budget charges, policy texts, "
+                     f"chain checks, paused runs"
                      + (" that moved since, or that new events name)" if report.mode == "incremental" else ")"))
     if report.ok:
         lines.append("the chain is intact")
     else:
-        preposition = {"approval": "on", "effect": "on", "head": "at", "check": "on"}
+        preposition = {"approval": "on", "effect": "on", "head": "at", "check": "on", "delegation": "on",
+                       "ledger": "on", "policy": "on", "paused": "on"}
         lines += [f"  {b.name} {preposition.get(b.kind, 'at')} {_where(b)}: {b.detail}" for b in report.breaks]
         lines.append(f"the chain is broken: {len(report.breaks)} break(s)")
     return lines

@@ -258,6 +258,9 @@ def _resume(paused: PausedRunView) -> Outcome:
     def outcome(status: str, answer: str | None = None, detail: str = "") -> Outcome:
         return Outcome(paused.id, paused.approval_id, paused.resume_with, status, answer, detail)
 
+    if not paused.signature_ok:  # left pending, never resumed: what it would resume with is not ctrlrun's
+        return outcome("skipped", detail=f"the run paused on {paused.approval_id} does not carry ctrlrun's signature "
+                                         "(its request, state or resumer was changed outside ctrlrun); not resumed")
     fn = _RESUMERS.get(paused.resume_with)
     if fn is None:  # left pending, for a process that knows it
         return outcome("skipped", detail=_unknown_resumer(paused.resume_with))

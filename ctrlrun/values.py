@@ -341,6 +341,8 @@ class PausedRunView:
     released_at: dt.datetime | None = None
     release_reason: str | None = None
     released_claim: str | None = None
+    #: Whether what the run resumes with (request, framework, state, resumer) is what ctrlrun stored.
+    signature_ok: bool = True
 
     @property
     def data(self) -> Any:

@@ -285,7 +285,8 @@ class _Running:
         call, or an ``AuthorityDenied`` (recorded; in observe mode the call runs, said denied)."""
         authority = self.policy.authority
         if authority.delegates or self.hop is not None:  # the delegations and the store's time: one phase
-            now, delegations = yield Phase(_delegations_and_now, (self.control.store,))
+            now, delegations = yield Phase(_delegations_and_now, (self.control.store, self.action.principal.agent,
+                                                                  self.hop))
             return authority.evaluate(self.action, now=now, task=self.task, delegations=delegations, hop=self.hop)
         now = (yield Phase(self.control.store.now)) if authority.has_expiry else None
         return authority.evaluate(self.action, now=now, task=self.task)
@@ -579,9 +580,10 @@ def _not_a_result(value: Any) -> tuple[Result, str] | None:
                            f"ran here; {advice}")
 
 
-def _delegations_and_now(store: Any) -> tuple[dt.datetime, list[Any]]:
-    """The store's time and every delegation row (one indexed read), for authority to walk."""
-    return store.now(), store.list_delegations()
+def _delegations_and_now(store: Any, agent: str, hop: str | None) -> tuple[dt.datetime, list[Any]]:
+    """The store's time and the delegations that can apply to this call (its agent's, the hop it
+    presents, and their ancestors: one indexed read), for authority to walk."""
+    return store.now(), store.delegations_for(agent, hop)
 
 
 def _best_effort(phase: Phase) -> Steps:

@@ -143,12 +143,16 @@ from .paused import (
 )
 from .delegations import (
     create_delegation,
+    delegation_chain,
     delegations_beneath,
+    delegations_for,
     get_delegation,
     list_delegations,
     revoke_delegation,
 )
-from .policies import ensure_policy, forget_known_policies
+from .policies import ensure_policy, forget_known_policies, policy_document, policy_document_forged
+from .signatures import paused_ok as paused_run_ok
+from .signatures import policy_document_ok
 from .signatures import (
     APPROVAL_DOMAIN,
     CHECK_DOMAIN,
@@ -175,7 +179,7 @@ __all__ = [
     # which database, and its clock
     "using", "alias", "now",
     # policies
-    "ensure_policy", "forget_known_policies",
+    "ensure_policy", "forget_known_policies", "policy_document", "policy_document_forged", "policy_document_ok", "paused_run_ok",
     # effects
     "record_denial", "begin_unkeyed", "check_ceiling", "observe_begin", "reserve", "record_refusal", "renew_lease",
     "record_outcome",
@@ -190,6 +194,7 @@ __all__ = [
     "claim_paused_run", "finish_paused_run", "release_paused_run",
     # delegations (authority, §C3): revoked once, never deleted
     "create_delegation", "revoke_delegation", "list_delegations", "get_delegation", "delegations_beneath",
+    "delegations_for", "delegation_chain",
     # evidence
     "list_effects", "get_effect", "list_receipts", "get_receipt", "events_for_action", "events_for_effect",
     "citing_control", "check_control_id", "unreadable_documents",

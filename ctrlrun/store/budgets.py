@@ -32,15 +32,18 @@ from ..errors import InvalidArgument
 from ..models import BudgetLedger, EffectRecord
 from ..states import EffectState
 from ..values import Charge
-from .base import _clock, _cursor, _db, _q, _reading, _time_param
+from .base import _as_datetime, _clock, _cursor, _db, _q, _reading, _time_param
+from .signatures import ledger_mac
 
 TABLE = BudgetLedger._meta.db_table
 _SPENT = (f'SELECT COALESCE(SUM("amount"), 0) FROM "{TABLE}" WHERE "grant_id" = %s AND "metric" = %s '
           f'AND "released_at" IS NULL AND "consumed_at" > %s')
 _INSERT = (f'INSERT INTO "{TABLE}" ("grant_id", "metric", "amount", "effect_key", "attempt", "consumed_at", '
-           f'"released_at") VALUES ')
-_RELEASE = (f'UPDATE "{TABLE}" SET "released_at" = %s WHERE "effect_key" = %s AND "attempt" = %s '
-            f'AND "released_at" IS NULL')
+           f'"released_at", "mac") VALUES ')
+_HELD = (f'SELECT "id", "grant_id", "metric", "amount", "consumed_at" FROM "{TABLE}" WHERE "effect_key" = %s '
+         f'AND "attempt" = %s AND "released_at" IS NULL')
+_RELEASE = f'UPDATE "{TABLE}" SET "released_at" = %s, "mac" = %s WHERE "id" = %s AND "released_at" IS NULL'
+
 
 
 def lock_key(grant_id: str, metric: str) -> int:
@@ -103,16 +106,25 @@ def charge(charges: Sequence[Charge], effect_key: str, attempt: int, when: dt.da
     stamp = _time_param(connections[_db()])(when)
     params: list[Any] = []
     for row in rows:
-        params += [row.grant_id, row.metric, row.amount, effect_key, attempt, stamp, None]
+        params += [row.grant_id, row.metric, row.amount, effect_key, attempt, stamp, None,
+                   ledger_mac(row.grant_id, row.metric, row.amount, effect_key, attempt, when, None)]
     with _cursor() as cursor:
-        cursor.execute(_INSERT + ",".join(["(%s,%s,%s,%s,%s,%s,%s)"] * len(rows)), params)
+        cursor.execute(_INSERT + ",".join(["(%s,%s,%s,%s,%s,%s,%s,%s)"] * len(rows)), params)
 
 
 def release(effect_key: str, attempt: int, when: dt.datetime) -> int:
-    """Give back an attempt's charges (it ended failed): inside the phase that moves its record. How many."""
+    """Give back an attempt's charges (it ended failed): inside the phase that moves its record to
+    ``failed`` (the database allows a release only then), each row signed again with its release.
+    How many."""
+    connection = connections[_db()]
+    stamp = _time_param(connection)(when)
+    released = 0
     with _cursor() as cursor:
-        cursor.execute(_RELEASE, [_time_param(connections[_db()])(when), effect_key, attempt])
-        return cursor.rowcount
+        held = cursor.execute(_HELD, [effect_key, attempt]).fetchall()
+        for ident, grant_id, metric, amount, consumed_at in held:
+            mac = ledger_mac(grant_id, metric, amount, effect_key, attempt, _as_datetime(consumed_at, connection), when)
+            released += cursor.execute(_RELEASE, [stamp, mac, ident]).rowcount
+    return released
 
 
 # --------------------------------------------------------------------------- reads

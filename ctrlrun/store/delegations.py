@@ -7,9 +7,16 @@ A delegation is created, or refused, in one phase: the live rows are read, the r
 ``DELEGATION_REVOKED`` event, in one phase: only the first revoke of a row changes it; the
 database refuses any other change (``ctrlrun.guard``).
 
-``list_delegations`` is the one read the kernel makes per call (when the policy has a delegable
-grant): every row, each ``grant_json`` read back and validated again (a row that cannot be read is
-handed over as unreadable, and authority then refuses every action).
+Every row is signed (``signatures.delegation_fields``: its id and every column), and re-signed by
+its revoke. A row that does not verify (inserted or changed by the application's database role) or
+cannot be read is handed over with its ``problem``, and authority refuses whatever rests on it
+(``authority_unreadable``); ``receipts --verify-chain`` names it.
+
+What a call reads (``delegations_for``, the one read the kernel makes when the policy has a
+delegable grant) is only what can apply to it: the delegations to its agent (indexed: a delegated
+grant names one literal agent), the hop it presents, and every ancestor of those up to its root
+grant, in one recursive statement whose cost follows the call's own chains, never the table. A
+delegation is judged on the chain of its parent alone (``delegation_chain``).
 """
 from __future__ import annotations
 
@@ -17,18 +24,21 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any
 
+from django.db import connections
+
 from ..authority import CREATED_VIA, Authority, Delegation, Grant
 from ..canonical import new_id
 from ..errors import InvalidArgument
 from ..models import Delegation as DelegationRow
 from ..policy import grant_from_json, grant_json
 from ..states import EventType
-from .base import _phase, _q, _reading
+from .base import _as_datetime, _cursor, _db, _phase, _q, _reading
 from .chain import _seal
+from .signatures import delegation_mac, delegation_ok
 
 _ID = re.compile(r"dlg_[0-9a-f]{32}\Z")
-_FIELDS = ("delegation_id", "parent_id", "depth", "grant_json", "created_by_agent", "created_by_user",
-           "created_via", "created_at", "revoked_at", "revoked_by")
+_FIELDS = ("delegation_id", "parent_id", "depth", "grant_json", "agent", "created_by_agent", "created_by_user",
+           "created_via", "created_at", "revoked_at", "revoked_by", "mac")
 #: Grants read back from rows, by (id, grant_json): the same text always reads the same grant.
 _parsed: dict[tuple[str, str], Grant | str] = {}
 
@@ -65,10 +75,13 @@ def _grant(ident: str, text: str) -> Grant | str:
 
 
 def _delegation(values: tuple[Any, ...]) -> Delegation:
-    ident, parent_id, depth, text, agent, user, via, created_at, revoked_at, revoked_by = values
+    ident, parent_id, depth, text, subject, agent, user, via, created_at, revoked_at, revoked_by, mac = values
     problem = None
     grant = _grant(ident, text) if isinstance(ident, str) and isinstance(text, str) else "grant_json is missing"
-    if isinstance(grant, str):
+    if not delegation_ok(values[:-1], mac):
+        problem, grant = ("it does not carry ctrlrun's signature: it was written or changed outside ctrlrun "
+                          "(receipts --verify-chain names it)"), None
+    elif isinstance(grant, str):
         problem, grant = grant, None
     elif not isinstance(ident, str) or not _ID.match(ident):
         problem, grant = f"{ident!r} is not a delegation id (dlg_ and 32 hex digits)", None
@@ -78,6 +91,8 @@ def _delegation(values: tuple[Any, ...]) -> Delegation:
         problem, grant = f"depth {depth!r} is not a positive int", None
     elif revoked_at is not None and not revoked_by:
         problem, grant = "revoked_at is set but revoked_by is not", None
+    elif grant.agent != subject:
+        problem, grant = f"its agent column {subject!r} is not its grant's agent {grant.agent!r}", None
     return Delegation(ident, parent_id, depth, grant, agent, user, via, created_at, revoked_at, revoked_by, problem)
 
 
@@ -87,9 +102,62 @@ def _all() -> list[Delegation]:
 
 
 def list_delegations() -> list[Delegation]:
-    """Every delegation row (revoked ones too: their children are refused ``authority_revoked``)."""
+    """Every delegation row (revoked ones too): the console's tree and the commands that list them.
+    A call never reads this (``delegations_for``)."""
     with _reading():
         return _all()
+
+
+_TABLE = DelegationRow._meta.db_table
+_COLUMNS = ", ".join(f'"d"."{c}"' for c in _FIELDS)
+
+
+def _select(sql: str, params: list[Any]) -> list[Delegation]:
+    """Delegations by raw SQL (``_COLUMNS`` first), their times read as the ORM reads them."""
+    connection = connections[_db()]
+    with _cursor() as cursor:
+        rows = cursor.execute(sql, params).fetchall()
+    out = []
+    for row in rows:
+        values = list(row)
+        for index in (8, 9):  # created_at, revoked_at
+            values[index] = _as_datetime(values[index], connection)
+        out.append(_delegation(tuple(values)))
+    return out
+
+
+def _with_ancestors(start: str, params: list[Any]) -> list[Delegation]:
+    """The rows ``start`` (a condition on ``"d"``) selects, and every ancestor of theirs, in creation
+    order: one statement (a recursive walk up ``parent_id``; UNION ends a cycle written around ctrlrun)."""
+    return _select(f'WITH RECURSIVE "up"("id") AS (SELECT CAST("d"."delegation_id" AS TEXT) FROM "{_TABLE}" AS "d" '
+                   f'WHERE {start} UNION SELECT CAST("d"."parent_id" AS TEXT) FROM "{_TABLE}" AS "d" JOIN "up" ON "d"."delegation_id" = "up"."id") '
+                   f'SELECT {_COLUMNS} FROM "{_TABLE}" AS "d" WHERE "d"."delegation_id" IN (SELECT "id" FROM "up") '
+                   f'ORDER BY "d"."created_at", "d"."delegation_id"', params)
+
+
+def _beneath(ident: str) -> list[Delegation]:
+    """The rows below ``ident`` (a recursive walk down ``parent_id``, through its index), in creation order."""
+    return _select(f'WITH RECURSIVE "down"("id") AS (SELECT CAST("d"."delegation_id" AS TEXT) FROM "{_TABLE}" AS "d" '
+                   f'WHERE "d"."parent_id" = %s UNION SELECT CAST("d"."delegation_id" AS TEXT) FROM "{_TABLE}" AS "d" JOIN "down" ON '
+                   f'"d"."parent_id" = "down"."id") SELECT {_COLUMNS} FROM "{_TABLE}" AS "d" WHERE '
+                   f'"d"."delegation_id" IN (SELECT "id" FROM "down") ORDER BY "d"."created_at", "d"."delegation_id"',
+                   [ident])
+
+
+def delegations_for(agent: str, hop: str | None = None) -> list[Delegation]:
+    """What can apply to one call: the delegations to ``agent``, the ``hop`` it presents, and all their
+    ancestors (one indexed statement)."""
+    with _reading():
+        if hop is not None:
+            return _with_ancestors('("d"."agent" = %s OR "d"."delegation_id" = %s)', [agent, hop])
+        return _with_ancestors('"d"."agent" = %s', [agent])
+
+
+def delegation_chain(ident: str) -> list[Delegation]:
+    """One delegation (or none, for a grant id) and its ancestors: what judging a new delegation from
+    ``ident`` needs."""
+    with _reading():
+        return _with_ancestors('"d"."delegation_id" = %s', [ident])
 
 
 def get_delegation(delegation_id: str) -> Delegation | None:
@@ -111,7 +179,7 @@ def create_delegation(authority: Authority, parent_id: str, grant: Grant, *, age
     if grant_json(again) != text:
         raise InvalidArgument("this grant cannot be stored as a delegation: it does not read back as itself")
     with _phase() as when:
-        rows = _all()
+        rows = _with_ancestors('"d"."delegation_id" = %s', [parent_id])
         judged = authority.delegation_refusal(parent_id, grant, agent, user, now=when, delegations=rows)
         if not isinstance(judged, int):
             reason, dimension, message = judged
@@ -122,7 +190,9 @@ def create_delegation(authority: Authority, parent_id: str, grant: Grant, *, age
             return Rejected(reason, dimension, message)
         ident = new_id("dlg_")
         row = DelegationRow(delegation_id=ident, parent_id=parent_id, depth=judged, grant_json=text,
-                            created_by_agent=agent, created_by_user=user, created_via=via, created_at=when)
+                            agent=grant.agent, created_by_agent=agent, created_by_user=user, created_via=via,
+                            created_at=when)
+        row.mac = delegation_mac(ident, parent_id, judged, text, grant.agent, agent, user, via, when, None, None)
         row.save(using=_q(DelegationRow).db, force_insert=True)
         _seal([(when, EventType.DELEGATION_CREATED.value, None, None, None, {
             "delegation_id": ident, "parent_id": parent_id, "depth": judged, "created_by_agent": agent,
@@ -137,11 +207,15 @@ def revoke_delegation(delegation_id: str, revoked_by: str) -> Revoked | None:
     if not isinstance(revoked_by, str) or not revoked_by.strip():
         raise InvalidArgument("a revoke names who revokes (revoked_by)")
     with _phase() as when:
-        changed = _q(DelegationRow).filter(pk=delegation_id, revoked_at__isnull=True).update(
-            revoked_at=when, revoked_by=revoked_by)
         values = _q(DelegationRow).filter(pk=delegation_id).values_list(*_FIELDS).first()
         if values is None:
             return None
+        changed = 0
+        if values[9] is None:  # re-signed with its revocation, in the UPDATE that checks it is the first
+            mac = delegation_mac(*values[:9], when, revoked_by)
+            changed = _q(DelegationRow).filter(pk=delegation_id, revoked_at__isnull=True).update(
+                revoked_at=when, revoked_by=revoked_by, mac=mac)
+            values = _q(DelegationRow).filter(pk=delegation_id).values_list(*_FIELDS).first()
         if changed:
             _seal([(when, EventType.DELEGATION_REVOKED.value, None, None, None,
                     {"delegation_id": delegation_id, "revoked_by": revoked_by})], [], when)
@@ -150,7 +224,9 @@ def revoke_delegation(delegation_id: str, revoked_by: str) -> Revoked | None:
 
 def delegations_beneath(delegation_id: str, rows: list[Delegation] | None = None) -> list[Delegation]:
     """Every delegation below ``delegation_id`` (or below the grant of that id), in creation order."""
-    rows = list_delegations() if rows is None else rows
+    if rows is None:
+        with _reading():
+            rows = _beneath(delegation_id)
     below: set[str] = {delegation_id}
     found: list[Delegation] = []
     grown = True
@@ -171,10 +247,6 @@ def revoked_beneath(call_delegations: tuple[str, ...]) -> str | None:
     and then seen: a call either takes its key before the revoke commits, or is refused after it."""
     if not call_delegations:
         return None
-    from django.db import connections
-
-    from .base import _cursor, _db
-
     connection = connections[_db()]
     table = connection.ops.quote_name(DelegationRow._meta.db_table)
     marks = ", ".join(["%s"] * len(call_delegations))
@@ -187,3 +259,4 @@ def revoked_beneath(call_delegations: tuple[str, ...]) -> str | None:
         if ident not in found or found[ident] is not None:
             return ident
     return None
+

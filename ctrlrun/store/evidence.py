@@ -17,7 +17,7 @@ from django.db import DatabaseError, connections, transaction
 from django.db.models import Q
 
 from .. import signing
-from ..canonical import GENESIS_HASH, evidence_time
+from ..canonical import GENESIS_HASH, evidence_time, new_id
 from ..errors import CTRLRunError, InvalidArgument
 from ..models import Approval, ChainCheck, ChainHead, EffectRecord, Event, Receipt
 from ..receipts import (
@@ -34,6 +34,7 @@ from ..states import HOLDING_STATES, ApprovalStatus, EffectState
 from ..values import ChainCheckView, EffectView, EventView, Overview, ReceiptView
 from .base import _as_datetime, _clock, _cursor, _db, _phase, _q, _reading, now
 from .chain import _unstash
+from .integrity import delegation_events, row_breaks
 from .signatures import CHECK_DOMAIN, HEAD_FIELDS, _approval_ok, _check_document, _check_ok, _effect_ok, _head_problem
 
 S = EffectState
@@ -319,7 +320,7 @@ def _summary(report: ChainReport) -> str:
 def record_check(report: ChainReport, *, started: dt.datetime, duration: float, ran_by: str) -> ChainCheckView:
     """Record a verification's result (signed, append-only); returns what was recorded."""
     row = ChainCheck(
-        checked_at=started, mode=ChainCheck.INCREMENTAL if report.mode == "incremental" else ChainCheck.FULL,
+        nonce=new_id("chk_"), checked_at=started, mode=ChainCheck.INCREMENTAL if report.mode == "incremental" else ChainCheck.FULL,
         from_receipt_seq=report.from_seq, receipt_seq=report.head_seq, receipt_hash=report.head_hash,
         from_event_seq=report.from_event_seq, event_seq=report.event_head_seq, event_hash=report.event_head_hash,
         ok=report.ok, breaks=len(report.breaks), receipts_checked=report.chained + report.unchained,
@@ -551,6 +552,7 @@ def _verify(*, incremental: bool, progress: Any) -> ChainReport:
             events.unchained(row)
         named_keys: set[str] = set()
         named_approvals: set[str] = set()
+        delegation_rows: list[StoredEvent] = []
 
         def walk_receipts(batch: list[StoredReceipt]) -> None:
             for row in batch:
@@ -565,6 +567,8 @@ def _verify(*, incremental: bool, progress: Any) -> ChainReport:
                     named_keys.add(row.effect_key)
                 if row.approval_id:
                     named_approvals.add(row.approval_id)
+                if row.type in ("DELEGATION_CREATED", "DELEGATION_REVOKED"):
+                    delegation_rows.append(row)
 
         seen = _walk_batches(_receipts_after, r_from, None, walk_receipts)
         event_seen = _walk_batches(_events_after, e_from, None, walk_events)
@@ -607,7 +611,10 @@ def _verify(*, incremental: bool, progress: Any) -> ChainReport:
             report.breaks += _approval_breaks(approvals[approval_id], answered)
         for key in sorted(records):
             report.breaks += _effect_breaks(records[key], reserved, committed)
-        report.signatures_checked = 1 + len(approvals) + len(records)
+        beside, checked = row_breaks(since, delegation_events(delegation_rows), event_seq)
+        named = {(b.name, b.kind, b.subject) for b in breaks}
+        report.breaks += [b for b in beside if (b.name, b.kind, b.subject) not in named]
+        report.signatures_checked = 1 + len(approvals) + len(records) + checked
         report.breaks[:0] = breaks
     return report
 

@@ -1,9 +1,14 @@
 """Paused runs of agent frameworks (``ctrlrun.resumption``): stored, found once answered, claimed once.
 
-Mutable application data beside the approvals, not evidence: nothing is sealed or signed here. The
-one rule these rows keep is that a run is claimed by one process only: ``claim_paused_run`` is a
-conditional UPDATE (``status = 'pending'``), and only the process whose UPDATE changed the row
-runs the resumer.
+Mutable application data beside the approvals, not evidence: nothing is sealed here. What a resume
+is made of (the request it waits on, the framework, its state, the resumer) is signed when the run
+is stored (``signatures.paused_fields``; the request id is unique, so a copy of a row keeps no
+signature of its own), and a run whose signature fails is never resumed (``resumption`` skips it;
+``receipts --verify-chain`` names it). The claim bookkeeping (status, who, when) is not signed: a
+forged status can only resume a run again, whose tool call still needs ctrlrun's grant for its
+exact action hash. The one rule the bookkeeping keeps is that a run is claimed by one process only:
+``claim_paused_run`` is a conditional UPDATE (``status = 'pending'``), and only the process whose
+UPDATE changed the row runs the resumer.
 """
 from __future__ import annotations
 
@@ -17,15 +22,16 @@ from ..models import Approval, PausedRun
 from ..states import ApprovalStatus
 from ..values import PausedRunView
 from .base import _clock, _phase, _q, _reading
+from .signatures import paused_mac, paused_ok
 
-_FIELDS = list(PausedRunView.__dataclass_fields__)
+_FIELDS = [f for f in PausedRunView.__dataclass_fields__ if f != "signature_ok"]
 #: An approval in one of these has been answered (or has run out): its paused run may be resumed.
 ANSWERED = (ApprovalStatus.GRANTED.value, ApprovalStatus.DENIED.value, ApprovalStatus.EXPIRED.value,
             ApprovalStatus.CONSUMED.value)
 
 
 def _view(row: PausedRun) -> PausedRunView:
-    return PausedRunView(**{f: getattr(row, f) for f in _FIELDS})
+    return PausedRunView(**{f: getattr(row, f) for f in _FIELDS}, signature_ok=paused_ok(row))
 
 
 def save_paused_run(approval_id: str, framework: str, state: str, resume_with: str) -> PausedRunView:
@@ -41,6 +47,7 @@ def save_paused_run(approval_id: str, framework: str, state: str, resume_with: s
                                       f"{existing.status}); it is never replaced")
             row = PausedRun(approval_id=approval_id, framework=framework, state=state, resume_with=resume_with,
                             created_at=when)
+            row.mac = paused_mac(row)
             row.save(using=_q(PausedRun).db, force_insert=True)
     except IntegrityError:  # pragma: no cover - a concurrent pause of the same request, after our check
         raise InvalidArgument(f"a paused run is already stored for {approval_id}; it is never replaced") from None

@@ -8,8 +8,8 @@ from __future__ import annotations
 from .. import messages
 from ..errors import EvidenceTampered
 from ..models import ChainHead, PolicyDocument
-from .base import _db, _phase, _q
-from .signatures import HEAD_FIELDS, _head_problem
+from .base import _db, _phase, _q, _reading
+from .signatures import HEAD_FIELDS, _head_problem, policy_document_ok, sign_policy_document
 
 #: (alias, policy hash) pairs stored (or found stored) by this process.
 _known_policies: set[tuple[str, str]] = set()
@@ -27,13 +27,37 @@ def ensure_policy(policy_hash: str, schema: str, source: str, text: str, environ
     if known in _known_policies:
         return
     with _phase() as when:
-        _q(PolicyDocument).get_or_create(
-            hash=policy_hash,
-            defaults={"schema": schema, "source": source, "text": text, "environment": environment,
-                      "first_seen": when},
-        )
+        row = _q(PolicyDocument).filter(pk=policy_hash).first()
+        if row is None:
+            row = PolicyDocument(hash=policy_hash, schema=schema, source=source, text=text, environment=environment,
+                                 first_seen=when)
+            sign_policy_document(row)
+            row.save(using=_db(), force_insert=True)
+        elif not policy_document_ok(row):  # (another text of the same hash, differing in comments, is fine)
+            # Stored under this policy's hash by someone else (the application's database role, before
+            # the policy's first use): a page would show that text as the rules that decided.
+            raise EvidenceTampered(messages.refuses_to_act(messages.policy_document_forged(policy_hash)))
         head = _q(ChainHead).filter(pk=1).values_list(*HEAD_FIELDS).first()
         problem = _head_problem(*head) if head is not None else None
         if problem is not None:
             raise EvidenceTampered(messages.refuses_to_act(problem, restore=False))
     _known_policies.add(known)
+
+
+def policy_document(policy_hash: str | None) -> PolicyDocument | None:
+    """The stored text of a policy, when ctrlrun stored it (its signature holds); None when there is
+    none, or when the row under that hash is not ctrlrun's (``policy_document_forged`` says so)."""
+    if not policy_hash:
+        return None
+    with _reading():
+        row = _q(PolicyDocument).filter(pk=policy_hash).first()
+    return row if row is not None and policy_document_ok(row) else None
+
+
+def policy_document_forged(policy_hash: str | None) -> bool:
+    """Whether a row is stored under ``policy_hash`` that ctrlrun did not store (its signature fails)."""
+    if not policy_hash:
+        return False
+    with _reading():
+        row = _q(PolicyDocument).filter(pk=policy_hash).first()
+    return row is not None and not policy_document_ok(row)

@@ -1,7 +1,10 @@
-"""Signatures over the rows ctrlrun must trust: effect records, approvals, the chain head, checks.
+"""Signatures over the rows ctrlrun must trust: effect records, approvals, the chain head, checks,
+delegations, budget charges and policy documents.
 
 Each kind of row is signed in its own domain (a MAC made for one can never pass for another),
-over the fields that decide its fate, in one order for signing and for checking.
+over the row's identity and every column a decision or a page reads, in one order for signing and
+for checking. A row's identity is in what is signed, so a genuine row copied under another identity
+does not verify (and where a copy could keep the identity, a unique column refuses it).
 """
 from __future__ import annotations
 
@@ -12,12 +15,15 @@ from typing import Any
 
 from .. import messages, signing
 from ..canonical import GENESIS_HASH
-from ..models import Approval, ChainCheck, EffectRecord
+from ..models import Approval, ChainCheck, EffectRecord, PausedRun, PolicyDocument
 from .base import _db, _digest, _iso
 
 #: Signature domains: a MAC made for one kind of row can never pass for another.
 HEAD_DOMAIN, EFFECT_DOMAIN, APPROVAL_DOMAIN = "ctrlrun.head/v1", "ctrlrun.effect/v1", "ctrlrun.approval/v1"
-CHECK_DOMAIN = "ctrlrun.check/v1"
+#: v1 signed a check's content only, so a copy under a new id verified; v2 signs its ``nonce`` too.
+CHECK_DOMAIN_V1, CHECK_DOMAIN = "ctrlrun.check/v1", "ctrlrun.check/v2"
+DELEGATION_DOMAIN, LEDGER_DOMAIN = "ctrlrun.delegation/v1", "ctrlrun.ledger/v1"
+POLICY_DOMAIN, PAUSED_DOMAIN = "ctrlrun.policy-document/v1", "ctrlrun.paused-run/v1"
 #: The head row's columns, in the order ``_head_problem`` takes them.
 HEAD_FIELDS = ("seq", "hash", "event_seq", "event_hash", "mac", "key_id")
 
@@ -108,6 +114,12 @@ def _head_problem(seq: int, hash_: str, event_seq: int, event_hash_: str, mac: s
 
 
 def _check_document(row: ChainCheck) -> tuple:
+    """A recorded check as signed: its nonce (unique: a copy keeping it is refused by the database, a
+    copy with another is not ctrlrun's), then its result and positions."""
+    return (row.nonce, *_check_document_v1(row))
+
+
+def _check_document_v1(row: ChainCheck) -> tuple:
     return (_iso(row.checked_at), row.mode, row.from_receipt_seq, row.receipt_seq, row.receipt_hash,
             row.from_event_seq, row.event_seq, row.event_hash, bool(row.ok), row.breaks, row.receipts_checked,
             row.events_checked, row.signatures_checked, _digest(row.summary), repr(float(row.duration_seconds)),
@@ -116,3 +128,81 @@ def _check_document(row: ChainCheck) -> tuple:
 
 def _check_ok(row: ChainCheck) -> bool:
     return _signed_ok(CHECK_DOMAIN, _check_document, row)
+
+
+# --------------------------------------------------------------------------- delegations
+
+
+def delegation_fields(ident: Any, parent_id: Any, depth: Any, grant_json: Any, agent: Any, by_agent: Any,
+                      by_user: Any, via: Any, created_at: Any, revoked_at: Any, revoked_by: Any) -> tuple:
+    """A delegation row as signed: every column the authority check and the console read."""
+    return (ident, parent_id, depth, _digest(grant_json), agent, by_agent, by_user, via, _iso(created_at),
+            _iso(revoked_at), revoked_by)
+
+
+def delegation_mac(*fields: Any) -> str:
+    return signing.sign(DELEGATION_DOMAIN, delegation_fields(*fields))
+
+
+def delegation_ok(fields: tuple, mac: str | None) -> bool:
+    """Whether a delegation row (its columns in ``delegation_fields``' order) carries ctrlrun's signature."""
+    try:
+        document = delegation_fields(*fields)
+    except (TypeError, ValueError, AttributeError):
+        return False
+    return signing.is_valid(DELEGATION_DOMAIN, document, mac)
+
+
+# --------------------------------------------------------------------------- budget charges
+
+
+def ledger_fields(grant_id: Any, metric: Any, amount: Any, effect_key: Any, attempt: Any, consumed_at: Any,
+                  released_at: Any) -> tuple:
+    """A budget charge as signed. (effect_key, attempt, grant_id, metric) is its identity: the
+    database keeps it unique, so a charge copied keeps no signature of its own."""
+    return (effect_key, attempt, grant_id, metric, amount, _iso(consumed_at), _iso(released_at))
+
+
+def ledger_mac(*fields: Any) -> str:
+    return signing.sign(LEDGER_DOMAIN, ledger_fields(*fields))
+
+
+def ledger_ok(fields: tuple, mac: str | None) -> bool:
+    try:
+        document = ledger_fields(*fields)
+    except (TypeError, ValueError, AttributeError):
+        return False
+    return signing.is_valid(LEDGER_DOMAIN, document, mac)
+
+
+# --------------------------------------------------------------------------- policy documents
+
+
+def _policy_document(row: PolicyDocument) -> tuple:
+    return (row.hash, row.schema, row.source, _digest(row.text), row.environment, _iso(row.first_seen))
+
+
+def sign_policy_document(row: PolicyDocument) -> None:
+    row.mac = signing.sign(POLICY_DOMAIN, _policy_document(row))
+
+
+def policy_document_ok(row: PolicyDocument) -> bool:
+    """Whether a stored policy text is one ctrlrun stored under that hash (a text the application's
+    role inserted under a policy's hash before its first use is not)."""
+    return _signed_ok(POLICY_DOMAIN, _policy_document, row)
+
+
+# --------------------------------------------------------------------------- paused runs
+
+
+def _paused_fields(row: PausedRun) -> tuple:
+    """What a resume is made of, as signed (the request id is unique: it is the row's identity)."""
+    return (row.approval_id, row.framework, _digest(row.state), row.resume_with, _iso(row.created_at))
+
+
+def paused_mac(row: PausedRun) -> str:
+    return signing.sign(PAUSED_DOMAIN, _paused_fields(row))
+
+
+def paused_ok(row: PausedRun) -> bool:
+    return _signed_ok(PAUSED_DOMAIN, _paused_fields, row)

@@ -8,7 +8,7 @@ from selenium.webdriver.common.by import By
 from ctrlrun import resumption, store
 from ctrlrun.models import PausedRun
 from tests.integration.test_resumption import files, pause  # noqa: F401
-from tests.support import make_user
+from tests.support import make_user, rewrite_paused
 
 pytestmark = pytest.mark.usefixtures("store_db", "console_groups", "files")
 
@@ -19,7 +19,7 @@ def test_an_auditor_reads_paused_runs_and_follows_them_to_their_approvals(consol
     broken = pause("pydantic-ai", {"payment_id": "txn_broken", "amount": 500_000})
     store.answer_approval(done, True, by="alice")
     store.answer_approval(broken, False, by="bob")
-    PausedRun.objects.filter(approval_id=broken).update(resume_with="nobody-knows-me")
+    rewrite_paused(broken, resume_with="nobody-knows-me")
     resumption.resume_request(done)
     row = PausedRun.objects.get(approval_id=broken)
     assert store.claim_paused_run(row.pk, "denied", "worker-3:777")

@@ -358,8 +358,9 @@ def test_the_database_refuses_to_delete_ledger_rows(clock):
             BudgetLedger.objects.all().delete()
     assert len(ledger()) == 2
     row = BudgetLedger.objects.first()
-    row.released_at = clock.now  # releasing is an update: allowed
-    row.save(update_fields=["released_at"])
+    row.released_at = clock.now  # releasing a committed charge: refused, whoever asks
+    with pytest.raises(DatabaseError, match="effect record of its attempt is failed"), transaction.atomic():
+        row.save(update_fields=["released_at"])
 
 
 # --------------------------------------------------------------------------- OS processes racing

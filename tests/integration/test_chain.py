@@ -69,12 +69,15 @@ def problems(lines: list[str]) -> list[str]:
 
 def intact_lines(receipts: int) -> list[str]:
     """What --verify-chain prints for an untouched store holding ``receipts`` receipts."""
-    from ctrlrun.models import Approval, Event
+    from ctrlrun.models import Approval, BudgetLedger, ChainCheck, Delegation, Event, PausedRun, PolicyDocument
 
     events = Event.objects.count()
-    signed = 1 + Approval.objects.count() + EffectRecord.objects.count()
+    # The head, and every signed row but the check that printed these lines (recorded after it ran).
+    signed = 1 + sum(model.objects.count() for model in (Approval, EffectRecord, Delegation, BudgetLedger,
+                                                          PolicyDocument, ChainCheck, PausedRun)) - 1
     return [f"chain: {receipts} of {receipts} receipts verified", f"events: {events} of {events} events verified",
-            f"signatures: {signed} of {signed} signed rows verify (the chain head, approvals, effect records)",
+            f"signatures: {signed} of {signed} signed rows verify (the chain head, approvals, effect records, "
+            f"delegations, budget charges, policy texts, chain checks, paused runs)",
             "the chain is intact"]
 
 
@@ -147,7 +150,7 @@ def test_verify_chain_json_intact(mixed):
                       "head_hash": last.hash, "breaks": [],
                       "events": {"verified": events.count(), "chained": events.count(), "unchained": 0,
                                  "head_seq": events.count(), "head_hash": events.last().hash},
-                      "signatures_checked": 1 + EffectRecord.objects.count()}
+                      "signatures_checked": 1 + EffectRecord.objects.count() + 1}  # and the policy text
 
 
 def test_verify_chain_on_an_empty_store():

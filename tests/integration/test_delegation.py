@@ -32,7 +32,7 @@ authority:
       actions: ["stripe.*"]
       resources: ["payment:*"]
       constraints: {amount_lte: 50000}
-      expires_at: "2027-01-01T00:00:00Z"
+      expires_at: "2099-01-01T00:00:00Z"
       delegable: true
     - id: mailer
       subject: {agent: mailer}
@@ -50,7 +50,7 @@ subject: {agent: worker}
 actions: [stripe.refund]
 resources: ["payment:*"]
 constraints: {amount_lte: 1000}
-expires_at: "2026-12-31T00:00:00Z"
+expires_at: "2098-12-31T00:00:00Z"
 """
 DELEGABLE_CHILD = CHILD + "delegable: true\n"
 GRANDCHILD = CHILD.replace("worker", "helper")
@@ -116,7 +116,7 @@ def test_revoking_the_parent_refuses_the_child(control, drive):
     ("support", CHILD, "mallory", "not_the_subject", None),
     ("support", CHILD.replace('resources: ["payment:*"]\n', ""), "orchestrator", "containment", "resources"),
     ("support", CHILD.replace("amount_lte: 1000", "amount_lte: 90000"), "orchestrator", "containment", "constraints"),
-    ("support", CHILD.replace("2026-12-31", "2027-06-01"), "orchestrator", "containment", "expires_at"),
+    ("support", CHILD.replace("2098-12-31", "2099-06-01"), "orchestrator", "containment", "expires_at"),
 ])
 def test_each_creation_refusal_is_recorded(control, parent, text, by, reason, dimension):
     with pytest.raises(ctrlrun.AuthorityEscalation) as refused:
@@ -131,7 +131,7 @@ def test_each_creation_refusal_is_recorded(control, parent, text, by, reason, di
 
 
 def test_parent_not_valid_once_the_parent_expired(control, clock):
-    clock.advance(days=60)  # the clock starts 2026-11-29: past 'support''s expiry
+    clock.advance(days=365 * 73)  # the clock starts 2026-11-29: past 'support''s expiry (2099-01-01)
     with pytest.raises(ctrlrun.AuthorityEscalation) as refused:
         control.delegate("support", CHILD, by=ORCHESTRATOR)
     assert refused.value.reason == "parent_not_valid"
@@ -182,19 +182,23 @@ def test_the_database_refuses_to_unrevoke_edit_or_delete(control):
     assert Delegation.objects.get(pk=made.id).revoked_by == "ops"
 
 
-def test_an_unreadable_row_refuses_every_action(control, drive):
+def test_an_unreadable_row_refuses_what_rests_on_it(control, drive):
+    """A row that cannot be read (or is not signed) refuses every action of its agent, and of every
+    delegation beneath it: a call reads only the delegations that can apply to it (a departure from
+    the reference, which refuses every action of every agent: docs/reference-differences.md)."""
     from tests.support import evidence_unguarded
 
     made = control.delegate("support", CHILD, by=ORCHESTRATOR)
     with evidence_unguarded():
         Delegation.objects.filter(pk=made.id).update(created_via="fax")
     with pytest.raises(ctrlrun.AuthorityDenied) as denied:
-        drive(control, "email.send", {"to": "a"}, "mailer")  # not even about the delegation
+        drive(control, "email.send", {"to": "a"}, "worker")  # not even about the delegation
     assert (denied.value.reason, denied.value.delegation_id) == ("authority_unreadable", made.id)
+    assert drive(control, "email.send", {"to": "a"}, "mailer") == "done"  # another agent reads none of it
     with evidence_unguarded():
         Delegation.objects.filter(pk=made.id).update(created_via="api", grant_json="{not json")
     with pytest.raises(ctrlrun.AuthorityDenied, match="authority_unreadable"):
-        drive(control, "email.send", {"to": "a"}, "mailer")
+        drive(control, "email.send", {"to": "a"}, "worker")
 
 
 RACER = """\

@@ -24,7 +24,8 @@ from ctrlrun.models import PausedRun  # noqa: E402
 from tests import resumable_agents as app  # noqa: E402
 from tests.conftest import REFUND_POLICY  # noqa: E402
 from tests.integration.test_adapter_openai_agents import tamper  # noqa: E402
-from tests.support import REPO, receipts, run_together, script_environment  # noqa: E402
+from tests.support import (REPO, receipts, rewrite_paused, run_together, script_environment,  # noqa: E402
+                           write_paused_state)
 
 pytestmark = pytest.mark.usefixtures("store_db")
 
@@ -169,7 +170,7 @@ def test_editing_the_stored_state_to_change_the_arguments_is_refused(files):
     data = json.loads(row.state)
     data["run_state"] = json.loads(tamper(json.dumps(data["run_state"]), "c1",
                                           {"payment_id": "txn_500k", "amount": 900_000}))
-    PausedRun.objects.filter(pk=row.pk).update(state=json.dumps(data))
+    write_paused_state(row.approval_id, json.dumps(data))
 
     (outcome,) = resumption.resume_ready()
     assert outcome.status == "resumed"  # the resumer ran; ctrlrun refused the call inside it
@@ -180,11 +181,34 @@ def test_editing_the_stored_state_to_change_the_arguments_is_refused(files):
     assert approval.status == "granted" and approval.consumed_at is None  # still only good for what alice read
 
 
+def test_an_edited_state_without_the_key_is_never_resumed(files):
+    """The application's database role cannot edit a paused run's state (the database refuses it); the
+    store's owner can, without the key: its signature fails, the run is left pending and never
+    resumed, and the check names it."""
+    from django.db import DatabaseError, transaction
+
+    from tests.support import evidence_unguarded
+
+    approval_id = pause("openai-agents")
+    store.answer_approval(approval_id, True, by="alice")
+    row = paused_row(approval_id)
+    edited = row.state.replace("500000", "900000")
+    with pytest.raises(DatabaseError, match="paused run"), transaction.atomic():
+        PausedRun.objects.filter(pk=row.pk).update(state=edited)
+    with evidence_unguarded():
+        PausedRun.objects.filter(pk=row.pk).update(state=edited)
+    (outcome,) = resumption.resume_ready()
+    assert outcome.status == "skipped" and "signature" in outcome.detail
+    assert paused_row(approval_id).status == "pending" and ledger(files) == [] and seen(files) == []
+    report = store.verify()
+    assert [(b.name, b.kind, b.subject) for b in report.breaks] == [("signature_invalid", "paused", approval_id)]
+
+
 def test_editing_pydantic_ai_messages_is_refused_too(files):
     approval_id = pause("pydantic-ai")
     store.answer_approval(approval_id, True, by="alice")
     row = paused_row(approval_id)
-    PausedRun.objects.filter(pk=row.pk).update(state=row.state.replace("500000", "900000"))
+    write_paused_state(approval_id, row.state.replace("500000", "900000"))
     assert "900000" in paused_row(approval_id).state
 
     (outcome,) = resumption.resume_ready()
@@ -252,7 +276,7 @@ def test_bad_input_to_pause_is_a_one_line_error_and_changes_nothing(files):
 def test_a_state_that_does_not_parse_fails_that_run_with_its_reason(files, tmp_path):
     approval_id = pause("openai-agents")
     store.answer_approval(approval_id, True, by="alice")
-    PausedRun.objects.filter(approval_id=approval_id).update(state='{"run_state": 1}')
+    write_paused_state(approval_id, '{"run_state": 1}')
     done = resume_runs(tmp_path, "--import", "tests.resumable_agents")
     assert done.returncode == 1 and "Traceback" not in done.stderr
     assert done.stderr.strip().startswith("Error: 1 paused run(s) not resumed") and len(done.stderr.splitlines()) == 1
@@ -286,7 +310,7 @@ def test_a_resumer_that_raises_marks_the_run_failed_once(files):
 
     try:
         approval_id = pause("pydantic-ai")
-        PausedRun.objects.filter(approval_id=approval_id).update(resume_with="explodes")
+        rewrite_paused(approval_id, resume_with="explodes")
         store.answer_approval(approval_id, True, by="alice")
         (outcome,) = resumption.resume_ready()
         assert outcome.status == "failed" and outcome.detail == "RuntimeError: the agent's model is down (line two)"

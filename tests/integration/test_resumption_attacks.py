@@ -17,7 +17,7 @@ from ctrlrun import resumption, store
 from ctrlrun.models import Approval, PausedRun
 from tests.conftest import REFUND_POLICY
 from tests.integration.test_resumption import FRAMEWORKS, files, ledger, pause, paused_row, resume_runs, seen  # noqa: F401
-from tests.support import evidence_unguarded, receipts, script_environment
+from tests.support import evidence_unguarded, receipts, rewrite_paused, script_environment, write_paused_state
 
 pytestmark = pytest.mark.usefixtures("store_db")
 
@@ -86,8 +86,9 @@ def test_a_run_pointed_at_another_granted_request_never_runs_its_tool(framework,
     waiting = pause(framework)
     other = pause("pydantic-ai", {"payment_id": "txn_other", "amount": 400_000}, thread="t-other")
     store.answer_approval(other, True, by="alice")
-    PausedRun.objects.filter(approval_id=other).delete()  # B's own run gone: A takes its place
-    PausedRun.objects.filter(approval_id=waiting).update(approval_id=other)
+    with evidence_unguarded():  # B's own run gone (by the store's owner): A takes its place
+        PausedRun.objects.filter(approval_id=other).delete()
+    rewrite_paused(waiting, approval_id=other)
 
     outcomes = resumption.resume_ready()
     assert [o.approval_id for o in outcomes] == [other]
@@ -101,7 +102,7 @@ def test_a_run_pointed_at_another_granted_request_never_runs_its_tool(framework,
 def test_a_run_whose_framework_column_was_edited_fails_without_running(files):
     approval_id = pause("pydantic-ai")
     store.answer_approval(approval_id, True, by="alice")
-    PausedRun.objects.filter(approval_id=approval_id).update(framework="openai-agents", resume_with="openai-refunds")
+    rewrite_paused(approval_id, framework="openai-agents", resume_with="openai-refunds")
     (outcome,) = resumption.resume_ready()
     assert outcome.status == "failed" and "\n" not in outcome.detail
     assert ledger(files) == [] and store.get_approval(approval_id).consumed_by is None
@@ -129,7 +130,7 @@ def test_a_resumer_raising_a_base_exception_is_recorded_and_not_resumed_again(fi
 
     try:
         approval_id = pause("pydantic-ai")
-        PausedRun.objects.filter(approval_id=approval_id).update(resume_with="exits")
+        rewrite_paused(approval_id, resume_with="exits")
         store.answer_approval(approval_id, True, by="alice")
         with pytest.raises(SystemExit):
             resumption.resume_ready()
@@ -153,7 +154,7 @@ def test_an_answer_that_changes_after_the_claim_is_told_as_it_was_and_the_grant_
 
     try:
         approval_id = pause("pydantic-ai")
-        PausedRun.objects.filter(approval_id=approval_id).update(resume_with="late")
+        rewrite_paused(approval_id, resume_with="late")
         store.answer_approval(approval_id, True, by="alice")
         (outcome,) = resumption.resume_ready()
         assert (outcome.status, outcome.answer) == ("resumed", "granted")
@@ -173,7 +174,8 @@ def test_an_answer_that_changes_after_the_claim_is_told_as_it_was_and_the_grant_
 ])
 def test_a_deeply_nested_state_is_a_one_line_error_and_stores_nothing(state, files):
     approval_id = pause("pydantic-ai")
-    PausedRun.objects.all().delete()
+    with evidence_unguarded():
+        PausedRun.objects.all().delete()
     if state == "deep-dict":
         state = {}
         for _ in range(100_000):
@@ -187,7 +189,7 @@ def test_a_deeply_nested_state_is_a_one_line_error_and_stores_nothing(state, fil
 def test_a_deeply_nested_state_written_by_sql_fails_that_run_in_one_line(files, tmp_path):
     approval_id = pause("pydantic-ai")
     store.answer_approval(approval_id, True, by="alice")
-    PausedRun.objects.filter(approval_id=approval_id).update(state='{"a": ' + "[" * 200_000 + "]" * 200_000 + "}")
+    write_paused_state(approval_id, '{"a": ' + "[" * 200_000 + "]" * 200_000 + "}")
     done = resume_runs(tmp_path, "--import", "tests.resumable_agents")
     assert done.returncode == 1 and "Traceback" not in done.stderr and len(done.stderr.splitlines()) == 1
     assert paused_row(approval_id).status == "failed" and ledger(files) == []
@@ -198,7 +200,7 @@ def test_a_large_state_is_stored_and_resumed(files):
     row = paused_row(approval_id)
     data = json.loads(row.state)
     data["padding"] = "x" * 5_000_000
-    PausedRun.objects.filter(pk=row.pk).update(state=json.dumps(data))
+    write_paused_state(row.approval_id, json.dumps(data))
     store.answer_approval(approval_id, True, by="alice")
     (outcome,) = resumption.resume_ready()
     assert outcome.status == "resumed" and len(ledger(files)) == 1
@@ -218,7 +220,7 @@ def test_a_hostile_resume_with_written_by_sql_is_skipped_in_one_escaped_line(nam
     store.answer_approval(approval_id, True, by="alice")
     if "\x00" in name and connections["default"].vendor == "postgresql":
         name = name.replace("\x00", "\\0")  # PostgreSQL cannot store NUL; still hostile
-    PausedRun.objects.filter(approval_id=approval_id).update(resume_with=name[:200])
+    rewrite_paused(approval_id, resume_with=name[:200])
     done = resume_runs(tmp_path, "--import", "tests.resumable_agents")
     assert done.returncode == 1 and "Traceback" not in done.stderr and len(done.stderr.splitlines()) == 1
     assert "\u202e" not in done.stdout and "\x00" not in done.stdout

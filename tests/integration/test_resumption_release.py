@@ -19,7 +19,7 @@ from ctrlrun import resumption, store
 from ctrlrun.models import PausedRun
 from tests.conftest import REFUND_POLICY
 from tests.integration.test_resumption import files, ledger, pause, paused_row, resume_runs  # noqa: F401
-from tests.support import receipts, script_environment
+from tests.support import receipts, rewrite_paused, script_environment
 
 pytestmark = pytest.mark.usefixtures("store_db")
 
@@ -134,7 +134,7 @@ def test_a_resumer_killed_after_claiming_is_released_and_resumed_by_another_proc
     """A real process claims the run and hangs (before, or after, the refund ran); it is SIGKILLed,
     the run stays resuming; a person releases it; another process resumes it: one refund."""
     approval_id = pause("pydantic-ai")
-    PausedRun.objects.filter(approval_id=approval_id).update(resume_with="blocking-refunds")
+    rewrite_paused(approval_id, resume_with="blocking-refunds")
     store.answer_approval(approval_id, True, by="alice")
     env = script_environment(tmp_path, REFUND_POLICY)
     env.update({k: v for k, v in os.environ.items() if k.startswith("RESUME_")})

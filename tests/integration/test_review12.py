@@ -8,7 +8,7 @@ import ctrlrun
 from ctrlrun import store
 from ctrlrun.canonical import Principal
 from ctrlrun.control import Control
-from ctrlrun.models import BudgetLedger
+from ctrlrun.models import BudgetLedger, EffectRecord
 from ctrlrun.policy import parse_policy
 from tests.support import receipts
 
@@ -22,7 +22,7 @@ authority:
       subject: {agent: orchestrator}
       actions: ["stripe.*"]
       resources: ["payment:*"]
-      expires_at: "2027-01-01T00:00:00Z"
+      expires_at: "2099-01-01T00:00:00Z"
       delegable: true
     - id: mailer
       subject: {agent: mailer}
@@ -39,7 +39,7 @@ CHILD = """\
 subject: {agent: worker}
 actions: [stripe.refund]
 resources: ["payment:*"]
-expires_at: "2026-12-31T00:00:00Z"
+expires_at: "2098-12-31T00:00:00Z"
 """
 ORCHESTRATOR = Principal(agent="orchestrator")
 
@@ -158,8 +158,12 @@ def test_plain_dml_cannot_erase_spend_by_rewriting_a_ledger_row(change):
 def test_a_released_charge_stays_released():
     from django.db import DatabaseError, connection, transaction
 
+    from tests.support import hold_key
+
     row = _charged_row()
-    with connection.cursor() as cursor:  # what the store does when the attempt ends failed: allowed
+    hold_key("refund:p1")  # the attempt that made the charge ends failed (NotExecuted)...
+    EffectRecord.objects.filter(pk="refund:p1").update(state="failed", lease_expires_at=None)
+    with connection.cursor() as cursor:  # ...which is when the store releases it: allowed
         cursor.execute('UPDATE "ctrlrun_budgetledger" SET "released_at" = "consumed_at"')
     with pytest.raises(DatabaseError, match="ledger"):
         with transaction.atomic(), connection.cursor() as cursor:
