@@ -243,7 +243,8 @@ def missing_system_package(reason: str) -> None:
 
 #: The console's browser tests: Debian's Chromium and its ChromeDriver, found on PATH.
 BROWSER = ("chromium", "chromedriver")
-BROWSER_NEEDED = "the console's browser tests need Debian's chromium and chromium-driver: apt-get install chromium chromium-driver"
+BROWSER_NEEDED = ("the console's browser tests need Debian's chromium and chromium-driver: "
+                  "apt-get install chromium chromium-driver")
 FAKETIME_NEEDED = "this test runs a process under a skewed clock: apt-get install faketime"
 #: The PostgreSQL server the tests' scratch databases are made on (trust auth, user postgres).
 POSTGRES_ADMIN_URL = os.environ.get("CTRLRUN_TEST_POSTGRES_ADMIN", "postgresql://postgres@127.0.0.1:5432/postgres")

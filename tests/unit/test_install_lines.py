@@ -86,7 +86,8 @@ def test_the_scanner_finds_the_install_lines_it_must_refuse():
     refused = ["`pip install 'ctrlrun[pydantic-ai]'` (it installs pydantic-ai-slim)",
                "pip install ctrlrun", 'needs httpx: pip install "ctrlrun[httpx]"', "`pip install -U ctrlrun>=0.1`",
                "`pip install -q -e . &&` and `uv add\nctrlrun`", "`pip install ctrlrun==0.12.2` (the reference)"]
-    allowed = ["`pip install -e '.[pydantic-ai]'` in a clone", "pip install 'httpx>=0.27' (django-ctrlrun's httpx extra)",
+    allowed = ["`pip install -e '.[pydantic-ai]'` in a clone",
+               "pip install 'httpx>=0.27' (django-ctrlrun's httpx extra)",
                "`pip install 'django-ctrlrun[langchain]'`", "`pip install -e\n'/path/to/the/clone[pydantic-ai]'` into",
                "`.venv/bin/pip install -q -e \".[test]\" && .venv/bin/python -m pytest` then ctrlrun receipts",
                "pip install ctrlrun-tools"]
