@@ -1,4 +1,4 @@
-"""httpx transports with the classification of :mod:`ctrlrun.transport` (``pip install 'ctrlrun[httpx]'``).
+"""httpx transports with the classification of :mod:`ctrlrun.transport` (the ``httpx`` extra).
 
 Loaded on first use of ``ctrlrun.transport.HTTPTransport`` or ``AsyncHTTPTransport``. They are
 httpx's own transports (same constructor, pool, TLS, retries and HTTP/2), subclassed rather than
@@ -25,7 +25,7 @@ try:
     import httpx
 except ImportError as exc:  # pragma: no cover - exercised by hiding httpx in a test
     raise ModuleNotFoundError("ctrlrun.transport.HTTPTransport and AsyncHTTPTransport need httpx: "
-                              "pip install 'ctrlrun[httpx]'", name="httpx") from exc
+                              "pip install 'httpx>=0.27' (django-ctrlrun's httpx extra)", name="httpx") from exc
 
 from .transport import _connecting, mark_offered
 

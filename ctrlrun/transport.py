@@ -42,7 +42,7 @@ Outside any scope the clients behave exactly as the standard library's: the call
 error (``URLError`` and so on) and no ``NotExecuted`` is ever raised.
 
 Only the standard library is imported here. ``HTTPTransport`` and ``AsyncHTTPTransport``, the
-same classification for httpx, are loaded on first use (``pip install 'ctrlrun[httpx]'``).
+same classification for httpx, are loaded on first use (the ``httpx`` extra: ``pip install 'httpx>=0.27'``).
 """
 from __future__ import annotations
 

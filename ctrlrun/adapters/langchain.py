@@ -36,7 +36,7 @@ try:
 except ImportError as missing:  # pragma: no cover - exercised only without the extra
     raise ImportError(
         f"ctrlrun.adapters.langchain needs LangChain v1 and LangGraph ({missing}): "
-        "pip install 'ctrlrun[langchain]'"
+        "pip install 'langchain>=1.5' (django-ctrlrun's langchain extra)"
     ) from missing
 
 import ctrlrun

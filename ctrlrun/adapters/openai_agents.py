@@ -32,7 +32,8 @@ try:
     from agents.items import ToolApprovalItem
 except ImportError as missing:  # pragma: no cover - exercised only without the extra
     raise ImportError(
-        "ctrlrun.adapters.openai_agents needs the OpenAI Agents SDK: pip install 'ctrlrun[openai-agents]'"
+        "ctrlrun.adapters.openai_agents needs the OpenAI Agents SDK: pip install 'openai-agents>=0.24' "
+        "(django-ctrlrun's openai-agents extra)"
     ) from missing
 
 import ctrlrun

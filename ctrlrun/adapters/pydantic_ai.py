@@ -29,7 +29,8 @@ try:
     from pydantic_ai.toolsets import AbstractToolset, WrapperToolset
 except ImportError as missing:  # pragma: no cover - exercised only without the extra
     raise ImportError(
-        "ctrlrun.adapters.pydantic_ai needs Pydantic AI: pip install 'ctrlrun[pydantic-ai]'"
+        "ctrlrun.adapters.pydantic_ai needs Pydantic AI: pip install 'pydantic-ai-slim>=2.68' "
+        "(django-ctrlrun's pydantic-ai extra)"
     ) from missing
 
 import ctrlrun

@@ -1,6 +1,10 @@
 """A real headless Chromium (Debian's, through its ChromeDriver) driving the console on
 pytest-django's live server, with a screenshot of every page the test visits.
 
+``chromium`` and ``chromedriver`` are found on PATH (Debian's packages ``chromium`` and
+``chromium-driver``). Without them each browser test is skipped with one line saying what to
+install, and fails instead when ``CI`` is set (``.ci/run`` installs them and sets it).
+
 Screenshots go to ``$CTRLRUN_TEST_OUTPUT/screenshots/<test>-<page>.png`` (default
 ``test-output/`` under the repository root), so a reviewer can look at the pages afterwards.
 """
@@ -19,10 +23,8 @@ from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.ui import WebDriverWait
 
-from tests.support import PASSWORD, REPO
+from tests.support import PASSWORD, REPO, require_browser
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMEDRIVER = "/usr/bin/chromedriver"
 WIDTH, HEIGHT = 1280, 800  # a laptop
 
 
@@ -118,18 +120,15 @@ class Console:
 
 @pytest.fixture
 def chromium():
-    missing = [path for path in (CHROMIUM, CHROMEDRIVER) if not os.path.exists(path)]
-    if missing:  # a failure that says what to do, never a skip: these tests must run
-        pytest.fail(f"the console's browser tests need Debian's Chromium and its driver ({', '.join(missing)} "
-                    f"missing): apt-get install chromium chromium-driver (.ci/run does)", pytrace=False)
+    chromium_path, chromedriver_path = require_browser()
     options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
+    options.binary_location = chromium_path
     for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
                      "--no-first-run", "--disable-background-networking", "--disable-component-update",
                      "--disable-sync", f"--window-size={WIDTH},{HEIGHT}"):
         options.add_argument(argument)
     # An explicit driver path: Selenium Manager is never asked to find or download anything.
-    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
+    driver = webdriver.Chrome(service=Service(executable_path=chromedriver_path), options=options)
     driver.set_page_load_timeout(60)
     yield driver
     driver.quit()

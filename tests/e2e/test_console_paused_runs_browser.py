@@ -3,6 +3,7 @@ collapsed state, and the approval it waits on, linked both ways. Photographed fo
 from __future__ import annotations
 
 import pytest
+from django.contrib.admin.utils import quote
 from selenium.webdriver.common.by import By
 
 from ctrlrun import resumption, store
@@ -57,6 +58,6 @@ def test_an_auditor_reads_paused_runs_and_follows_them_to_their_approvals(consol
     console.click(line.find_element(By.TAG_NAME, "a"))
     assert console.path() == f"/admin/ctrlrun/pausedrun/{row.pk}/change/"
 
-    console.open(f"/admin/ctrlrun/approval/{waiting}/change/")
+    console.open(f"/admin/ctrlrun/approval/{quote(waiting)}/change/")  # as the console quotes it (apr_25… is apr%…)
     assert "A paused pydantic-ai run waits for this answer" in console.by_id("ctrlrun-paused-run").text
     console.shot("approval-waiting-with-paused-run")

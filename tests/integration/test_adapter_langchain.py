@@ -288,11 +288,11 @@ def test_importing_ctrlrun_does_not_import_langchain():
 
 
 def test_without_langchain_the_import_names_the_extra():
-    """Importing the adapter without LangChain raises ImportError naming pip install 'ctrlrun[langchain]'."""
+    """Importing the adapter without LangChain raises ImportError naming pip install 'langchain>=1.5' (the extra)."""
     import subprocess
     import sys
 
     code = ("import sys; sys.modules['langchain'] = None\n"
             "try:\n    import ctrlrun.adapters.langchain\nexcept ImportError as e:\n    print(e)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert "pip install 'ctrlrun[langchain]'" in out.stdout
+    assert "pip install 'langchain>=1.5' (django-ctrlrun's langchain extra)" in out.stdout

@@ -16,7 +16,6 @@ import datetime as dt
 import hashlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -27,7 +26,7 @@ import psycopg
 import pytest
 
 from tests.conftest import REFUND_POLICY
-from tests.support import REPO
+from tests.support import REPO, require_faketime, require_postgresql
 
 ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 
@@ -88,6 +87,7 @@ def _admin(statement: str) -> None:
 @pytest.fixture(scope="module")
 def template(tmp_path_factory):
     """A store migrated by its owner, and an application role with DML rights only on its tables."""
+    require_postgresql()
     suffix = uuid.uuid4().hex[:8]
     name, role = f"ctrlrun_role_tmpl_{suffix}", f"ctrlrun_app_{suffix}"
     folder = tmp_path_factory.mktemp("template")
@@ -120,7 +120,7 @@ class Store:
         """Run the agent script as the application role (under faketime's ``clock`` offset, if given)."""
         command = [sys.executable, str(self.folder / "agent.py"), str(self.folder), *args]
         if clock is not None:
-            command = [shutil.which("faketime") or "faketime", "-f", clock, *command]
+            command = [require_faketime(), "-f", clock, *command]
         process = subprocess.Popen(command, cwd=self.folder, env=_clean_env(self.url, self.folder),
                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         if not wait:
@@ -254,7 +254,7 @@ def test_a_forged_receipt_at_the_head_is_named_and_stops_the_store(store):
 def test_a_host_ten_minutes_off_cannot_lapse_a_live_lease(store):
     """A holder 10 minutes slow and a contender 10 minutes fast: the lease is the database's, so the contender
     and its sweep meet a live lease, and both hosts' rows carry the database's time."""
-    assert shutil.which("faketime"), "this test needs Debian's faketime: apt-get install faketime (.ci/run does)"
+    require_faketime()
     (store.folder / "hold-txn_6").touch()
     holder = store.agent("refund", "txn_6", "100", clock="-10m", wait=False)
     try:

@@ -287,16 +287,21 @@ def test_cancelled_while_a_sync_executor_runs_waits_for_it_and_records_it():
     for it, records its real outcome, then raises CancelledError."""
     control = Control()
     ran = []
+    started, release = threading.Event(), threading.Event()
 
     def slow() -> str:
-        time.sleep(0.3)
+        started.set()
+        release.wait(60)  # still running when the task is cancelled, however loaded the machine
         ran.append(1)
         return "sent"
 
     async def run():
         task = asyncio.create_task(control.acall("email.send", {"msg_id": "m1"}, slow, principal="mailer"))
-        await asyncio.sleep(0.1)
+        while not started.is_set():  # not a fixed sleep: on a loaded machine the thread starts late
+            await asyncio.sleep(0.01)
         task.cancel()
+        await asyncio.sleep(0)  # the task takes the cancellation while the function runs
+        release.set()
         with pytest.raises(asyncio.CancelledError):
             await task
 

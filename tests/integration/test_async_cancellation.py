@@ -7,6 +7,7 @@ import asyncio
 import datetime as dt
 import inspect
 import random
+import threading
 import time
 
 import pytest
@@ -64,13 +65,15 @@ def test_a_cancelled_unkeyed_call_is_recorded_ambiguous():
     """With no effect key there is no record for a sweeper to find: the interrupted run is recorded
     ambiguous at once, with its receipt (as a KeyboardInterrupt is on the sync path)."""
     control = Control()
+    started = asyncio.Event()
 
     async def body():
-        await asyncio.sleep(5)
+        started.set()
+        await asyncio.sleep(60)
 
     async def main():
         task = asyncio.create_task(control.acall("audit.note", {"text": "x"}, body, principal="mailer"))
-        await asyncio.sleep(0.3)
+        await started.wait()  # cancelled while the function runs (a fixed sleep could land before it starts)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
@@ -87,10 +90,16 @@ def test_a_cancelled_unkeyed_call_is_recorded_ambiguous():
 
 
 class SlowCheck(ScriptedApprovalProvider):
-    """Answers at request time, but takes 0.3 s to say so when asked: a cancellation lands inside."""
+    """Answers at request time, but when asked says so only once released (``checking`` is set while it
+    waits): a cancellation lands inside, however loaded the machine."""
+
+    def __init__(self, script):
+        super().__init__(script)
+        self.checking, self.release = threading.Event(), threading.Event()
 
     def check(self, request_id):
-        time.sleep(0.3)
+        self.checking.set()
+        self.release.wait(60)
         return super().check(request_id)
 
 
@@ -109,8 +118,11 @@ def test_cancelled_while_waiting_takes_no_key_and_spends_no_approval():
 
     async def main():
         task = asyncio.create_task(control.acall("stripe.refund", args, body, principal="support-agent", wait=True))
-        await asyncio.sleep(0.15)
+        while not provider.checking.is_set():
+            await asyncio.sleep(0.01)
         task.cancel()
+        await asyncio.sleep(0)  # the task takes the cancellation inside the check
+        provider.release.set()
         with pytest.raises(asyncio.CancelledError):
             await task
         assert ran == []

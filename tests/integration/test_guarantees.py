@@ -23,7 +23,7 @@ from django.db import DatabaseError, connection, transaction
 import ctrlrun
 from ctrlrun import conf
 from ctrlrun.models import EffectRecord, Event, Receipt
-from tests.support import LEDGER_POLICY, REPO, script_environment
+from tests.support import LEDGER_POLICY, REPO, require_postgresql, script_environment
 
 pytestmark = pytest.mark.usefixtures("store_db")
 
@@ -250,6 +250,8 @@ print(json.dumps(report))
 def scratch_postgres():
     """A PostgreSQL database of this test's own, dropped afterwards."""
     import psycopg
+
+    require_postgresql()
 
     name = f"ctrlrun_faults_{uuid.uuid4().hex[:8]}"
     admin_url = "postgresql://postgres@127.0.0.1:5432/postgres"

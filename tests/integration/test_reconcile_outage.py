@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import LEDGER_POLICY, REPO
+from tests.support import LEDGER_POLICY, REPO, missing_system_package
 
 pytestmark = pytest.mark.slow
 
@@ -110,8 +110,9 @@ class Cluster:
 @pytest.fixture
 def cluster() -> Iterator[Cluster]:
     """A PostgreSQL 15 cluster of this test's own on a free port; always stopped and removed."""
-    if not (PG_BIN / "initdb").exists():
-        pytest.fail(f"PostgreSQL 15 server binaries are needed at {PG_BIN}")
+    if not (PG_BIN / "initdb").exists() or os.geteuid() != 0 or not shutil.which("runuser"):
+        missing_system_package(f"this test runs a PostgreSQL cluster of its own: it needs {PG_BIN}/initdb (apt-get "
+                               f"install postgresql-15) and root, to start it as the postgres user")
     # Not tmp_path: pytest's temporary folders are private to root, and the server runs as postgres.
     folder = Path(tempfile.mkdtemp(prefix="ctrlrun-outage-"))
     shutil.chown(folder, "postgres", "postgres")

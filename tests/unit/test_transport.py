@@ -346,7 +346,7 @@ def test_without_httpx_the_module_still_imports_and_says_what_to_install():
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
-    assert "pip install 'ctrlrun[httpx]'" in done.stdout
+    assert "pip install 'httpx>=0.27' (django-ctrlrun's httpx extra)" in done.stdout
     lazy = subprocess.run([sys.executable, "-c", "import sys, ctrlrun.transport; print('httpx' in sys.modules)"],
                           capture_output=True, text=True, timeout=60)
     assert lazy.stdout.strip() == "False", lazy.stderr
