@@ -19,11 +19,11 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from tests.support import RoleStore, breaks, role_refused
+from tests.support import POSTGRES_ADMIN_URL, RoleStore, breaks, require_postgresql, role_refused
 
 pytestmark = pytest.mark.slow
 
-ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
+ADMIN_URL = POSTGRES_ADMIN_URL
 
 #: A grant the support agent hands down to a sub-agent: narrower in every dimension it names.
 SUB_GRANT = """\
@@ -56,6 +56,7 @@ def _prepare(store: RoleStore) -> None:
 
 @pytest.fixture(scope="module")
 def pg_template(tmp_path_factory):
+    require_postgresql()
     suffix = uuid.uuid4().hex[:8]
     name, role = f"ctrlrun_matrix_tmpl_{suffix}", f"ctrlrun_matrix_app_{suffix}"
     folder = tmp_path_factory.mktemp("pg-template")
