@@ -27,6 +27,11 @@ def ensure_policy(policy_hash: str, schema: str, source: str, text: str, environ
     if known in _known_policies:
         return
     with _phase() as when:
+        # The head first: a process holding another key finds every signature wrong, and the key is the cause.
+        head = _q(ChainHead).filter(pk=1).values_list(*HEAD_FIELDS).first()
+        problem = _head_problem(*head) if head is not None else None
+        if problem is not None:
+            raise EvidenceTampered(messages.refuses_to_act(problem, restore=False))
         row = _q(PolicyDocument).filter(pk=policy_hash).first()
         if row is None:
             row = PolicyDocument(hash=policy_hash, schema=schema, source=source, text=text, environment=environment,
@@ -37,10 +42,6 @@ def ensure_policy(policy_hash: str, schema: str, source: str, text: str, environ
             # Stored under this policy's hash by someone else (the application's database role, before
             # the policy's first use): a page would show that text as the rules that decided.
             raise EvidenceTampered(messages.refuses_to_act(messages.policy_document_forged(policy_hash)))
-        head = _q(ChainHead).filter(pk=1).values_list(*HEAD_FIELDS).first()
-        problem = _head_problem(*head) if head is not None else None
-        if problem is not None:
-            raise EvidenceTampered(messages.refuses_to_act(problem, restore=False))
     _known_policies.add(known)
 
 
