@@ -36,7 +36,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 __all__ = ["WARNING", "HIDDEN_CLASS", "is_hidden", "has_hidden", "value_has_hidden", "hidden_fields", "is_blank", "warning",
-           "escape", "describe", "reveal", "reveal_html", "dumps", "dumps_html"]
+           "escape", "describe", "reveal", "reveal_html", "dumps", "dumps_html", "json_text"]
 
 _WARNING_END = ("Each is shown escaped (like \\u202e) instead of being rendered, and what is shown escaped is "
                 "exactly what will run.")
@@ -193,6 +193,12 @@ def dumps(value: Any, *, indent: int | None = None, sort_keys: bool = False,
     Visible non-ASCII text stays readable; the output is valid JSON that decodes to ``value``
     exactly (hidden characters can only occur inside strings, where an escape means the same)."""
     text = json.dumps(value, ensure_ascii=False, indent=indent, sort_keys=sort_keys, separators=separators)
+    return _substitute(text, True, _json_escape)
+
+
+def json_text(text: str) -> str:
+    """JSON text (a stored document) with its hidden characters as JSON escapes: it decodes to the
+    same value, and a terminal shows what is there. Text without them is returned unchanged."""
     return _substitute(text, True, _json_escape)
 
 

@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 from .canonical import evidence_time
+from .display import reveal
 from .receipts import ChainBreak, ChainReport
 from .store import EffectView, EventView, ReceiptView
 
@@ -15,8 +16,8 @@ def receipt_line(receipt: ReceiptView) -> str:
     try:
         doc = receipt.doc
         return (
-            f"{doc['finished_at']}  {doc['receipt_id']}  {doc['action']}  {doc['decision']}/{doc['result']}  "
-            f"{doc['effect_key'] or '-'}  {doc['principal']['agent']}"
+            f"{doc['finished_at']}  {reveal(doc['receipt_id'])}  {reveal(doc['action'])}  "
+            f"{doc['decision']}/{doc['result']}  {reveal(doc['effect_key'] or '-')}  {reveal(doc['principal']['agent'])}"
         )
     except (ValueError, KeyError, TypeError) as exc:
         return f"seq {receipt.seq}  -  UNREADABLE  this row could not be read ({type(exc).__name__})"
@@ -24,13 +25,13 @@ def receipt_line(receipt: ReceiptView) -> str:
 
 def effect_line(effect: EffectView, now: dt.datetime) -> str:
     line = (
-        f"{effect.effect_key}  {effect.state}  attempt {effect.attempt}  {effect.action_id}  "
+        f"{reveal(effect.effect_key)}  {effect.state}  attempt {effect.attempt}  {reveal(effect.action_id)}  "
         f"{evidence_time(effect.updated_at)}"
     )
     if effect.lease_lapsed(now):
         line += "  (lease expired)"
     if effect.resolved_by:
-        line += f"  resolved by {effect.resolved_by}"
+        line += f"  resolved by {reveal(effect.resolved_by)}"
     return line
 
 

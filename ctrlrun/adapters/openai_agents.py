@@ -4,7 +4,8 @@
 "stripe.refund")``) turns a plain or ``async def`` function into an ``agents.FunctionTool``:
 
 - the JSON schema is the SDK's own (``function_tool`` reads the signature and docstring);
-- ``needs_approval`` asks ctrlrun's policy (``control.evaluate``). In the approve band it creates the
+- ``needs_approval`` asks ctrlrun's policy (``control.evaluate``); in observe mode it never interrupts
+  (nobody is asked: the call runs and its receipt says ``observed``). In the approve band it creates the
   ctrlrun approval request for these exact arguments and returns True, so the SDK interrupts the run
   with a ``ToolApprovalItem``; ``request_for(tool, item)`` names the ctrlrun request (id and action
   hash) a person answers in the console or with ``ctrlrun approve``;
@@ -139,6 +140,9 @@ def guarded_tool(control: ctrlrun.Control, name: str, fn: Callable[..., Any], *,
         # Anything but a well-formed allow/deny verdict interrupts the run (fails closed): the
         # invocation still goes through Control.acall, which needs a ctrlrun grant to run.
         try:
+            if control.read_policy().observing:
+                # Observe mode asks nobody: the call runs, and its receipt says what enforcement would have done.
+                return False
             arguments, _, _ = arguments_of(params)
             verdict = control.evaluate(name, arguments)
             decision = verdict.decision

@@ -17,6 +17,7 @@ from agents.testing import ScriptedModel, assistant_message, function_call  # no
 
 import ctrlrun  # noqa: E402
 from ctrlrun import store  # noqa: E402
+from ctrlrun.policy import parse_policy  # noqa: E402
 from ctrlrun.adapters.openai_agents import CtrlrunRequest, guarded_tool, request_for  # noqa: E402
 from tests.support import receipts  # noqa: E402
 
@@ -222,3 +223,36 @@ def test_an_allowed_call_leaves_a_committed_receipt():
     assert committed[0]["action"] == "stripe.refund" and committed[0]["effect_key"] == "refund:txn_r"
     assert committed[0]["arguments"] == {"payment_id": "txn_r", "amount": 42}
     assert committed[0]["principal"]["agent"] == "refund-agent"
+
+
+OBSERVING = """\
+schema: ctrlrun.policy/v3
+mode: observe
+actions:
+  stripe.refund:
+    effect: "refund:{payment_id}"
+    rules:
+      - when: { amount_gte: 0, amount_lte: 50000 }
+        decision: allow
+      - when: { amount_gte: 0, amount_lte: 1000000 }
+        decision: approve
+      - decision: deny
+"""
+
+
+def test_observe_mode_never_pauses_the_run_and_records_one_observed_call():
+    """Observe mode through the SDK: nobody is asked (no interruption, no request), the tool runs once,
+    and its one receipt says the call would have needed an approval (not a probe that failed)."""
+    from ctrlrun.models import Approval, Event
+
+    observing = ctrlrun.Control(policy=parse_policy(OBSERVING))
+    ran = []
+    tool = refund_tool(observing, ran)
+    agent, _ = agent_calling(tool, ("c1", LARGE))
+    result = run(agent, "refund it")
+    assert result.interruptions == [] and ran == [("txn_big", 200_000)]
+    assert not Approval.objects.exists() and not Event.objects.filter(type="APPROVAL_REQUESTED").exists()
+    (only,) = receipts()
+    assert (only["result"], only["execution"]) == ("observed", "committed")
+    assert (only["would_have"]["decision"], only["would_have"]["blocked_reason"]) == ("approve", "approval_required")
+    assert outputs(result) == ["refunded 200000 on txn_big"]

@@ -405,3 +405,20 @@ def test_inspect_of_a_call_waiting_for_approval(refund, agent):
     lines = run_command("inspect", caught.value.action_id)
     assert any(line.startswith("receipt     -  (none: the call stopped to ask a person") for line in lines)
     assert any(line.startswith(f"approval    {caught.value.request_id}  pending") for line in lines)
+
+
+# --------------------------------------------------------------------------- hidden characters
+
+
+def test_effects_and_receipts_show_hidden_characters_escaped(refund, clock):
+    """A key or an agent name holding U+202E or U+200B is printed escaped by ``effects`` and ``receipts``
+    (as by ``approvals`` and ``inspect``): a resolver reads ``effects`` before ``resolve``."""
+    with ctrlrun.context(agent="support\u200b-agent"):
+        refund(payment_id="txn_\u202e1000", amount=100)
+    for lines in (run_command("effects"), run_command("receipts"), run_command("receipts", "--json")):
+        text = "\n".join(lines)
+        assert "\u202e" not in text and "\u200b" not in text, text
+        assert "txn_\\u202e1000" in text, text
+    assert all("support\\u200b-agent" in run_command("receipts", *flag)[0] for flag in ((), ("--json",)))
+    (line,) = run_command("receipts", "--json")
+    assert json.loads(line) == json.loads(Receipt.objects.get().document)  # the same document, escaped

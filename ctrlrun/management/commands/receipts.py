@@ -7,7 +7,7 @@ from argparse import ArgumentParser
 from typing import Any
 
 from ... import report, store
-from ...display import reveal
+from ...display import json_text, reveal
 from ..base import CtrlrunCommand, Error, default_person, positive_int
 
 
@@ -46,7 +46,7 @@ class Command(CtrlrunCommand):
             self.stdout.write("no receipts yet" if control is None else f"no receipts cite '{reveal(control)}'")
             return
         for receipt in receipts:
-            self.stdout.write(receipt.document if json else report.receipt_line(receipt))
+            self.stdout.write(json_text(receipt.document) if json else report.receipt_line(receipt))
 
     def _progress(self, text: str) -> None:
         self.stderr.write(f"checking: {text}")
