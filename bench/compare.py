@@ -405,7 +405,7 @@ def worker_calls(scenario: str, calls: int, rounds: int) -> dict[str, Any]:
         # The reference enforces authority only when its Control is given one (its default Control reads
         # the policy file's actions, not its authority section): build that Control over its default store.
         from ctrlrun import control as reference_control
-        from ctrlrun.authority import Authority
+        from ctrlrun.policy.authority import Authority
 
         default = reference_control._default_control()
         options["control"] = ctrlrun.Control(default.policy, default._store, authority=Authority.from_yaml(

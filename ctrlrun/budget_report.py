@@ -13,7 +13,7 @@ import json
 from typing import Any
 
 from . import store
-from .authority import Grant, window_text
+from .policy.authority import Grant, window_text
 from .canonical import evidence_time
 from .models import BudgetLedger, EffectRecord, Receipt
 from .states import EffectState

@@ -30,6 +30,7 @@ __all__ = [
     "Principal",
     "Action",
     "Template",
+    "strict_equal",
     "idempotency_token_for",
     "evidence_time",
     "evidence_text",
@@ -567,3 +568,34 @@ def evidence_time(moment: dt.datetime | None) -> str | None:
         return None
     moment = moment.astimezone(dt.timezone.utc)
     return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+
+
+def strict_equal(left: Any, right: Any) -> bool:
+    """Type-strict, recursive equality: ``True != 1``, ``"1" != 1``, lists by order, maps by keys.
+
+    Python's ``==`` says ``True == 1`` and ``1 == 1.0``; a policy that allows ``approved_eq:
+    true`` must not be satisfied by ``approved=1``. Tuples count as lists because the canonical
+    form of an argument turns tuples into lists.
+    """
+    if isinstance(left, (list, tuple)):
+        return (
+            isinstance(right, (list, tuple))
+            and len(left) == len(right)
+            and all(strict_equal(a, b) for a, b in zip(left, right))
+        )
+    if isinstance(left, Mapping):
+        if not isinstance(right, Mapping) or len(left) != len(right):
+            return False
+        for key, value in left.items():
+            if key not in right or not strict_equal(value, right[key]):
+                return False
+        return True
+    if isinstance(right, (list, tuple, Mapping)):
+        return False  # a container never equals a scalar
+    if isinstance(left, bool) or isinstance(right, bool):
+        return left is right  # both bools and the same one (bools are singletons)
+    if isinstance(left, int):
+        return isinstance(right, int) and left == right
+    if isinstance(left, str):
+        return isinstance(right, str) and left == right
+    return type(left) is type(right) and left == right

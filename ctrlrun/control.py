@@ -296,7 +296,7 @@ class Control:
         (it must be the parent's subject). ``grant`` is a ``Grant`` with ``id=""``, or one grant
         document (YAML text) without ``id``. Returns the ``Delegation``; refused with
         ``AuthorityEscalation(reason, parent_id, dimension)`` (recorded as ``DELEGATION_REJECTED``)."""
-        from .authority import Grant
+        from .policy.authority import Grant
         from .errors import AuthorityEscalation
         from .policy import parse_grant
 
@@ -315,7 +315,7 @@ class Control:
 
     def _delegate(self, parent_id: str, grant: Any, *, by: Principal | str, via: str,
                   action_id: str | None = None) -> Any:
-        from .authority import Grant
+        from .policy.authority import Grant
         from .errors import AuthorityEscalation
         from .policy import parse_grant
 

@@ -42,7 +42,7 @@ from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..authority import matches, validate_pattern
+from ..policy.authority import matches, validate_pattern
 from ..canonical import (
     Action,
     Principal,

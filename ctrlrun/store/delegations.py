@@ -26,7 +26,7 @@ from typing import Any
 
 from django.db import connections
 
-from ..authority import CREATED_VIA, Authority, Delegation, Grant
+from ..policy.authority import CREATED_VIA, Authority, Delegation, Grant
 from ..canonical import new_id
 from ..errors import InvalidArgument
 from ..models import Delegation as DelegationRow

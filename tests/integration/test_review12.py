@@ -59,7 +59,7 @@ def test_a_delegation_with_a_long_budget_window_does_not_make_every_row_unreadab
 
 
 def test_every_window_a_row_stores_reads_back():
-    from ctrlrun.authority import MAX_WINDOW, parse_window
+    from ctrlrun.policy.authority import MAX_WINDOW, parse_window
 
     assert parse_window("P12000D") == parse_window(f"PT{12000 * 86400}S")
     assert parse_window(f"PT{int(MAX_WINDOW.total_seconds())}S") == MAX_WINDOW

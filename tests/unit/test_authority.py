@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 
-from ctrlrun.authority import Budget, budget_cost, matches, parse_window, validate_pattern, window_text
+from ctrlrun.policy.authority import Budget, budget_cost, matches, parse_window, validate_pattern, window_text
 from ctrlrun.canonical import Action, Principal
 from ctrlrun.errors import PolicyError
 from ctrlrun.policy import parse_policy

@@ -7,7 +7,7 @@ import datetime as dt
 
 import pytest
 
-from ctrlrun.authority import DIMENSIONS, Delegation, containment, contains
+from ctrlrun.policy.authority import DIMENSIONS, Delegation, containment, contains
 from ctrlrun.canonical import Action, Principal
 from ctrlrun.policy import grant_from_json, grant_json, parse_grant, parse_policy
 

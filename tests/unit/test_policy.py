@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 import ctrlrun.policy as policy_module
+import ctrlrun.policy.loader as policy_loader
 from ctrlrun.canonical import Template, canonical_bytes, sha256_hash
 from ctrlrun.errors import InvalidArgument, PolicyError
 from ctrlrun.policy import (
@@ -382,7 +383,7 @@ def parser(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> s
     """Run the test with libyaml's parser and with the pure-Python fallback."""
     if request.param == "libyaml" and not yaml.__with_libyaml__:
         pytest.skip("PyYAML was built without libyaml")
-    monkeypatch.setattr(policy_module, "_USE_LIBYAML", request.param == "libyaml")
+    monkeypatch.setattr(policy_loader, "_USE_LIBYAML", request.param == "libyaml")
     return request.param
 
 

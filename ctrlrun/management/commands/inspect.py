@@ -93,7 +93,7 @@ class Command(CtrlrunCommand):
 
     def _hop(self, hop_id: str, as_json: bool) -> None:
         """``inspect --hop``: one delegation, who made it for whom, and each link of its chain."""
-        from ...authority import DIMENSIONS
+        from ...policy.authority import DIMENSIONS
 
         rows = {row.id: row for row in store.list_delegations()}
         row = rows.get(hop_id)

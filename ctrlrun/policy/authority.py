@@ -28,6 +28,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..canonical import strict_equal
+
 __all__ = [
     "PRECEDENCE",
     "Budget",
@@ -296,16 +298,14 @@ def _patterns_within(parent: tuple[str, ...] | None, child: tuple[str, ...] | No
 
 def _condition_within(parent: Any, child: Any) -> bool:
     """Whether ``child`` (same argument and operator) is at least as strict as ``parent``."""
-    from .policy import _equal  # the policy's type-strict equality (policy imports this module)
-
     op, mine, theirs = parent.op, child.operand, parent.operand
     if op in ("lt", "lte"):
         return mine <= theirs
     if op in ("gt", "gte"):
         return mine >= theirs
     if op == "in":
-        return all(any(_equal(item, allowed) for allowed in theirs) for item in mine)
-    return _equal(mine, theirs)  # eq, neq: the same operand
+        return all(any(strict_equal(item, allowed) for allowed in theirs) for item in mine)
+    return strict_equal(mine, theirs)  # eq, neq: the same operand
 
 
 def containment(parent: Grant, child: Grant) -> str | None:
