@@ -19,6 +19,7 @@ import ctrlrun  # noqa: E402
 from ctrlrun import store  # noqa: E402
 from ctrlrun.policy import parse_policy  # noqa: E402
 from ctrlrun.adapters.openai_agents import CtrlrunRequest, guarded_tool, request_for  # noqa: E402
+from tests.conftest import REFUND_POLICY  # noqa: E402
 from tests.support import receipts  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("store_db")
@@ -225,19 +226,7 @@ def test_an_allowed_call_leaves_a_committed_receipt():
     assert committed[0]["principal"]["agent"] == "refund-agent"
 
 
-OBSERVING = """\
-schema: ctrlrun.policy/v3
-mode: observe
-actions:
-  stripe.refund:
-    effect: "refund:{payment_id}"
-    rules:
-      - when: { amount_gte: 0, amount_lte: 50000 }
-        decision: allow
-      - when: { amount_gte: 0, amount_lte: 1000000 }
-        decision: approve
-      - decision: deny
-"""
+OBSERVING = REFUND_POLICY.replace("schema: ctrlrun.policy/v2", "schema: ctrlrun.policy/v3\nmode: observe")
 
 
 def test_observe_mode_never_pauses_the_run_and_records_one_observed_call():
