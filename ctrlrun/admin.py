@@ -434,9 +434,19 @@ class PausedRunAdmin(_NumberedRows):
     def approval(self, obj: PausedRun) -> SafeString:
         return approval_link(self.site, obj.approval_id, short=None)
 
-    @admin.display(description=_("approval"), ordering="approval_id")
+    @admin.display(description=_("waits for"), ordering="approval_id")
     def listed_approval(self, obj: PausedRun) -> SafeString:
-        return approval_link(self.site, obj.approval_id, short=16)
+        """What the run waits on: the approval request and its status now (read through the store,
+        signature checked), e.g. "waits for approval apr_… (pending)"."""
+        verb = _g("waits for approval") if obj.status == PausedRun.PENDING else _g("waited for approval")
+        request = store.get_approval(obj.approval_id)
+        if request is None:
+            status = format_html("{}", _g("no such request in the store"))
+        elif not request.signature_ok:
+            status = tampered_badge(_g("its row does not carry ctrlrun's signature"))
+        else:
+            status = badge(effective_approval_status(request.status, request.expires_at, _now()))
+        return format_html("{} {} ({})", verb, approval_link(self.site, obj.approval_id, short=16), status)
 
     @admin.display(description=_("status / answer"), ordering="status")
     def status_and_answer(self, obj: PausedRun) -> SafeString:
