@@ -478,7 +478,7 @@ def require_postgresql() -> None:
         missing_system_package(POSTGRES_NEEDED)
 
 
-# --------------------------------------------------------------------------- site25: a fresh startproject, from the README
+# ------------------------------------------------------------- site25: a fresh startproject, from the README
 
 #: The venv's own ``django-admin`` (the one beside this Python).
 DJANGO_ADMIN = Path(sys.executable).with_name("django-admin")

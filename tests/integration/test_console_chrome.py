@@ -2,7 +2,8 @@
 project, whose base_site.html also names the console and shows the banner: the console's stylesheet
 once, the header "ctrlrun console", and the observe-mode banner exactly once (never twice, though the
 project's base_site and ctrlrun's templates both ask for it); pages of other apps keep the banner.
-The startproject site, with none of this repository's templates, is tests/e2e/test_startproject_site_browser.py.
+The startproject site, with none of this repository's templates, is
+tests/e2e/test_startproject_site_browser.py.
 Django's test client on a real database."""
 from __future__ import annotations
 
@@ -13,8 +14,14 @@ from tests.support import make_user
 
 pytestmark = pytest.mark.usefixtures("store_db", "console_groups")
 
-OBSERVE = "schema: ctrlrun.policy/v3\nmode: observe\nactions:\n  stripe.refund:\n    effect: \"refund:{payment_id}\"\n" \
-          "    decision: allow\n"
+OBSERVE = """\
+schema: ctrlrun.policy/v3
+mode: observe
+actions:
+  stripe.refund:
+    effect: "refund:{payment_id}"
+    decision: allow
+"""
 CTRLRUN_PAGES = ["admin:app_list", "admin:ctrlrun_approval_changelist", "admin:ctrlrun_effectrecord_changelist",
                  "admin:ctrlrun_receipt_changelist", "admin:ctrlrun_event_changelist",
                  "admin:ctrlrun_policydocument_changelist", "admin:ctrlrun_pausedrun_changelist",

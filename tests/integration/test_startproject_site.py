@@ -24,7 +24,13 @@ from tests.support import PASSWORD, StartprojectSite
 pytestmark = pytest.mark.slow
 
 GUNICORN = Path(sys.executable).with_name("gunicorn")
-POLICY = "schema: ctrlrun.policy/v2\nactions:\n  stripe.refund:\n    effect: \"refund:{payment_id}\"\n    decision: allow\n"
+POLICY = """\
+schema: ctrlrun.policy/v2
+actions:
+  stripe.refund:
+    effect: "refund:{payment_id}"
+    decision: allow
+"""
 SETUP = f"""
 import ctrlrun
 from django.contrib.auth import get_user_model
