@@ -434,9 +434,19 @@ class PausedRunAdmin(_NumberedRows):
     def approval(self, obj: PausedRun) -> SafeString:
         return approval_link(self.site, obj.approval_id, short=None)
 
-    @admin.display(description=_("approval"), ordering="approval_id")
+    @admin.display(description=_("waits for"), ordering="approval_id")
     def listed_approval(self, obj: PausedRun) -> SafeString:
-        return approval_link(self.site, obj.approval_id, short=16)
+        """What the run waits on: the approval request and its status now (read through the store,
+        signature checked), e.g. "waits for approval apr_… (pending)"."""
+        verb = _g("waits for approval") if obj.status == PausedRun.PENDING else _g("waited for approval")
+        request = store.get_approval(obj.approval_id)
+        if request is None:
+            status = format_html("{}", _g("no such request in the store"))
+        elif not request.signature_ok:
+            status = tampered_badge(_g("its row does not carry ctrlrun's signature"))
+        else:
+            status = badge(effective_approval_status(request.status, request.expires_at, _now()))
+        return format_html("{} {} ({})", verb, approval_link(self.site, obj.approval_id, short=16), status)
 
     @admin.display(description=_("status / answer"), ordering="status")
     def status_and_answer(self, obj: PausedRun) -> SafeString:
@@ -538,6 +548,17 @@ class ApprovalStatusFilter(admin.SimpleListFilter):
         return queryset
 
 
+def _stored_effect_link(site: str, effect_key: str | None) -> SafeString:
+    """An approval's effect key: a link once its record exists; before (the approved call makes it
+    when it runs) the key as text, saying so, never a link to a page that says "doesn't exist"."""
+    if not effect_key:
+        return shown(None)
+    if store.get_effect(effect_key) is not None:
+        return effect_link(site, effect_key)
+    return format_html('{} <span class="ctrlrun-since">{}</span>', shown(effect_key),
+                       _g("no effect record yet: the approved call makes it when it runs"))
+
+
 @admin.register(Approval)
 class ApprovalAdmin(EvidenceAdmin):
     list_display = ("request", "shown_status", "shown_action", "key_arguments", "principal", "age", "expiry")
@@ -611,7 +632,7 @@ class ApprovalAdmin(EvidenceAdmin):
 
     @admin.display(description=_("effect key"))
     def shown_effect_key(self, obj: Approval) -> SafeString:
-        return effect_link(self.site, obj.effect_key) if obj.effect_key else shown(None)
+        return _stored_effect_link(self.site, obj.effect_key)
 
     @admin.display(description=_("approver"))
     def shown_approver(self, obj: Approval) -> SafeString:
@@ -754,7 +775,7 @@ class ApprovalAdmin(EvidenceAdmin):
                 "asked_by": call_link(self.site, approval.action_id, short=None),
                 "used_by": call_link(self.site, approval.consumed_by, short=None) if approval.consumed_by else None,
                 "used_receipts": _receipt_rows(self.site, receipts),
-                "effect": effect_link(self.site, approval.effect_key) if approval.effect_key else None,
+                "effect": _stored_effect_link(self.site, approval.effect_key) if approval.effect_key else None,
                 "paused_run": _paused_run_line(self.site, approval.approval_id),
                 **context,
             }

@@ -83,3 +83,58 @@ def check_durations(app_configs: Any = None, **kwargs: Any) -> list[checks.Check
             problems.append(checks.Error(str(exc), hint="set it to a number of seconds greater than 0",
                                          id="ctrlrun.E005"))
     return problems
+
+
+def _migrating() -> bool:
+    """Whether these checks run inside ``migrate`` (which runs them first, then makes the tables): an
+    instance of Django's migrate command (or a project's subclass) on the stack."""
+    import sys
+
+    from django.core.management.commands.migrate import Command as Migrate
+
+    frame = sys._getframe(1)
+    while frame is not None:
+        if isinstance(frame.f_locals.get("self"), Migrate):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _names(migrations: list[str]) -> str:
+    if len(migrations) <= 3:
+        return ", ".join(migrations)
+    return f"{migrations[0]} to {migrations[-1]}"
+
+
+@checks.register(checks.Tags.database)
+def check_migrations(app_configs: Any = None, databases: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """ctrlrun's migrations not applied on its database (ctrlrun.W003): every protected call and console
+    page would fail with "no such table". A warning, not an error, so ``makemigrations`` and the rest
+    still run; never said inside ``migrate``. A database it cannot read is said (ctrlrun.W004), not raised.
+
+    Run by plain ``manage.py check`` too (not only ``check --database``): that is where a project
+    that added the app learns it has not migrated."""
+    if _migrating():
+        return []
+    from django.db import connections
+    from django.db.migrations.loader import MigrationLoader
+
+    alias = conf.database_alias()
+    try:
+        loader = MigrationLoader(connections[alias], ignore_no_migrations=True)
+        applied = loader.applied_migrations
+    except Exception as exc:  # noqa: BLE001 - a check never crashes: not reachable, not allowed, no driver
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        return [checks.Warning(
+            f"could not read which ctrlrun migrations are applied on the database {alias!r}: {reason}",
+            hint="make the database reachable, then run `python manage.py migrate` (and the check again)",
+            id="ctrlrun.W004")]
+    missing = sorted(name for app, name in loader.disk_migrations if app == "ctrlrun"
+                     and (app, name) not in applied)
+    if not missing:
+        return []
+    count = f"{len(missing)} ctrlrun migration{'s' if len(missing) != 1 else ''}"
+    return [checks.Warning(
+        f"{count} not applied on the database {alias!r} ({_names(missing)}): every protected call and "
+        f"console page will fail (no such table) until they are",
+        hint="run `python manage.py migrate`", id="ctrlrun.W003")]

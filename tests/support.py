@@ -12,6 +12,7 @@ import subprocess
 import sys
 from io import StringIO
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -475,3 +476,69 @@ def require_postgresql() -> None:
             pass
     except psycopg.OperationalError:
         missing_system_package(POSTGRES_NEEDED)
+
+
+# ------------------------------------------------------------- site25: a fresh startproject, from the README
+
+#: The venv's own ``django-admin`` (the one beside this Python).
+DJANGO_ADMIN = Path(sys.executable).with_name("django-admin")
+
+
+def readme_django_section() -> str:
+    """The README's "In a Django project" section (up to the next ``## `` heading)."""
+    readme = (REPO / "README.md").read_text()
+    return readme.split("## In a Django project\n", 1)[1].split("\n## ", 1)[0]
+
+
+def readme_recipe() -> dict[str, Any]:
+    """What the README's Django section tells a reader to do, parsed from it (a test of it breaks when
+    the README changes): ``settings`` (the lines for settings.py), ``template_path`` and ``template``
+    (the front page), ``serving`` (the settings lines to serve it under gunicorn) and ``commands``
+    (the serving block's ``$ `` lines, in order)."""
+    import re
+
+    section = readme_django_section()
+    settings = re.findall(r"```python fragment\n(# settings\.py.*?)```", section, re.S)
+    template = re.search(r"```html\+django\n(.*?)```", section, re.S)
+    path = re.search(r"save this\s+as `([^`]+\.html)`", section)
+    assert settings and template and path, "the README's Django recipe has no settings block, template or path"
+    serving = [block for block in settings[1:] if "whitenoise" in block]
+    commands = [line[2:] for block in re.findall(r"```text\n(.*?)```", section, re.S) if "gunicorn" in block
+                for line in block.splitlines() if line.startswith("$ ")]
+    return {"settings": settings[0], "template_path": path.group(1), "template": template.group(1),
+            "serving": serving[0] if serving else "", "commands": commands}
+
+
+def startproject_environment() -> dict[str, str]:
+    """This environment without the tests' settings: the fresh project's own, and the installed ctrlrun."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CTRLRUN_", "DJANGO_")) and k != "DATABASE_URL"}
+    env["PYTHONPATH"] = ""
+    return env
+
+
+class StartprojectSite:
+    """``django-admin startproject mysite`` in ``folder``, with the README's lines applied as written."""
+
+    def __init__(self, folder: Path, *, policy: str | None, serving: bool = False) -> None:
+        self.folder = Path(folder)
+        self.env = startproject_environment()
+        self.recipe = readme_recipe()
+        subprocess.run([str(DJANGO_ADMIN), "startproject", "mysite", str(self.folder)], check=True, env=self.env,
+                       timeout=120, capture_output=True)
+        settings = self.folder / "mysite" / "settings.py"
+        added = self.recipe["settings"] + ("\n" + self.recipe["serving"] if serving else "")
+        settings.write_text(settings.read_text() + "\n" + added)
+        template = self.folder / self.recipe["template_path"]
+        template.parent.mkdir(parents=True, exist_ok=True)
+        template.write_text(self.recipe["template"])
+        if policy is not None:
+            (self.folder / "ctrlrun.yaml").write_text(policy)
+
+    def manage(self, *args: str, timeout: float = 300, env: dict[str, str] | None = None,
+               ) -> subprocess.CompletedProcess:
+        """``python manage.py ARGS`` in the project, its output captured (never raises on an exit code)."""
+        return subprocess.run([sys.executable, str(self.folder / "manage.py"), *args], cwd=self.folder,
+                              env={**self.env, **(env or {})}, capture_output=True, text=True, timeout=timeout)
+
+    def shell(self, code: str, timeout: float = 300) -> subprocess.CompletedProcess:
+        return self.manage("shell", "-c", code, timeout=timeout)

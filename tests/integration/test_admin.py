@@ -1156,3 +1156,23 @@ def test_verify_page_incremental_button_checks_what_was_added(refund, as_role, c
     assert "1 of 1 new receipts verified" in text(page)
     assert [(c.mode, c.from_receipt_seq, c.receipt_seq) for c in ChainCheck.objects.order_by("id")] == [
         ("full", 0, 1), ("incremental", 1, 2)]
+
+
+def test_the_approval_page_links_the_effect_key_only_once_its_record_exists(refund, as_role, client):
+    """A pending request's effect key is text (its record is made when the approved call runs): a link
+    would open "doesn't exist. Perhaps it was deleted?". Once the call ran, the key links to its record."""
+    approval_id = ask(refund)
+    assert not EffectRecord.objects.filter(pk="refund:txn_1").exists()
+    as_role("superuser")
+    page = client.get(approval_url(approval_id))
+    raw = page.content.decode()
+    assert page.status_code == 200 and "refund:txn_1" in text(page)
+    assert f'href="{effect_url("refund:txn_1")}"' not in raw
+    assert "no effect record yet" in text(page)
+    store.answer_approval(approval_id, True, by="ana")
+    with ctrlrun.context(agent="support-agent"), ctrlrun.with_approval(approval_id):
+        refund(payment_id="txn_1", amount=APPROVED_AMOUNT)
+    page = client.get(approval_url(approval_id))
+    assert f'href="{effect_url("refund:txn_1")}"' in page.content.decode()
+    assert "no effect record yet" not in text(page)
+    assert client.get(effect_url("refund:txn_1")).status_code == 200

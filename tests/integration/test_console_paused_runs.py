@@ -130,3 +130,24 @@ def test_a_page_for_no_such_run_is_a_redirect_with_a_message_not_a_500(as_role, 
     for key in ("999999", "abc", quote("1\x00")):
         response = client.get(f"/admin/ctrlrun/pausedrun/{key}/change/")
         assert response.status_code in (302, 404), (key, response.status_code)
+
+
+def test_the_list_says_which_approval_each_run_waits_for_and_its_status(paused, as_role, client):
+    """Each row names the approval the run waits on and that request's status now: "waits for approval
+    apr_… (pending)"; once answered and resumed, "waited for approval apr_… (consumed)"."""
+    as_role("auditor")
+    short = paused.approval_id[:16] + "…"
+    listing = client.get(url("ctrlrun_pausedrun_changelist"))
+    assert f"waits for approval {short} (pending)" in words(listing), words(listing)
+    assert approval_url(paused.approval_id) in listing.content.decode()
+    store.answer_approval(paused.approval_id, True, by="alice")
+    assert f"waits for approval {short} (granted)" in words(client.get(url("ctrlrun_pausedrun_changelist")))
+    assert store.claim_paused_run(paused.pk, "granted", "worker-7:4242")
+    store.finish_paused_run(paused.pk, error="RuntimeError: the model is down")
+    assert f"waited for approval {short} (granted)" in words(client.get(url("ctrlrun_pausedrun_changelist")))
+    with evidence_unguarded():  # a request row deleted outside ctrlrun: said, not a 500
+        from ctrlrun.models import Approval
+        Approval.objects.filter(pk=paused.approval_id).delete()
+    listing = client.get(url("ctrlrun_pausedrun_changelist"))
+    assert listing.status_code == 200
+    assert f"waited for approval {short} (no such request in the store)" in words(listing), words(listing)
