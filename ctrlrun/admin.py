@@ -1701,7 +1701,7 @@ def grants_context(site: str, now: dt.datetime) -> dict[str, Any]:
         budgets = []
         for budget in document["budgets"]:
             calls, total = budget_calls(grant.id, budget["metric"], budget["window_seconds"], now)
-            spent = budget["consumed"] + budget["held"]
+            spent = budget["consumed"]  # holds included
             left = max(budget["limit"] - spent, 0)
             budgets.append({
                 "metric": shown(budget["metric"]),

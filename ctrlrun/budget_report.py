@@ -2,9 +2,12 @@
 console's "Grants and budgets" page read the same numbers from here.
 
 A budget's numbers are the ledger's (``store.budget_usage``) over its window ending at one moment, the
-store's clock read once for the whole report: ``consumed`` (committed calls), ``held`` (calls still
-running or ambiguous; they count against the budget until they end) and ``left`` = limit - consumed -
-held (never below zero). Released charges (attempts that ended failed) count in neither.
+store's clock read once for the whole report: ``consumed`` (what the budget has used: every charge not
+given back, so the calls still running or ambiguous too, as the reservation counts them), ``held`` (the
+part of ``consumed`` that is still running or ambiguous: it is given back if its attempt ends failed) and
+``left`` = limit - consumed (never below zero). Released charges (attempts that ended failed) count in
+neither. So at the moment a call is refused ``budget_exhausted``, ``consumed`` plus the refused call's
+amount is over the limit, as the refusal says.
 """
 from __future__ import annotations
 
@@ -29,12 +32,12 @@ def budget_document(grant: Grant, now: dt.datetime | None = None) -> dict[str, A
     now = now or store.now()
     budgets = []
     for budget in grant.budgets or ():
-        consumed, held, holding = store.budget_usage(grant.id, budget.metric, budget.window_seconds, now)
+        committed, held, holding = store.budget_usage(grant.id, budget.metric, budget.window_seconds, now)
         budgets.append({
             "metric": budget.metric,
             "limit": budget.limit,
             "window_seconds": budget.window_seconds,
-            "consumed": consumed,
+            "consumed": committed + held,  # what the reservation sums: holds count until they end
             "held": held,
             "holding": [{"effect_key": key, "state": state, "amount": amount, "attempt": attempt,
                          "consumed_at": evidence_time(at)} for key, state, amount, attempt, at in holding],
@@ -50,7 +53,8 @@ def per_window(seconds: int) -> str:
 
 def budget_lines(document: dict[str, Any], resolve_command: str) -> list[str]:
     """The text of ``inspect --grant``: ``grant <id>``, then per budget
-    ``<metric>: <consumed> of <limit> per <window>, <held> held`` and each hold under it."""
+    ``<metric>: <consumed> of <limit> per <window>, <held> held`` (``consumed`` includes the holds) and each
+    hold under it."""
     lines = [f"grant {document['grant_id']}"]
     if not document["budgets"]:
         lines.append("no budgets: this grant's calls are not capped (a grant caps spend with 'budgets:')")

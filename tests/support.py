@@ -475,3 +475,45 @@ def require_postgresql() -> None:
             pass
     except psycopg.OperationalError:
         missing_system_package(POSTGRES_NEEDED)
+
+
+# --------------------------------------------------------------------------- budget25: a call held open in another process
+
+#: A script (run as ``python held.py FOLDER NAME ARGUMENTS_JSON AGENT``) that makes one call through the
+#: default Control whose executor writes FOLDER/started and then waits until FOLDER/release exists: while
+#: it waits, its attempt is executing and its budget charges are held, in a process of its own.
+HELD_CALL = """
+import json, pathlib, sys, time
+import ctrlrun
+ctrlrun.setup()
+from ctrlrun.control import default_control
+
+folder = pathlib.Path(sys.argv[1])
+
+def executor():
+    (folder / "started").write_text("1")
+    while not (folder / "release").exists():
+        time.sleep(0.02)
+    return "done"
+
+print(default_control().call(sys.argv[2], json.loads(sys.argv[3]), executor, principal=sys.argv[4]))
+"""
+
+
+def start_held_call(folder: Path, policy: str, name: str, arguments: dict, agent: str,
+                    seconds: float = 120) -> subprocess.Popen:
+    """Start :data:`HELD_CALL` in ``folder`` under ``policy`` on the test store and return once its executor
+    runs (its charges are held); write ``folder / "release"`` to let it commit."""
+    import time
+
+    env = script_environment(folder, policy)
+    (folder / "held.py").write_text(HELD_CALL)
+    process = subprocess.Popen([sys.executable, "held.py", str(folder), name, json.dumps(arguments), agent],
+                               cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + seconds
+    while not (folder / "started").exists():
+        if process.poll() is not None:
+            raise AssertionError(f"the held call exited early: {process.communicate()}")
+        assert time.monotonic() < deadline, "the held call never started its executor"
+        time.sleep(0.02)
+    return process

@@ -38,10 +38,10 @@ def test_an_auditor_sees_what_each_budget_spent_and_follows_the_calls(console, u
         assert expected in body, expected
     support = console.by_id("grant-1")
     amount, count = support.find_elements(By.CSS_SELECTOR, ".ctrlrun-budget")
-    assert [amount.find_element(By.CSS_SELECTOR, f".{n}").text for n in ("spent", "held", "left")] == [
-        "60,000", "20,000", "20,000"]
-    assert [count.find_element(By.CSS_SELECTOR, f".{n}").text for n in ("spent", "held", "left")] == [
-        "2", "1", "0 exhausted"]
+    assert [amount.find_element(By.CSS_SELECTOR, f".{n}").text for n in ("used", "held", "left")] == [
+        "80,000", "20,000", "20,000"]
+    assert [count.find_element(By.CSS_SELECTOR, f".{n}").text for n in ("used", "held", "left")] == [
+        "3", "1", "0 exhausted"]
     assert len(amount.find_elements(By.CSS_SELECTOR, ".ctrlrun-budget-calls tbody tr")) == 3
     assert "refund:p4" not in body  # refused: it never took its key, it spent nothing
     console.shot("grants-and-budgets")

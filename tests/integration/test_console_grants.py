@@ -129,12 +129,12 @@ def test_every_grant_and_what_its_budgets_spent_hold_and_have_left(spent, as_rol
     assert "agent support-* " in page and "stripe.* " in page and "payment:* " in page and "production" in page
     assert "amount_lte: 500000" in page
     assert "agent mailer , user ops-*" in page and "run-*" in page and "2026-11-29 13:00:00 UTC" in page
-    # amount per day: 60,000 spent (two committed), 20,000 held (the ambiguous one), 20,000 left
+    # amount per day: 80,000 used (two committed, and 20,000 held by the ambiguous one), 20,000 left
     assert "amount : at most 100,000 per day" in page
-    assert "spent 60,000 held 20,000 left 20,000" in page
-    # count per hour: 2 spent, 1 held, 0 left: exhausted
+    assert "used 80,000 of it held 20,000 left 20,000" in page
+    # count per hour: 3 used (1 held), 0 left: exhausted
     assert "count : at most 3 per hour" in page
-    assert "spent 2 held 1 left 0 exhausted" in page
+    assert "used 3 of it held 1 left 0 exhausted" in page
     assert "No budgets: this grant's calls are not capped." in page  # mailer
     html = text(response)
     for key in ("refund:p1", "refund:p2", "refund:p3"):
@@ -150,10 +150,10 @@ def test_resolving_the_held_call_moves_its_charge(spent, as_role, client, clock)
     as_role("resolver")
     store.resolve("refund:p3", "failed", by="rita", reason="the remote has no such refund")
     page = words(client.get(grants_url()))
-    assert "spent 60,000 held 0 left 40,000" in page and "spent 2 held 0 left 1" in page
+    assert "used 60,000 of it held 0 left 40,000" in page and "used 2 of it held 0 left 1" in page
     clock.advance(hours=1)  # the hour's window slid past every call; the day's did not
     page = words(client.get(grants_url()))
-    assert "spent 0 held 0 left 3" in page and "spent 60,000 held 0 left 40,000" in page
+    assert "used 0 of it held 0 left 3" in page and "used 60,000 of it held 0 left 40,000" in page
     assert "no call has spent any of it in this window" in page
 
 
@@ -198,7 +198,7 @@ def test_everything_from_the_policy_and_the_ledger_is_escaped(use_policy, as_rol
     assert BudgetLedger.objects.get().effect_key == "refund:<u>p\u202e1"
     as_role("auditor")
     html = client.get(grants_url()).content.decode()
-    assert "spent 1 held 0 left 4" in " ".join(re.sub(r"<[^>]+>", " ", html).split())
+    assert "used 1 of it held 0 left 4" in " ".join(re.sub(r"<[^>]+>", " ", html).split())
     for raw in ("<script>", "<b>", "<i>", "<u>", "<img", "<svg onload", "\u202e"):
         assert raw not in html, raw
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html and "&lt;img src=x&gt;:*" in html
