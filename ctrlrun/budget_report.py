@@ -42,7 +42,39 @@ def budget_document(grant: Grant, now: dt.datetime | None = None) -> dict[str, A
             "holding": [{"effect_key": key, "state": state, "amount": amount, "attempt": attempt,
                          "consumed_at": evidence_time(at)} for key, state, amount, attempt, at in holding],
         })
+        if budget.currency is not None:  # only when the policy says so: the reference's document has no such key
+            budgets[-1]["currency"] = budget.currency
     return {"schema": SCHEMA, "grant_id": grant.id, "at": evidence_time(now), "budgets": budgets}
+
+
+#: ISO 4217 currencies whose minor unit is not a hundredth: how many digits follow the point (every other
+#: code has two). A budget's ``currency`` says its amounts are minor units (cents, yen, fils).
+MINOR_DIGITS = {**dict.fromkeys(("BIF", "CLP", "DJF", "GNF", "ISK", "JPY", "KMF", "KRW", "PYG", "RWF", "UGX", "UYI",
+                                 "VND", "VUV", "XAF", "XOF", "XPF"), 0),
+                **dict.fromkeys(("BHD", "IQD", "JOD", "KWD", "LYD", "OMR", "TND"), 3)}
+
+
+def amount_text(amount: int, currency: str | None = None, *, grouped: bool = True) -> str:
+    """An amount of a budget for people: ``500,000``; with a currency, money from its minor units
+    (``EUR 5,000.00``, ``JPY 1,234``). ``grouped=False`` leaves the thousands unseparated (``500000``), as
+    ``inspect --grant`` prints them (the reference's digits)."""
+    if currency is None:
+        return f"{amount:,}" if grouped else str(amount)
+    digits = MINOR_DIGITS.get(currency, 2)
+    major, minor = divmod(amount, 10 ** digits)
+    text = f"{major:,}" if grouped else str(major)
+    return f"{currency} {text}.{minor:0{digits}d}" if digits else f"{currency} {text}"
+
+
+def limit_text(limit: int, window_seconds: int, currency: str | None = None, *, grouped: bool = True) -> str:
+    """A budget's limit and its window, the one way every page and command writes them: ``500,000 per
+    day``, ``EUR 5,000.00 per day``, ``20 per 2 hours``."""
+    return f"{amount_text(limit, currency, grouped=grouped)} per {per_window(window_seconds)}"
+
+
+def budget_cap(budget: Any) -> str:
+    """``at most 500,000 per day`` of an ``authority.Budget``: what the console shows as its cap."""
+    return f"at most {limit_text(budget.limit, budget.window_seconds, budget.currency)}"
 
 
 def per_window(seconds: int) -> str:
@@ -60,10 +92,16 @@ def budget_lines(document: dict[str, Any], resolve_command: str) -> list[str]:
         lines.append("no budgets: this grant's calls are not capped (a grant caps spend with 'budgets:')")
         return lines
     for budget in document["budgets"]:
-        lines.append(f"{budget['metric']}: {budget['consumed']} of {budget['limit']} per "
-                     f"{per_window(budget['window_seconds'])}, {budget['held']} held")
+        currency = budget.get("currency")
+
+        def amount(value: int) -> str:
+            return amount_text(value, currency, grouped=False)
+
+        lines.append(f"{budget['metric']}: {amount(budget['consumed'])} of "
+                     f"{limit_text(budget['limit'], budget['window_seconds'], currency, grouped=False)}, "
+                     f"{amount(budget['held'])} held")
         for hold in budget["holding"]:
-            line = f"  {hold['amount']} held by {hold['effect_key']} ({hold['state']})"
+            line = f"  {amount(hold['amount'])} held by {hold['effect_key']} ({hold['state']})"
             if hold["state"] == EffectState.AMBIGUOUS:
                 line += f": once you know, '{resolve_command} {hold['effect_key']} --committed|--failed'"
             lines.append(line)
@@ -111,4 +149,5 @@ def budget_calls(grant_id: str, metric: str, window_seconds: int, now: dt.dateti
     return calls, total
 
 
-__all__ = ["SCHEMA", "budget_document", "budget_lines", "budget_calls", "per_window"]
+__all__ = ["SCHEMA", "budget_document", "budget_lines", "budget_calls", "per_window", "amount_text", "limit_text",
+           "budget_cap", "MINOR_DIGITS"]

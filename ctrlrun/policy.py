@@ -115,6 +115,9 @@ _DATA_KEYS = {"label": 4}
 _UPSTREAM_KEYS = {"tls_cert_sha256": 8, "tls_cert_file": 8, "tool_schema_sha256": 8}
 _AUTHORITY_KEYS = {"max_delegation_depth": 3, "grants": 3, "break_glass": 3}
 _BUDGET_KEYS = {"metric": 7, "limit": 7, "window": 7}
+#: A budget's optional keys (the port's: the reference has none of them).
+_BUDGET_OPTIONAL = {"currency": 7}
+_CURRENCY = re.compile(r"[A-Z]{3}")
 _GRANT_KEYS = {
     "id": 3, "subject": 3, "actions": 3, "resources": 3, "constraints": 3, "environments": 3,
     "expires_at": 3, "delegable": 3, "tasks": 7, "budgets": 7,
@@ -1443,7 +1446,7 @@ class _Reader:
             if not isinstance(item, dict):
                 self.fail(item_line, here, f"a budget must be a mapping of metric, limit and window, got "
                                            f"{_type_name(item)}")
-            self.check_keys(item, _BUDGET_KEYS, item_line, here)
+            self.check_keys(item, {**_BUDGET_KEYS, **_BUDGET_OPTIONAL}, item_line, here)
             missing = [key for key in _BUDGET_KEYS if key not in item]
             if missing:
                 self.fail(item_line, here, f"a budget needs {', '.join(repr(k) for k in missing)}")
@@ -1458,7 +1461,17 @@ class _Reader:
                 window = parse_window(item["window"])
             except ValueError as exc:
                 self.fail(item.key_lines["window"], here, str(exc))
-            budgets.append(Budget(metric, limit, window))
+            currency = item.get("currency")
+            if currency is not None:
+                line_of = item.key_lines["currency"]
+                if not isinstance(currency, str) or not _CURRENCY.fullmatch(currency):
+                    self.fail(line_of, here, f"'currency' must be an ISO 4217 code of three capital letters (EUR, "
+                                             f"USD, JPY), got {currency!r}: the budget's amounts are then minor "
+                                             f"units of it (cents), shown as money")
+                if metric == "count":
+                    self.fail(line_of, here, "a count budget counts calls, not money: remove 'currency', or "
+                                             "budget an amount argument")
+            budgets.append(Budget(metric, limit, window, currency))
         return tuple(budgets)
 
     # -- one action --------------------------------------------------------------------------

@@ -517,3 +517,32 @@ def start_held_call(folder: Path, policy: str, name: str, arguments: dict, agent
         assert time.monotonic() < deadline, "the held call never started its executor"
         time.sleep(0.02)
     return process
+
+
+#: A delegable grant whose budgets are money (``currency: EUR``) and a delegation of it with tighter budgets
+#: of its own: the Grants, Delegations and ``inspect --grant`` views of delegated budgets.
+BUDGETED_DELEGATION_POLICY = """\
+schema: ctrlrun.policy/v7
+authority:
+  grants:
+    - id: support
+      subject: {agent: orchestrator}
+      actions: [stripe.refund]
+      delegable: true
+      expires_at: "2099-01-01T00:00:00Z"
+      budgets:
+        - {metric: amount, limit: 500000, window: P1D, currency: EUR}
+        - {metric: count, limit: 20, window: PT1H}
+actions:
+  stripe.refund:
+    effect: "refund:{payment_id}"
+    decision: allow
+"""
+BUDGETED_CHILD = """\
+subject: {agent: worker}
+actions: [stripe.refund]
+expires_at: "2098-12-31T00:00:00Z"
+budgets:
+  - {metric: amount, limit: 100000, window: P2D, currency: EUR}
+  - {metric: count, limit: 5, window: PT1H}
+"""

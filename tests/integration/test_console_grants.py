@@ -15,6 +15,7 @@ from ctrlrun import store
 from ctrlrun.control import default_control
 from ctrlrun.models import BudgetLedger, EffectRecord, Receipt
 from tests.integration.test_admin import as_role, has_id, login_redirect, receipt_url, text, url  # noqa: F401
+from tests.support import BUDGETED_CHILD, BUDGETED_DELEGATION_POLICY
 
 pytestmark = pytest.mark.usefixtures("store_db", "console_groups")
 
@@ -203,3 +204,32 @@ def test_everything_from_the_policy_and_the_ledger_is_escaped(use_policy, as_rol
         assert raw not in html, raw
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html and "&lt;img src=x&gt;:*" in html
     assert "U+202E" in html.upper() or "\\u202e" in html.lower()
+
+
+def test_money_and_delegated_budgets(use_policy, as_role, client):
+    """A budget that says its currency is shown as money; a delegation's own budgets are shown under the
+    grant it was made from, with what its calls used (they are charged to it and to the grant above)."""
+    use_policy(BUDGETED_DELEGATION_POLICY)
+    control = default_control()
+    made = control.delegate("support", BUDGETED_CHILD, by="orchestrator")
+    control.call("stripe.refund", {"payment_id": "p1", "amount": 40000}, lambda: "done", principal="orchestrator")
+    control.call("stripe.refund", {"payment_id": "p2", "amount": 30000}, lambda: "done", principal="worker")
+    as_role("auditor")
+    response = client.get(grants_url())
+    page = words(response)
+    root, delegated = page.split("Delegated budgets", 1)
+    assert "amount : at most EUR 5,000.00 per day" in root
+    assert "used EUR 700.00 of it held EUR 0.00 left EUR 4,300.00" in root
+    assert "count : at most 20 per hour" in root and "used 2 of it held 0 left 18" in root
+    assert f"delegation {made.id} · worker · depth 1" in delegated
+    assert "amount : at most EUR 1,000.00 per 2 days" in delegated
+    assert "used EUR 300.00 of it held EUR 0.00 left EUR 700.00" in delegated
+    assert "count : at most 5 per hour" in delegated and "used 1 of it held 0 left 4" in delegated
+    html = text(response)
+    assert url("ctrlrun_delegation_change", quote(made.id)) in html
+    assert url("ctrlrun_effectrecord_change", quote("refund:p2")) in html
+
+
+def test_a_grant_whose_delegations_have_no_budgets_lists_none(spent, as_role, client):
+    as_role("auditor")
+    assert "Delegated budgets" not in words(client.get(grants_url()))
