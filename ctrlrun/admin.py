@@ -1415,6 +1415,7 @@ class ReceiptAdmin(EvidenceAdmin):
             "check": check,
             "checked_at": when(check.checked_at) if check else None,
             "chain": chain_status(check, store.head_position()[0], store.now(), conf.chain_check_max_age()),
+            "evidence_docs": conf.docs_url("evidence.md#recorded-checks-full-and-incremental"),
         })
 
     def _break_link(self, item: Any) -> SafeString:
