@@ -1436,6 +1436,7 @@ class ReceiptAdmin(EvidenceAdmin):
             "check": check,
             "checked_at": when(check.checked_at) if check else None,
             "chain": chain_status(check, store.head_position()[0], store.now(), conf.chain_check_max_age()),
+            "evidence_docs": conf.docs_url("evidence.md#recorded-checks-full-and-incremental"),
         })
 
     def _break_link(self, item: Any) -> SafeString:
@@ -1688,11 +1689,13 @@ def _grant_rows(grant: Any) -> list[tuple[str, SafeString]]:
     ]
 
 
-def _call_row(site: str, call: dict[str, Any]) -> dict[str, Any]:
+def _call_row(site: str, call: dict[str, Any], currency: str | None = None) -> dict[str, Any]:
+    from .budget_report import amount_text
+
     state = call["state"]
     return {
         "at": when(call["consumed_at"]),
-        "amount": f"{call['amount']:,}",
+        "amount": amount_text(call["amount"], currency),
         "state": badge(state),
         "standing": _g("spent") if state == EffectState.COMMITTED else _g("holds"),
         "effect": effect_link(site, call["effect_key"]),
@@ -1703,11 +1706,57 @@ def _call_row(site: str, call: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _budget_boxes(site: str, grant: Any, now: dt.datetime) -> list[dict[str, Any]]:
+    """Each budget of ``grant`` (a policy grant, or a delegation's) as the page shows it: its cap, what is
+    used (holds included), held and left in the window ending ``now``, and the calls that used it."""
+    from .budget_report import CALLS_SHOWN, amount_text, budget_calls, budget_cap, budget_document
+
+    boxes = []
+    for budget, numbers in zip(grant.budgets or (), budget_document(grant, now)["budgets"]):
+        calls, total = budget_calls(grant.id, numbers["metric"], numbers["window_seconds"], now)
+        used = numbers["consumed"]  # holds included
+        left = max(numbers["limit"] - used, 0)
+        boxes.append({
+            "metric": shown(numbers["metric"]),
+            "cap": budget_cap(budget),
+            "consumed": amount_text(used, budget.currency),
+            "held": amount_text(numbers["held"], budget.currency),
+            "holds": numbers["held"] > 0,
+            "left": amount_text(left, budget.currency),
+            "exhausted": left == 0,
+            "percent": 100 if numbers["limit"] == 0 else min(100, round(100 * used / numbers["limit"])),
+            "calls": [_call_row(site, call, budget.currency) for call in calls],
+            "more": total - len(calls) if total > CALLS_SHOWN else 0,
+        })
+    return boxes
+
+
+def _delegated(site: str, root: str, rows: list[Any], now: dt.datetime) -> list[dict[str, Any]]:
+    """The delegations beneath the grant ``root`` (depth first) that have budgets of their own, each with
+    its budgets' boxes: a delegation's calls are charged to it and to every grant above it."""
+    children: dict[str, list[Any]] = {}
+    for row in rows:
+        children.setdefault(row.parent_id, []).append(row)
+    out: list[dict[str, Any]] = []
+    stack, seen = list(reversed(children.get(root, []))), set()
+    while stack:
+        row = stack.pop()
+        if row.id in seen:
+            continue
+        seen.add(row.id)
+        stack.extend(reversed(children.get(row.id, [])))
+        if row.grant is None or not row.grant.budgets:
+            continue
+        out.append({"link": link(change_url(site, "delegation", row.id), row.id), "subject": _subject(row.grant),
+                    "depth": row.depth, "revoked": row.revoked, "anchor": f"{root}-{len(out) + 1}",
+                    "budgets": _budget_boxes(site, row.grant, now)})
+    return out
+
+
 def grants_context(site: str, now: dt.datetime) -> dict[str, Any]:
     """What the "Grants and budgets" page shows: the current policy's grants, each budget's numbers in
-    its window ending ``now`` and the calls that spent or hold it; or the one line why there are none."""
-    from .budget_report import CALLS_SHOWN, budget_calls, budget_document, per_window
-
+    its window ending ``now`` and the calls that used it, and under each grant the budgets of the
+    delegations made from it; or the one line why there are none."""
     policy, problem = _grants_policy()
     if policy is None:
         return {"problem": _g("The policy does not load, so its grants are unknown: %(why)s") % {
@@ -1716,34 +1765,19 @@ def grants_context(site: str, now: dt.datetime) -> dict[str, Any]:
     if authority is None:
         return {"problem": _g("The policy (%(source)s) has no authority section: every call is decided by its "
                               "rules alone, and nothing is capped.") % {"source": reveal(str(policy.source))}}
+    delegations = store.list_delegations()
     grants = []
     for grant in authority.grants.values():
-        document = budget_document(grant, now)
-        budgets = []
-        for budget in document["budgets"]:
-            calls, total = budget_calls(grant.id, budget["metric"], budget["window_seconds"], now)
-            spent = budget["consumed"] + budget["held"]
-            left = max(budget["limit"] - spent, 0)
-            budgets.append({
-                "metric": shown(budget["metric"]),
-                "limit": f"{budget['limit']:,}",
-                "window": per_window(budget["window_seconds"]),
-                "consumed": f"{budget['consumed']:,}",
-                "held": f"{budget['held']:,}",
-                "left": f"{left:,}",
-                "exhausted": left == 0,
-                "percent": 100 if budget["limit"] == 0 else min(100, round(100 * spent / budget["limit"])),
-                "calls": [_call_row(site, call) for call in calls],
-                "more": total - len(calls) if total > CALLS_SHOWN else 0,
-            })
         expired = grant.expires_at is not None and now > grant.expires_at
+        anchor = f"grant-{len(grants) + 1}"
         grants.append({
             "id": shown(grant.id),
-            "anchor": f"grant-{len(grants) + 1}",
+            "anchor": anchor,
             "rows": _grant_rows(grant),
             "expires": when(grant.expires_at) if grant.expires_at else None,
             "expired": expired,
-            "budgets": budgets,
+            "budgets": _budget_boxes(site, grant, now),
+            "delegated": _delegated(site, grant.id, delegations, now),
         })
     return {"grants": grants, "source": reveal(str(policy.source)), "policy_hash": policy.hash,
             "policy": policy_link(site, policy.hash), "at": when(now)}
@@ -1822,8 +1856,10 @@ def _narrows(grant: Any) -> list[str]:
         parts.append(f"{_g('expires')} {when_text(grant.expires_at)}")
     if grant.tasks is not None:
         parts.append(f"{_g('tasks')} {', '.join(grant.tasks)}")
-    for budget in grant.budgets or ():
-        parts.append(f"{_g('budget')} {budget.metric} ≤ {budget.limit} / {budget.window_seconds}s")
+    from .budget_report import budget_cap
+
+    for budget in grant.budgets or ():  # written as the Grants page and inspect --grant write it
+        parts.append(f"{_g('budget')} {budget.metric}: {budget_cap(budget)}")
     if grant.delegable:
         parts.append(_g("delegable"))
     return [reveal(part) for part in parts]

@@ -3,11 +3,13 @@
 Connect a receiver the usual way::
 
     from django.dispatch import receiver
+    from ctrlrun import store
     from ctrlrun.signals import approval_requested
 
     @receiver(approval_requested)
     def tell_the_approvers(sender, event, **kwargs):
-        ...  # event.approval_id, event.data["action"], ...
+        request = store.get_approval(event.approval_id)  # the event has ids and data {action_hash, expires_at}
+        ...  # request.action, request.arguments, request.agent
 
 Every signal is sent with ``sender`` = the event type (a str) and ``event`` = the
 ``ObservedEvent``; ``receipt_written`` with ``receipt`` = the receipt document instead. A receiver

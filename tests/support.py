@@ -542,3 +542,74 @@ class StartprojectSite:
 
     def shell(self, code: str, timeout: float = 300) -> subprocess.CompletedProcess:
         return self.manage("shell", "-c", code, timeout=timeout)
+
+
+# --------------------------------------------------------------------------- budget25: a call held open in another process
+
+#: A script (run as ``python held.py FOLDER NAME ARGUMENTS_JSON AGENT``) that makes one call through the
+#: default Control whose executor writes FOLDER/started and then waits until FOLDER/release exists: while
+#: it waits, its attempt is executing and its budget charges are held, in a process of its own.
+HELD_CALL = """
+import json, pathlib, sys, time
+import ctrlrun
+ctrlrun.setup()
+from ctrlrun.control import default_control
+
+folder = pathlib.Path(sys.argv[1])
+
+def executor():
+    (folder / "started").write_text("1")
+    while not (folder / "release").exists():
+        time.sleep(0.02)
+    return "done"
+
+print(default_control().call(sys.argv[2], json.loads(sys.argv[3]), executor, principal=sys.argv[4]))
+"""
+
+
+def start_held_call(folder: Path, policy: str, name: str, arguments: dict, agent: str,
+                    seconds: float = 120) -> subprocess.Popen:
+    """Start :data:`HELD_CALL` in ``folder`` under ``policy`` on the test store and return once its executor
+    runs (its charges are held); write ``folder / "release"`` to let it commit."""
+    import time
+
+    env = script_environment(folder, policy)
+    (folder / "held.py").write_text(HELD_CALL)
+    process = subprocess.Popen([sys.executable, "held.py", str(folder), name, json.dumps(arguments), agent],
+                               cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + seconds
+    while not (folder / "started").exists():
+        if process.poll() is not None:
+            raise AssertionError(f"the held call exited early: {process.communicate()}")
+        assert time.monotonic() < deadline, "the held call never started its executor"
+        time.sleep(0.02)
+    return process
+
+
+#: A delegable grant whose budgets are money (``currency: EUR``) and a delegation of it with tighter budgets
+#: of its own: the Grants, Delegations and ``inspect --grant`` views of delegated budgets.
+BUDGETED_DELEGATION_POLICY = """\
+schema: ctrlrun.policy/v7
+authority:
+  grants:
+    - id: support
+      subject: {agent: orchestrator}
+      actions: [stripe.refund]
+      delegable: true
+      expires_at: "2099-01-01T00:00:00Z"
+      budgets:
+        - {metric: amount, limit: 500000, window: P1D, currency: EUR}
+        - {metric: count, limit: 20, window: PT1H}
+actions:
+  stripe.refund:
+    effect: "refund:{payment_id}"
+    decision: allow
+"""
+BUDGETED_CHILD = """\
+subject: {agent: worker}
+actions: [stripe.refund]
+expires_at: "2098-12-31T00:00:00Z"
+budgets:
+  - {metric: amount, limit: 100000, window: P2D, currency: EUR}
+  - {metric: count, limit: 5, window: PT1H}
+"""

@@ -183,18 +183,24 @@ def window_text(seconds: int) -> str:
 
 @dataclass(frozen=True)
 class Budget:
-    """``count`` calls, or the sum of an int argument, at most ``limit`` within any ``window``."""
+    """``count`` calls, or the sum of an int argument, at most ``limit`` within any ``window``.
+    ``currency`` (optional, an ISO 4217 code): the amounts are minor units of it (cents), shown as money;
+    it changes nothing in what is charged or refused."""
 
     metric: str
     limit: int
     window: dt.timedelta
+    currency: str | None = None
 
     @property
     def window_seconds(self) -> int:
         return int(self.window.total_seconds())
 
     def canonical(self) -> dict[str, Any]:
-        return {"metric": self.metric, "limit": self.limit, "window": self.window_seconds}
+        document: dict[str, Any] = {"metric": self.metric, "limit": self.limit, "window": self.window_seconds}
+        if self.currency is not None:  # absent when unset: the hash of a policy without it is unchanged
+            document["currency"] = self.currency
+        return document
 
 
 def budget_cost(budget: Budget, arguments: Mapping[str, Any]) -> int | str:

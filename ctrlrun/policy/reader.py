@@ -22,10 +22,10 @@ from .loader import (
 )
 from .model import ActionEntry, Condition, ControlEntry, Rule, is_int
 from .schema import (
-    MAX_CONTROL_ID, SUPPORTED_SCHEMAS, AUTHORITY_KEYS, BUDGET_KEYS, CONTROL_KEYS, DATA_KEYS, DECISIONS,
-    DECISIONS_LISTED, DERIVED_SUBJECT, ENTRY_KEYS, GRANT_KEYS, MCP_KEYS, MODES, NEWEST_SUPPORTED, NOT_BUILT,
-    NUMERIC_OPS, OPS_LISTED, POLICY_CHANGE_ACTION, RESERVED_EFFECT_PREFIX, RESERVED_SUBJECTS, RULE_KEYS,
-    SCHEMA_VERSION, SPLIT_ORDER, TOP_KEYS, UPSTREAM_KEYS,
+    MAX_CONTROL_ID, SUPPORTED_SCHEMAS, AUTHORITY_KEYS, BUDGET_KEYS, BUDGET_OPTIONAL, CURRENCY, CONTROL_KEYS,
+    DATA_KEYS, DECISIONS, DECISIONS_LISTED, DERIVED_SUBJECT, ENTRY_KEYS, GRANT_KEYS, MCP_KEYS, MODES,
+    NEWEST_SUPPORTED, NOT_BUILT, NUMERIC_OPS, OPS_LISTED, POLICY_CHANGE_ACTION, RESERVED_EFFECT_PREFIX,
+    RESERVED_SUBJECTS, RULE_KEYS, SCHEMA_VERSION, SPLIT_ORDER, TOP_KEYS, UPSTREAM_KEYS,
 )
 
 
@@ -416,7 +416,7 @@ class Reader:
             if not isinstance(item, dict):
                 self.fail(item_line, here, f"a budget must be a mapping of metric, limit and window, got "
                                            f"{type_name(item)}")
-            self.check_keys(item, BUDGET_KEYS, item_line, here)
+            self.check_keys(item, {**BUDGET_KEYS, **BUDGET_OPTIONAL}, item_line, here)
             missing = [key for key in BUDGET_KEYS if key not in item]
             if missing:
                 self.fail(item_line, here, f"a budget needs {', '.join(repr(k) for k in missing)}")
@@ -431,7 +431,17 @@ class Reader:
                 window = parse_window(item["window"])
             except ValueError as exc:
                 self.fail(item.key_lines["window"], here, str(exc))
-            budgets.append(Budget(metric, limit, window))
+            currency = item.get("currency")
+            if currency is not None:
+                line_of = item.key_lines["currency"]
+                if not isinstance(currency, str) or not CURRENCY.fullmatch(currency):
+                    self.fail(line_of, here, f"'currency' must be an ISO 4217 code of three capital letters (EUR, "
+                                             f"USD, JPY), got {currency!r}: the budget's amounts are then minor "
+                                             f"units of it (cents), shown as money")
+                if metric == "count":
+                    self.fail(line_of, here, "a count budget counts calls, not money: remove 'currency', or "
+                                             "budget an amount argument")
+            budgets.append(Budget(metric, limit, window, currency))
         return tuple(budgets)
 
     # -- one action --------------------------------------------------------------------------

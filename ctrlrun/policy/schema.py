@@ -4,6 +4,7 @@ introduced each), the operators and the limits. Pure: no Django."""
 from __future__ import annotations
 
 import logging
+import re
 
 from ..states import Decision
 
@@ -49,6 +50,9 @@ DATA_KEYS = {"label": 4}
 UPSTREAM_KEYS = {"tls_cert_sha256": 8, "tls_cert_file": 8, "tool_schema_sha256": 8}
 AUTHORITY_KEYS = {"max_delegation_depth": 3, "grants": 3, "break_glass": 3}
 BUDGET_KEYS = {"metric": 7, "limit": 7, "window": 7}
+#: A budget's optional keys (the port's: the reference has none of them).
+BUDGET_OPTIONAL = {"currency": 7}
+CURRENCY = re.compile(r"[A-Z]{3}")
 GRANT_KEYS = {
     "id": 3, "subject": 3, "actions": 3, "resources": 3, "constraints": 3, "environments": 3,
     "expires_at": 3, "delegable": 3, "tasks": 7, "budgets": 7,

@@ -43,6 +43,13 @@ class _ReceiptSpec:
     #: Observe mode: what enforcing would have done ({decision, reason, blocked_reason}); the receipt
     #: then says ``observed``, with ``result`` above as its ``execution``.
     would_have: dict[str, Any] | None = None
+    #: The receipt's ``decision`` when it is not the policy's: ``deny`` for a call the policy let through
+    #: and a budget then refused (recorded as a constraint refusal is). POLICY_EVALUATED keeps the policy's.
+    decision: Decision | None = None
+
+    @property
+    def receipt_decision(self) -> str:
+        return (self.decision or self.call.decision).value
 
     @property
     def receipt_result(self) -> str:
@@ -61,7 +68,7 @@ def _receipt_doc(spec: _ReceiptSpec, when: dt.datetime) -> dict[str, Any]:
         resource=action.resource,
         arguments=action.arguments,
         environment=action.environment,
-        decision=call.decision.value,
+        decision=spec.receipt_decision,
         decision_reason=spec.decision_reason or call.reason,
         approval_id=call.approval_id,
         approver=call.approver,
@@ -164,7 +171,7 @@ def _seal(events: Sequence[EventRow], receipts: Sequence[_ReceiptSpec], when: dt
             digest = receipt_hash(doc, trusted=True)
             action = spec.call.action
             receipt_params += [doc["receipt_id"], position, action.action_id, action.name, action.principal.agent,
-                               spec.call.decision.value, spec.receipt_result, spec.call.effect_key, adapt(when),
+                               spec.receipt_decision, spec.receipt_result, spec.call.effect_key, adapt(when),
                                dump_receipt(doc), prev, digest]
             prev = digest
         head_mac = signing.sign(HEAD_DOMAIN, _head_document(seq, prev, event_seq, event_prev, signing.key_id()))

@@ -67,6 +67,11 @@ def _move(cursor: Any, statement: str, source: EffectState, target: EffectState,
                           [target.value, *params, source.value])
 
 
+#: Refusals of a call the policy let through, made by its grant's budgets: their receipts say ``deny``, as
+#: an authority refusal's (``authority_constraint``) does; POLICY_EVALUATED still says what the policy said.
+BUDGET_REFUSALS = frozenset({"budget_exhausted", "budget_unmeasurable", "budget_unkeyed"})
+
+
 def record_denial(call: Call, data: dict[str, Any], *, with_policy: bool = True) -> None:
     """A call refused before any effect: opening events, ACTION_DENIED, a ``denied`` receipt."""
 
@@ -74,7 +79,8 @@ def record_denial(call: Call, data: dict[str, Any], *, with_policy: bool = True)
         denied = _started(call, when)
         events = _opening_events(denied, when, with_policy=with_policy)
         events.append(_event(EventType.ACTION_DENIED, denied, denied.effect_key, data, when, denied.approval_id))
-        return events, [_ReceiptSpec(denied, Result.DENIED, data.get("error"), None, data["reason"])]
+        refused = Decision.DENY if data["reason"] in BUDGET_REFUSALS else None  # the policy allowed; a budget refused
+        return events, [_ReceiptSpec(denied, Result.DENIED, data.get("error"), None, data["reason"], decision=refused)]
 
     with _phase(clock=False) as when:
         _seal((), (), when, build=build, sizes=(2 + bool(with_policy) + (call.authority is not None), 1))
@@ -332,7 +338,8 @@ def _budget_refusal(call: Call, when: dt.datetime, events: list[EventRow]) -> Re
     events.append(_event(EventType.ACTION_DENIED, denied, denied.effect_key,
                          {"reason": "budget_exhausted", "grant_id": charge.grant_id, "metric": charge.metric,
                           "window": charge.window_seconds}, when, denied.approval_id))
-    _seal(events, [_ReceiptSpec(denied, Result.DENIED, str(error), None, "budget_exhausted")], when)
+    _seal(events, [_ReceiptSpec(denied, Result.DENIED, str(error), None, "budget_exhausted",
+                                decision=Decision.DENY)], when)
     return Refused(error, None, True, denied)
 
 

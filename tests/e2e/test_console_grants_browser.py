@@ -38,10 +38,10 @@ def test_an_auditor_sees_what_each_budget_spent_and_follows_the_calls(console, u
         assert expected in body, expected
     support = console.by_id("grant-1")
     amount, count = support.find_elements(By.CSS_SELECTOR, ".ctrlrun-budget")
-    assert [amount.find_element(By.CSS_SELECTOR, f".{n}").text for n in ("spent", "held", "left")] == [
-        "60,000", "20,000", "20,000"]
-    assert [count.find_element(By.CSS_SELECTOR, f".{n}").text for n in ("spent", "held", "left")] == [
-        "2", "1", "0 exhausted"]
+    assert [amount.find_element(By.CSS_SELECTOR, f".{n}").text for n in ("used", "held", "left")] == [
+        "80,000", "20,000", "20,000"]
+    assert [count.find_element(By.CSS_SELECTOR, f".{n}").text for n in ("used", "held", "left")] == [
+        "3", "1", "0 exhausted"]
     assert len(amount.find_elements(By.CSS_SELECTOR, ".ctrlrun-budget-calls tbody tr")) == 3
     assert "refund:p4" not in body  # refused: it never took its key, it spent nothing
     console.shot("grants-and-budgets")
@@ -68,3 +68,33 @@ def test_an_auditor_sees_what_each_budget_spent_and_follows_the_calls(console, u
     console.shot("budget-ledger")
     console.click(console.by_id("ctrlrun-grants-link").find_element(By.LINK_TEXT, "Grants and budgets"))
     assert console.path() == "/admin/ctrlrun/budgetledger/grants/"
+
+
+def test_delegated_budgets_and_money_under_their_grant(console, use_policy):
+    """A grant whose amounts are euros and a delegation of it with budgets of its own: the delegation's
+    boxes under the grant, money as money, the delegation linked to its page; fits 1280 px."""
+    from ctrlrun.control import default_control
+    from tests.support import BUDGETED_CHILD, BUDGETED_DELEGATION_POLICY
+
+    use_policy(BUDGETED_DELEGATION_POLICY)
+    control = default_control()
+    made = control.delegate("support", BUDGETED_CHILD, by="orchestrator")
+    control.call("stripe.refund", {"payment_id": "p1", "amount": 40000}, lambda: "done", principal="orchestrator")
+    control.call("stripe.refund", {"payment_id": "p2", "amount": 30000}, lambda: "done", principal="worker")
+    make_user("auditor", "otto")
+    console.login("otto")
+    console.open("/admin/ctrlrun/budgetledger/grants/")
+    grant = console.by_id("grant-1")
+    amount = grant.find_elements(By.CSS_SELECTOR, ".ctrlrun-budget")[0]
+    assert "amount: at most EUR 5,000.00 per day" in amount.text
+    assert [amount.find_element(By.CSS_SELECTOR, f".{n}").text for n in ("used", "held", "left")] == [
+        "EUR 700.00", "EUR 0.00", "EUR 4,300.00"]
+    delegated = console.by_id("grant-1-delegated")
+    assert made.id in delegated.text and "amount: at most EUR 1,000.00 per 2 days" in delegated.text
+    boxes = delegated.find_elements(By.CSS_SELECTOR, ".ctrlrun-budget")
+    assert [boxes[1].find_element(By.CSS_SELECTOR, f".{n}").text for n in ("used", "held", "left")] == ["1", "0", "4"]
+    console.shot("delegated-budgets")
+    assert console.driver.execute_script(
+        "return document.documentElement.scrollWidth <= document.documentElement.clientWidth")
+    console.click(delegated.find_element(By.PARTIAL_LINK_TEXT, made.id[:12]))
+    assert made.id in console.text()

@@ -105,7 +105,8 @@ def test_an_exhausted_budget_refuses_with_nothing_taken(clock):
 
     assert events(action_id) == ["ACTION_PROPOSED", "POLICY_EVALUATED", "ACTION_DENIED"]
     receipt = receipts()[-1]
-    assert (receipt["result"], receipt["decision"], receipt["decision_reason"]) == ("denied", "allow",
+    # recorded as a constraint refusal is: denied, decision deny (POLICY_EVALUATED keeps the policy's allow)
+    assert (receipt["result"], receipt["decision"], receipt["decision_reason"]) == ("denied", "deny",
                                                                                     "budget_exhausted")
     assert receipt["budget_charges"] == [] and receipt["error"] == str(error)
     assert store.verify().ok
@@ -263,7 +264,7 @@ def test_a_budget_refusal_leaves_the_approval_granted(clock):
     assert refused.error.reason == "budget_exhausted"
     assert Approval.objects.get(pk=approval_id).status == "granted"
     receipt = receipts()[-1]
-    assert (receipt["result"], receipt["decision"], receipt["approval_id"]) == ("denied", "approve", approval_id)
+    assert (receipt["result"], receipt["decision"], receipt["approval_id"]) == ("denied", "deny", approval_id)
     assert event("ACTION_DENIED", approval_id=approval_id).data["reason"] == "budget_exhausted"
     clock.advance(hours=24)  # the first refund leaves the window: the same approval now runs it
     taken = take(call, presented=approval_id)

@@ -14,6 +14,7 @@ from ctrlrun.control import default_control
 from ctrlrun.models import Delegation, Event
 from tests.integration.test_admin import as_role, login_redirect, text, url  # noqa: F401
 from tests.integration.test_delegation import DELEGABLE_CHILD, GRANDCHILD, POLICY
+from tests.support import BUDGETED_CHILD, BUDGETED_DELEGATION_POLICY
 
 pytestmark = pytest.mark.usefixtures("store_db", "console_groups")
 
@@ -118,3 +119,17 @@ def test_ids_the_admin_would_unquote_still_open(tree, as_role, client):
     assert link in page.content.decode()
     assert client.get(link).status_code == 200
     assert client.get(url("ctrlrun_delegation_change", quote("dlg_24" + "a" * 30))).status_code == 200
+
+
+def test_a_delegations_budgets_are_written_as_everywhere_else(use_policy, as_role, client):
+    """The tree writes a budget as the Grants page and inspect --grant do: its cap and window in words,
+    money as money (not '≤ 100000 / 172800s')."""
+    use_policy(BUDGETED_DELEGATION_POLICY)
+    made = default_control().delegate("support", BUDGETED_CHILD, by="orchestrator")
+    revoker(as_role)
+    body = " ".join(text(client.get(url("ctrlrun_delegation_changelist"))).split())
+    assert "budget amount: at most EUR 5,000.00 per day" in body  # the root grant's
+    assert "budget amount: at most EUR 1,000.00 per 2 days" in body and "budget count: at most 5 per hour" in body
+    assert "≤" not in body and "172800s" not in body
+    revoke = " ".join(text(client.get(url("ctrlrun_delegation_revoke", quote(made.id)))).split())
+    assert "budget amount: at most EUR 1,000.00 per 2 days" in revoke

@@ -15,6 +15,7 @@ from ctrlrun import store
 from ctrlrun.control import default_control
 from ctrlrun.models import BudgetLedger, EffectRecord, Receipt
 from tests.integration.test_admin import as_role, has_id, login_redirect, receipt_url, text, url  # noqa: F401
+from tests.support import BUDGETED_CHILD, BUDGETED_DELEGATION_POLICY
 
 pytestmark = pytest.mark.usefixtures("store_db", "console_groups")
 
@@ -129,12 +130,12 @@ def test_every_grant_and_what_its_budgets_spent_hold_and_have_left(spent, as_rol
     assert "agent support-* " in page and "stripe.* " in page and "payment:* " in page and "production" in page
     assert "amount_lte: 500000" in page
     assert "agent mailer , user ops-*" in page and "run-*" in page and "2026-11-29 13:00:00 UTC" in page
-    # amount per day: 60,000 spent (two committed), 20,000 held (the ambiguous one), 20,000 left
+    # amount per day: 80,000 used (two committed, and 20,000 held by the ambiguous one), 20,000 left
     assert "amount : at most 100,000 per day" in page
-    assert "spent 60,000 held 20,000 left 20,000" in page
-    # count per hour: 2 spent, 1 held, 0 left: exhausted
+    assert "used 80,000 of it held 20,000 left 20,000" in page
+    # count per hour: 3 used (1 held), 0 left: exhausted
     assert "count : at most 3 per hour" in page
-    assert "spent 2 held 1 left 0 exhausted" in page
+    assert "used 3 of it held 1 left 0 exhausted" in page
     assert "No budgets: this grant's calls are not capped." in page  # mailer
     html = text(response)
     for key in ("refund:p1", "refund:p2", "refund:p3"):
@@ -150,10 +151,10 @@ def test_resolving_the_held_call_moves_its_charge(spent, as_role, client, clock)
     as_role("resolver")
     store.resolve("refund:p3", "failed", by="rita", reason="the remote has no such refund")
     page = words(client.get(grants_url()))
-    assert "spent 60,000 held 0 left 40,000" in page and "spent 2 held 0 left 1" in page
+    assert "used 60,000 of it held 0 left 40,000" in page and "used 2 of it held 0 left 1" in page
     clock.advance(hours=1)  # the hour's window slid past every call; the day's did not
     page = words(client.get(grants_url()))
-    assert "spent 0 held 0 left 3" in page and "spent 60,000 held 0 left 40,000" in page
+    assert "used 0 of it held 0 left 3" in page and "used 60,000 of it held 0 left 40,000" in page
     assert "no call has spent any of it in this window" in page
 
 
@@ -198,8 +199,37 @@ def test_everything_from_the_policy_and_the_ledger_is_escaped(use_policy, as_rol
     assert BudgetLedger.objects.get().effect_key == "refund:<u>p\u202e1"
     as_role("auditor")
     html = client.get(grants_url()).content.decode()
-    assert "spent 1 held 0 left 4" in " ".join(re.sub(r"<[^>]+>", " ", html).split())
+    assert "used 1 of it held 0 left 4" in " ".join(re.sub(r"<[^>]+>", " ", html).split())
     for raw in ("<script>", "<b>", "<i>", "<u>", "<img", "<svg onload", "\u202e"):
         assert raw not in html, raw
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html and "&lt;img src=x&gt;:*" in html
     assert "U+202E" in html.upper() or "\\u202e" in html.lower()
+
+
+def test_money_and_delegated_budgets(use_policy, as_role, client):
+    """A budget that says its currency is shown as money; a delegation's own budgets are shown under the
+    grant it was made from, with what its calls used (they are charged to it and to the grant above)."""
+    use_policy(BUDGETED_DELEGATION_POLICY)
+    control = default_control()
+    made = control.delegate("support", BUDGETED_CHILD, by="orchestrator")
+    control.call("stripe.refund", {"payment_id": "p1", "amount": 40000}, lambda: "done", principal="orchestrator")
+    control.call("stripe.refund", {"payment_id": "p2", "amount": 30000}, lambda: "done", principal="worker")
+    as_role("auditor")
+    response = client.get(grants_url())
+    page = words(response)
+    root, delegated = page.split("Delegated budgets", 1)
+    assert "amount : at most EUR 5,000.00 per day" in root
+    assert "used EUR 700.00 of it held EUR 0.00 left EUR 4,300.00" in root
+    assert "count : at most 20 per hour" in root and "used 2 of it held 0 left 18" in root
+    assert f"delegation {made.id} · worker · depth 1" in delegated
+    assert "amount : at most EUR 1,000.00 per 2 days" in delegated
+    assert "used EUR 300.00 of it held EUR 0.00 left EUR 700.00" in delegated
+    assert "count : at most 5 per hour" in delegated and "used 1 of it held 0 left 4" in delegated
+    html = text(response)
+    assert url("ctrlrun_delegation_change", quote(made.id)) in html
+    assert url("ctrlrun_effectrecord_change", quote("refund:p2")) in html
+
+
+def test_a_grant_whose_delegations_have_no_budgets_lists_none(spent, as_role, client):
+    as_role("auditor")
+    assert "Delegated budgets" not in words(client.get(grants_url()))

@@ -13,8 +13,14 @@ The convention (docs/development.md, "Examples in the docs", says the same for w
   ``exit=N``. Other lines are output shown, not compared. Such a block with no ``$ `` line fails.
 - ```` ```sh newcomer ````: the README's two commands for a newcomer (they make a virtualenv and
   pip-install): not run here, but they must be exactly the two commands CI runs (``.ci/run``).
-- ```` ```python fragment ````: a piece of a file (a settings.py addition): must compile. A
-  ``yaml`` block without ``file=`` must parse. Any other language (``text``, ``html+django``,
+- ```` ```python fragment ````: a piece of a file (a settings.py addition, an app's receivers): it
+  is still an example, so it is run through the setup named by an HTML comment on the line before
+  its fence, ``<!-- docs-test: setup=NAME -->`` (``SETUPS`` below: a fresh Django project around it,
+  real calls producing the events it reads), or it says why it cannot run,
+  ``<!-- docs-test: not run: REASON -->`` (then it must compile). A fragment with neither fails.
+- ```` ```python file=NAME ````: must be used by a later block of its page (``import`` of its module,
+  or its name on a command line), or carry one of those comments.
+- A ``yaml`` block without ``file=`` must parse. Any other language (``text``, ``html+django``,
   ``json``) is shown, not run.
 
 Examples run against the embedded SQLite store in their scratch folder: the environment loses
@@ -74,6 +80,9 @@ class Block:
     lang: str
     options: dict[str, str]   # file=NAME, exit=N, and the bare words (fragment, newcomer) as ""
     text: str
+    #: The ``<!-- docs-test: ... -->`` comment on the line before the fence: ``setup=NAME`` or
+    #: ``not run: REASON`` ("" when there is none).
+    marker: str = ""
 
     @property
     def id(self) -> str:
@@ -81,6 +90,7 @@ class Block:
 
 
 FENCE = re.compile(r"^( {0,3})(`{3,}|~{3,})(.*)$")
+MARKER = re.compile(r"^\s*<!--\s*docs-test:\s*(.*?)\s*-->\s*$")
 
 
 def blocks_of(page: Path) -> list[Block]:
@@ -111,7 +121,9 @@ def blocks_of(page: Path) -> list[Block]:
         for word in words[1:]:
             key, _, value = word.partition("=")
             options[key] = value
-        found.append(Block(name(page), i + 1, lang, options, "\n".join(body) + "\n"))
+        marked = MARKER.match(lines[i - 1]) if i > 0 else None
+        found.append(Block(name(page), i + 1, lang, options, "\n".join(body) + "\n",
+                           marked.group(1) if marked else ""))
         i = j + 1
     return found
 
@@ -150,10 +162,186 @@ def output(result: subprocess.CompletedProcess) -> str:
     return f"--- stdout\n{result.stdout}\n--- stderr\n{result.stderr}"
 
 
+# --------------------------------------------------------------------------- setups of python fragments
+
+
+def marked_setup(block: Block) -> str | None:
+    """The setup a block's ``<!-- docs-test: ... -->`` comment names, or None (none, or ``not run: REASON``);
+    a python fragment without either comment, or an unreadable comment, fails here."""
+    marker = block.marker
+    if not marker:
+        assert not (block.lang == "python" and "fragment" in block.options), (
+            f"{block.id}: a python fragment is an example too: name the setup that runs it on the line before "
+            f"its fence (<!-- docs-test: setup=NAME -->, NAME one of {sorted(SETUPS)}), or say why it cannot "
+            f"run (<!-- docs-test: not run: REASON -->)")
+        return None
+    assert block.lang == "python", f"{block.id}: a docs-test comment is for python blocks, not {block.lang!r}"
+    if marker.startswith("setup="):
+        setup = marker.removeprefix("setup=").strip()
+        assert setup in SETUPS, f"{block.id}: no setup {setup!r}; the setups are {sorted(SETUPS)}"
+        assert "fragment" in block.options, f"{block.id}: setup= is for a `python fragment` block"
+        return setup
+    reason = marker.removeprefix("not run:").strip()
+    assert marker.startswith("not run:") and reason, (
+        f"{block.id}: the docs-test comment says {marker!r}; write 'setup=NAME' or 'not run: REASON'")
+    return None
+
+
+def run_in(folder: Path, *command: str) -> subprocess.CompletedProcess:
+    result = subprocess.run(list(command), cwd=folder, env=environment(), capture_output=True, text=True,
+                            timeout=TIMEOUT)
+    assert result.returncode == 0, f"{' '.join(command)} exited {result.returncode} in {folder}\n{output(result)}"
+    return result
+
+
+def new_project(folder: Path, block: Block, settings: str = "", policy: str | None = None) -> Path:
+    """A project made by ``django-admin startproject docsproject`` in its own folder beside the page's files,
+    with ``policy`` as its ctrlrun.yaml (default: the page's own, copied in, as a project keeps it beside
+    manage.py), ``settings`` then the block appended to its settings.py."""
+    root = folder / f"project-{block.line}"
+    root.mkdir()
+    run_in(folder, sys.executable, "-m", "django", "startproject", "docsproject", str(root))
+    if policy is None and (folder / "ctrlrun.yaml").exists():
+        policy = (folder / "ctrlrun.yaml").read_text(encoding="utf-8")
+    if policy is not None:
+        (root / "ctrlrun.yaml").write_text(policy, encoding="utf-8")
+    with (root / "docsproject" / "settings.py").open("a", encoding="utf-8") as out:
+        out.write(f"\n{settings}\n# {block.id}\n{block.text}")
+    return root
+
+
+#: The README's lines that install ctrlrun in a project (README.md, "In a Django project").
+CTRLRUN_INSTALLED = 'INSTALLED_APPS += ["ctrlrun"]\nUSE_TZ = True\n'
+
+
+def settings_setup(block: Block, folder: Path) -> None:
+    """``setup=settings``: the block is an addition to a new project's settings.py; the project must then
+    pass ``manage.py check`` and migrate."""
+    root = new_project(folder, block)
+    run_in(root, sys.executable, "manage.py", "check")
+    run_in(root, sys.executable, "manage.py", "migrate", "-v", "0")
+
+
+def ctrlrun_settings_setup(block: Block, folder: Path) -> None:
+    """``setup=ctrlrun-settings``: as ``settings``, in a project that already has ctrlrun installed and a
+    policy of its own (the page's ctrlrun.yaml may be a broken one it shows an error with)."""
+    root = new_project(folder, block, CTRLRUN_INSTALLED, RECEIVER_POLICY)
+    run_in(root, sys.executable, "manage.py", "check")
+    run_in(root, sys.executable, "manage.py", "migrate", "-v", "0")
+
+
+RECEIVER_POLICY = """\
+schema: ctrlrun.policy/v2
+actions:
+  stripe.refund:
+    effect: "refund:{payment_id}"
+    rules:
+      - when: { amount_lte: 50000 }
+        decision: allow
+      - when: { amount_lte: 1000000 }
+        decision: approve
+      - decision: deny
+"""
+
+#: Real calls that send every ctrlrun signal, run in the project with ``manage.py shell -c``: it fails when
+#: a receiver raised (send_robust only logs it) or when a signal the block listens to was never sent.
+RECEIVER_CALLS = """\
+import logging
+import weakref
+
+from django.core import mail
+
+import ctrlrun
+from ctrlrun import signals, store
+from ctrlrun.control import default_control
+from yourapp import receivers
+
+failed = []
+
+
+class Failures(logging.Handler):
+    def emit(self, record):
+        failed.append(record.getMessage())
+
+
+logging.getLogger("ctrlrun.observers").addHandler(Failures(logging.ERROR))
+
+
+def target(entry):
+    ref = entry[1]
+    return ref() if isinstance(ref, weakref.ReferenceType) else ref
+
+
+listened = [name for name in signals.__all__
+            if any(getattr(target(entry), "__module__", None) == receivers.__name__
+                   for entry in getattr(signals, name).receivers)]
+sent = set()
+for name in listened:
+    getattr(signals, name).connect(lambda sender, name=name, **kwargs: sent.add(name), weak=False)
+
+control = default_control()
+try:
+    control.call("stripe.refund", {"payment_id": "t1", "amount": 200000}, lambda: "refunded", principal="agent")
+except ctrlrun.ApprovalRequired as asked:
+    store.answer_approval(asked.request_id, True, by="alice")
+
+
+def lost():
+    raise TimeoutError("the reply was lost")
+
+
+try:
+    control.call("stripe.refund", {"payment_id": "t2", "amount": 10}, lost, principal="agent")
+except TimeoutError:
+    pass
+store.resolve("refund:t2", "committed", by="alice", reason="the refund is in the remote")
+try:
+    control.call("stripe.refund", {"payment_id": "t3", "amount": 9000000}, lambda: None, principal="agent")
+except ctrlrun.ActionDenied:
+    pass
+assert listened, "the block connects no receiver to a ctrlrun signal"
+assert not failed, "a receiver raised: " + " | ".join(failed)
+assert sent == set(listened), ("never sent", set(listened) - sent)
+for message in mail.outbox:
+    print(message.subject)
+"""
+
+
+def receivers_setup(block: Block, folder: Path) -> None:
+    """``setup=signal-receivers``: the block is ``yourapp/receivers.py``, imported by the app's ready(), in a
+    project with ctrlrun and that app installed, ADMINS set and Django's in-memory mail; real calls then
+    send every signal (a call that asks a person and is granted, a lost reply later resolved, a denied
+    call), and no receiver may raise."""
+    root = new_project(folder, block, policy=RECEIVER_POLICY)
+    settings = root / "docsproject" / "settings.py"
+    text = settings.read_text(encoding="utf-8").replace(f"# {block.id}\n{block.text}", "")
+    settings.write_text(text + CTRLRUN_INSTALLED + (
+        'INSTALLED_APPS += ["yourapp"]\n'
+        'ADMINS = [("Ops", "ops@example.com")]\n'
+        'EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"\n'
+        'CTRLRUN_POLICY = BASE_DIR / "ctrlrun.yaml"\n'), encoding="utf-8")
+    app = root / "yourapp"
+    app.mkdir()
+    (app / "__init__.py").write_text("")
+    (app / "apps.py").write_text("from django.apps import AppConfig\n\n\nclass YourAppConfig(AppConfig):\n"
+                                 "    name = 'yourapp'\n\n    def ready(self):\n"
+                                 "        from . import receivers  # noqa: F401\n")
+    (app / "receivers.py").write_text(block.text, encoding="utf-8")
+    run_in(root, sys.executable, "manage.py", "migrate", "-v", "0")
+    result = run_in(root, sys.executable, "manage.py", "shell", "-c", RECEIVER_CALLS)
+    assert result.stdout.strip(), f"{block.id}: the receivers sent no mail\n{output(result)}"
+
+
+#: What a ``<!-- docs-test: setup=NAME -->`` comment may name.
+SETUPS = {"settings": settings_setup, "ctrlrun-settings": ctrlrun_settings_setup,
+          "signal-receivers": receivers_setup}
+
+
 def check(block: Block, folder: Path) -> None:
     """Do what the convention says with one block, in its page's scratch folder."""
     unknown = set(block.options) - OPTIONS - {"file", "exit"}
     assert not unknown, f"{block.id}: unknown option(s) {sorted(unknown)} in the info string"
+    setup = marked_setup(block)
     if "file" in block.options:
         target = block.options["file"]
         assert target and not Path(target).is_absolute() and ".." not in Path(target).parts, block.id
@@ -166,6 +354,8 @@ def check(block: Block, folder: Path) -> None:
         return
     if block.lang == "python" and "fragment" in block.options:
         compile(block.text, block.id, "exec")
+        if setup is not None:
+            SETUPS[setup](block, folder)
         return
     if block.lang == "python":
         result = subprocess.run([sys.executable, "-c", block.text], cwd=folder, env=environment(),
@@ -209,6 +399,23 @@ def test_example(block: Block, tmp_path_factory):
     if state[1] == index:
         state[1] += 1
         check(block, folder)
+
+
+PYTHON_FILES = [b for b in ALL_BLOCKS if b.lang == "python" and "file" in b.options and not b.marker]
+
+
+@pytest.mark.parametrize("block", PYTHON_FILES, ids=[b.id for b in PYTHON_FILES])
+def test_a_python_file_is_used_by_a_later_block(block):
+    """A ``python file=NAME`` block is written, not run: a later block of its page must run it (import its
+    module, or name the file on a command line), or it says why not (``<!-- docs-test: not run: ... -->``)."""
+    target = block.options["file"]
+    module = Path(target).with_suffix("").as_posix().replace("/", ".")
+    later = [b.text for b in ALL_BLOCKS if b.page == block.page and b.line > block.line]
+    uses = re.compile(rf"(^|\s)(import|from)\s+{re.escape(module)}\b|--import\s+{re.escape(module)}\b|"
+                      rf"(^|[\s/]){re.escape(Path(target).name)}\b", re.M)
+    assert any(uses.search(text) for text in later), (
+        f"{block.id}: {target} is written but no later block of {block.page} imports or runs it: use it, or "
+        f"mark it <!-- docs-test: not run: REASON -->")
 
 
 # --------------------------------------------------------------------------- the newcomer's commands

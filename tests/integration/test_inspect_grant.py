@@ -12,7 +12,7 @@ from django.core.management import CommandError
 import ctrlrun
 from ctrlrun import store
 from ctrlrun.control import default_control
-from tests.support import REPO, run_command, script_environment
+from tests.support import REPO, run_command, script_environment, start_held_call
 
 pytestmark = pytest.mark.usefixtures("store_db")
 
@@ -82,14 +82,14 @@ def test_holds_name_the_call_and_how_to_resolve_it(policy, clock):
         call("email.send", {"to": "gone"}, "mailer", refused)
     assert run_command("inspect", "--grant", "mailer") == [
         "grant mailer",
-        "count: 1 of 20 per hour, 1 held",
+        "count: 2 of 20 per hour, 1 held",
         "  1 held by email:amb (ambiguous): once you know, "
         "'python manage.py resolve email:amb --committed|--failed'",
     ]
     document = json.loads("\n".join(run_command("inspect", "--grant", "mailer", "--json")))
     assert document == {
         "schema": "ctrlrun.budget/v1", "grant_id": "mailer", "at": "2026-11-29T12:00:00.000Z",
-        "budgets": [{"metric": "count", "limit": 20, "window_seconds": 3600, "consumed": 1, "held": 1,
+        "budgets": [{"metric": "count", "limit": 20, "window_seconds": 3600, "consumed": 2, "held": 1,
                      "holding": [{"effect_key": "email:amb", "state": "ambiguous", "amount": 1, "attempt": 1,
                                   "consumed_at": "2026-11-29T12:00:00.000Z"}]}],
     }
@@ -148,3 +148,40 @@ def test_the_console_script(tmp_path, policy):
     assert unloadable.returncode == 1
     [line] = unloadable.stderr.strip().splitlines()
     assert line.startswith("Error: the policy did not load, so its grants are unknown:") and "Traceback" not in line
+
+
+SENDER = """\
+schema: ctrlrun.policy/v7
+authority:
+  grants:
+    - id: sender
+      subject: {agent: sender}
+      actions: [email.send]
+      budgets: [{metric: count, limit: 2, window: P1D}]
+actions:
+  email.send:
+    effect: "email:{to}"
+    decision: allow
+"""
+
+
+def test_a_charge_held_by_another_process_counts_as_used(tmp_path, use_policy):
+    """One send committed, one executing in another OS process: the budget of 2 is used up (the next send
+    is refused budget_exhausted), and inspect --grant says so: 2 of 2, 1 held."""
+    use_policy(SENDER)
+    call("email.send", {"to": "a"}, "sender")
+    held = start_held_call(tmp_path, SENDER, "email.send", {"to": "b"}, "sender")
+    try:
+        with pytest.raises(ctrlrun.ActionDenied) as refused:
+            call("email.send", {"to": "c"}, "sender")
+        assert refused.value.reason == "budget_exhausted"
+        lines = run_command("inspect", "--grant", "sender")
+        assert lines[:3] == ["grant sender", "count: 2 of 2 per day, 1 held", "  1 held by email:b (executing)"]
+        [budget] = json.loads("\n".join(run_command("inspect", "--grant", "sender", "--json")))["budgets"]
+        assert (budget["limit"], budget["consumed"], budget["held"]) == (2, 2, 1)
+        assert [(h["effect_key"], h["state"], h["amount"]) for h in budget["holding"]] == [("email:b", "executing", 1)]
+    finally:
+        (tmp_path / "release").write_text("1")
+        out, err = held.communicate(timeout=120)
+    assert held.returncode == 0, err
+    assert run_command("inspect", "--grant", "sender")[1] == "count: 2 of 2 per day, 0 held"
