@@ -11,8 +11,11 @@
   changes; ``committed`` is final; records are never deleted. An insert colliding with an
   existing key does nothing (ctrlrun's own reservation relies on that, and it makes SQLite's
   ``REPLACE`` harmless).
-- **Approvals move pending -> granted | denied | expired, granted -> consumed | expired**; what
-  the human read (the action, its hash, the principal, the expiry) never changes; never deleted.
+- **Approvals move pending -> granted | denied | expired, granted -> consumed | expired, and
+  consumed -> granted** (given back by an attempt that provably did nothing) only with its signed
+  ``returned`` count up by exactly one (every other change keeps it; a request starts at 0), so an
+  older signed copy of a granted row cannot be written back over a later use; what the human read
+  (the action, its hash, the principal, the expiry) never changes; never deleted.
 - **The chain head only moves forward**, is never deleted, and is the one row (id 1) of its table.
 - **A paused run is never deleted, and what it resumes with never changes** (its request, framework,
   state, resumer, creation time and signature); only the claim bookkeeping moves.
@@ -86,9 +89,24 @@ def _same(column: str, distinct: str) -> str:
     return f'NEW."{column}" {distinct} OLD."{column}"'
 
 
-def _approval_allowed(same: str) -> str:
+#: The column counting give-backs (0017); an install part-way through the migrations has none yet.
+APPROVAL_RETURNED = "ctrlrun_approval.returned"
+APPROVAL_MESSAGE = ("ctrlrun approvals move pending -> granted/denied/expired, granted -> consumed/expired, "
+                    "consumed -> granted (given back, its returned count up by one), and keep what the human read")
+
+
+def _approval_allowed(same: str, returned: bool = True) -> str:
     fixed = " AND ".join(_same(c, same) for c in _APPROVAL_FIXED)
-    return f"{fixed} AND {_edges(_APPROVAL_EDGES).format(column='status')}"
+    edges = _edges(_APPROVAL_EDGES).format(column="status")
+    if not returned:
+        return f"{fixed} AND {edges}"
+    given_back = (_edges([("consumed", "granted")]).format(column="status")
+                  + ' AND NEW."returned" = OLD."returned" + 1')
+    return f'{fixed} AND (({edges} AND NEW."returned" = OLD."returned") OR ({given_back}))'
+
+
+def _has_returned(present: Any) -> bool:
+    return present is None or APPROVAL_RETURNED in present
 
 
 #: What a ledger row keeps for life; only released_at changes (with the row's signature), once.
@@ -164,13 +182,13 @@ def _sqlite_statements(present: Any = None) -> list[tuple[str, str]]:
         condition=f"NOT ({_effect_allowed()})")
 
     approval = "ctrlrun_approval"
+    fresh = ' OR NEW."returned" <> 0' if _has_returned(present) else ""
     add(f"{approval}_no_replace", "BEFORE INSERT", approval, "an approval request is created once, pending",
-        condition=f'NEW."status" <> \'pending\' OR EXISTS (SELECT 1 FROM "{approval}" WHERE '
+        condition=f'NEW."status" <> \'pending\'{fresh} OR EXISTS (SELECT 1 FROM "{approval}" WHERE '
                   f'"approval_id" = NEW."approval_id")')
     add(f"{approval}_no_delete", "BEFORE DELETE", approval, "ctrlrun approvals are never deleted")
-    add(f"{approval}_state_table", "BEFORE UPDATE", approval,
-        "ctrlrun approvals move pending -> granted/denied/expired, granted -> consumed/expired, and keep what "
-        "the human read", condition=f"NOT ({_approval_allowed('IS')})")
+    add(f"{approval}_state_table", "BEFORE UPDATE", approval, APPROVAL_MESSAGE,
+        condition=f"NOT ({_approval_allowed('IS', _has_returned(present))})")
 
     if present is None or LEDGER_TABLE in present:
         add(f"{LEDGER_TABLE}_no_delete", "BEFORE DELETE", LEDGER_TABLE, LEDGER_MESSAGE)
@@ -243,11 +261,11 @@ def _postgresql_statements(present: Any = None) -> list[str]:
         ])),
         _pg_function("ctrlrun_guard_approval", "\n".join([
             "IF TG_OP IN ('DELETE', 'TRUNCATE') THEN " + _pg_raise("ctrlrun approvals are never deleted") + " END IF;",
-            "IF TG_OP = 'INSERT' THEN IF NEW.status <> 'pending' THEN "
+            "IF TG_OP = 'INSERT' THEN IF NEW.status <> 'pending'"
+            + (" OR NEW.returned <> 0" if _has_returned(present) else "") + " THEN "
             + _pg_raise("an approval request is created pending") + " END IF; RETURN NEW; END IF;",
-            f"IF NOT ({_approval_allowed('IS NOT DISTINCT FROM')}) THEN "
-            + _pg_raise("ctrlrun approvals move pending -> granted/denied/expired, granted -> consumed/expired, "
-                        "and keep what the human read") + " END IF;",
+            f"IF NOT ({_approval_allowed('IS NOT DISTINCT FROM', _has_returned(present))}) THEN "
+            + _pg_raise(APPROVAL_MESSAGE) + " END IF;",
             "RETURN NEW;",
         ])),
         _pg_function("ctrlrun_guard_chainhead", "\n".join([
@@ -346,6 +364,11 @@ def install(connection: Any) -> None:
     """Put the whole guard in place (replacing any earlier version of it)."""
     remove(connection)
     present = set(connection.introspection.table_names())
+    if "ctrlrun_approval" in present:
+        with connection.cursor() as cursor:
+            columns = {c.name for c in connection.introspection.get_table_description(cursor, "ctrlrun_approval")}
+        if "returned" in columns:
+            present.add(APPROVAL_RETURNED)
     if connection.vendor == "sqlite":
         _run(connection, [statement for _, statement in _sqlite_statements(present)])
     elif connection.vendor == "postgresql":

@@ -229,6 +229,8 @@ class Approval(models.Model):
     consumed_at = models.DateTimeField(null=True, blank=True)
     consumed_by = models.CharField(max_length=ID_LENGTH, null=True, blank=True,
                                    help_text="The call that used the approval.")
+    returned = models.PositiveIntegerField(
+        default=0, help_text="How many times an attempt that provably did nothing gave it back (signed; only grows).")
     mac = models.CharField(max_length=MAC_LENGTH, null=True, blank=True,
                            help_text="ctrlrun's signature of the request, its answer and its use.")
 

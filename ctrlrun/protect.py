@@ -128,6 +128,38 @@ def plan_for(name: str, options: Mapping[str, Any]) -> Plan:
                 scope, _template(chosen["hop"], "hop", name))
 
 
+def _unknown_placeholder(template: Template | None, parameters: Any, *, effect: bool) -> str | None:
+    """The first placeholder of ``template`` that names no parameter (``{resource}`` of an effect key
+    is the call's resource), else None."""
+    for placeholder in template.names if template is not None else ():
+        if placeholder not in parameters and not (effect and placeholder == "resource"):
+            return placeholder
+    return None
+
+
+def check_placeholders(plan: Plan, signature: inspect.Signature, function: str, policy: Any = None) -> None:
+    """Refuse, at decoration, a template placeholder that names none of the function's parameters
+    (it could never render). A function taking ``**kwargs`` may be given any name: nothing is refused.
+    ``policy`` (one already in memory, never read here) has its ``effect:`` checked too, when
+    ``protect`` gives none of its own."""
+    parameters = signature.parameters
+    if any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
+        return
+    takes = f"({function} takes {', '.join(parameters) or 'no parameters'}); a placeholder names a parameter " \
+            f"of the function"
+    for what in ("effect", "resource", "task", "hop"):
+        template = getattr(plan, what)
+        missing = _unknown_placeholder(template, parameters, effect=what == "effect")
+        if missing is not None:
+            raise InvalidArgument(f"protect({plan.name!r}, {what}={template.text!r}): no parameter named "
+                                  f"{missing!r} {takes}")
+    entry = policy.entry(plan.name) if policy is not None and plan.effect is None else None
+    missing = _unknown_placeholder(entry.effect if entry is not None else None, parameters, effect=True)
+    if missing is not None:
+        raise InvalidArgument(f"protect({plan.name!r}): the policy's effect {entry.effect.text!r} has no parameter "
+                              f"named {missing!r} {takes}")
+
+
 def protect(
     name: str,
     *,
@@ -184,6 +216,9 @@ def protect(
                 raise InvalidArgument(f"protect({name!r}): 'data_scope' is reserved and cannot be a parameter name")
             if parameter.kind is parameter.POSITIONAL_ONLY:
                 positional_only.append(parameter.name)
+        # The policy is checked only when it is already in memory (a Control given one): decorating
+        # never reads the settings' policy file at import.
+        check_placeholders(plan, signature, fn.__name__, getattr(control, "_policy", None))
         if reconcile is not None:
             (control.hooks if control is not None else _hooks)[name] = reconcile
         guard = _Guard(plan, fn, signature, tuple(positional_only), control)

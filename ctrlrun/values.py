@@ -272,6 +272,8 @@ class ApprovalView:
     note: str | None
     consumed_at: dt.datetime | None
     consumed_by: str | None
+    #: How many times an attempt that provably did nothing gave the approval back (issue 25).
+    returned: int = 0
     #: False when the row does not carry ctrlrun's signature (written around ctrlrun).
     signature_ok: bool = True
 

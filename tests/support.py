@@ -613,3 +613,70 @@ budgets:
   - {metric: amount, limit: 100000, window: P2D, currency: EUR}
   - {metric: count, limit: 5, window: PT1H}
 """
+
+
+# --------------------------------------------------------------------------- kernel25: approvals given back
+
+#: Approvals given back (issue 25): a keyed refund that needs a person above 1000, no authority (so an
+#: approved refund can commit in a scratch store).
+GIVE_BACK_POLICY = """\
+schema: ctrlrun.policy/v2
+actions:
+  stripe.refund:
+    effect: "refund:{payment_id}"
+    rules:
+      - when: { amount_lte: 1000 }
+        decision: allow
+      - decision: approve
+"""
+
+_SENT = '    with open(folder / "remote.log", "a") as log:\n        log.write(f"{payment_id} {amount}\\n")\n'
+assert _SENT in ROLE_AGENT
+#: ``ROLE_AGENT`` whose refund raises ``NotExecuted`` before sending while ``refuse-<payment_id>`` exists.
+GIVE_BACK_AGENT = ROLE_AGENT.replace(_SENT, '    if (folder / f"refuse-{payment_id}").exists():\n'
+                                            '        raise ctrlrun.NotExecuted("connection refused")\n' + _SENT)
+
+
+class scratch_role_store:
+    """A scratch store under ``policy`` reached as the application role (``RoleStore``), with the agent
+    of ``GIVE_BACK_AGENT``: on PostgreSQL a new database its owner migrated and a role with only
+    SELECT/INSERT/UPDATE/DELETE (both dropped afterwards); on SQLite a new file."""
+
+    def __init__(self, vendor: str, folder: Path, policy: str = GIVE_BACK_POLICY) -> None:
+        import uuid
+
+        self.vendor, self.folder, self.policy = vendor, folder, policy
+        suffix = uuid.uuid4().hex[:8]
+        self.name, self.role = f"ctrlrun_giveback_{suffix}", f"ctrlrun_giveback_app_{suffix}"
+
+    def _admin(self, statement: str) -> None:
+        import psycopg
+
+        with psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True) as admin:
+            admin.execute(statement)
+
+    def __enter__(self) -> RoleStore:
+        if self.vendor == "sqlite":
+            made = RoleStore("sqlite", self.folder, path=self.folder / "store.db", policy=self.policy)
+        else:
+            import psycopg
+
+            require_postgresql()
+            self._admin(f'CREATE DATABASE "{self.name}"')
+            self._admin(f'CREATE ROLE "{self.role}" LOGIN')
+            owner = RoleStore("postgresql", self.folder, url=f"postgresql://postgres@127.0.0.1:5432/{self.name}",
+                              policy=self.policy)
+            owner.agent({"op": "verify"})  # migrated by its owner
+            with psycopg.connect(owner.url, autocommit=True) as conn:
+                conn.execute(f'GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO "{self.role}"')
+                conn.execute(f'GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA public TO "{self.role}"')
+            made = RoleStore("postgresql", self.folder, url=f"postgresql://{self.role}@127.0.0.1:5432/{self.name}",
+                             policy=self.policy)
+        (self.folder / "role_agent.py").write_text(GIVE_BACK_AGENT)
+        return made
+
+    def __exit__(self, *exc) -> bool:
+        if self.vendor == "postgresql":
+            self._admin(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')
+            self._admin(f'DROP ROLE IF EXISTS "{self.role}"')
+        return False

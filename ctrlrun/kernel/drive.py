@@ -139,9 +139,10 @@ class _Running:
         self.stack = stack
         try:
             stack.enter_context(transport.executor_scope())
-            if op.call is not None:
-                token = running_attempt.set((op.call.effect_key, op.attempt))
+            if op.key is not None:  # (held or not: observe mode's unheld run sees the same token)
+                token = running_attempt.set((op.key, op.attempt))
                 stack.callback(running_attempt.reset, token)
+            if op.call is not None:
                 renewing = heartbeat.hold(op.call, op.attempt, op.lease, self.control.bound_scope())
                 stack.callback(heartbeat.release, renewing)  # the moment the function is done, renewal stops
         except BaseException:

@@ -98,6 +98,9 @@ class Run:
     call: Any  # store.Call as reserved (None for an unkeyed call: no lease to renew)
     attempt: int
     lease: dt.timedelta
+    #: The effect key whose ``idempotency_token()`` the function sees: the key even when it is not
+    #: held (observe mode runs a call enforcement would refuse, and must not change what it sees).
+    key: str | None = None
 
 
 @dataclass(frozen=True)
@@ -479,7 +482,8 @@ class _Running:
             would_have: dict[str, Any] | None = None) -> Steps:
         """Run the function for ``attempt`` (holding the effect key when ``held``) and record how it ended."""
         try:
-            value = yield Run(self.invoke, call.action, self.awaitable, call if held else None, attempt, lease)
+            value = yield Run(self.invoke, call.action, self.awaitable, call if held else None, attempt, lease,
+                              call.effect_key)
         except Abandoned:
             if not held:  # no record, no lease, no sweeper: its outcome is recorded here
                 yield from self.finish(call, attempt, Result.AMBIGUOUS, CANCELLED_WHILE_RUNNING, None, None,

@@ -41,7 +41,8 @@ def chain_and_sign(apps, schema_editor):
         Event.objects.using(alias).filter(pk=id_).update(seq=seq, prev_hash=previous, hash=digest)
         previous = digest
     for approval in apps.get_model("ctrlrun", "Approval").objects.using(alias).iterator():
-        approval.mac = signing.sign(store.APPROVAL_DOMAIN, store._approval_document(approval))
+        # v1: what an approval was signed over then (0017 moves the rows to v2).
+        approval.mac = signing.sign(store.APPROVAL_DOMAIN_V1, store._approval_document_v1(approval))
         approval.save(update_fields=["mac"])
     for record in apps.get_model("ctrlrun", "EffectRecord").objects.using(alias).iterator():
         record.mac = store._effect_mac(record.effect_key, record.action, record.state, record.action_id, record.attempt,

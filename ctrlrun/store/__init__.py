@@ -155,10 +155,12 @@ from .signatures import paused_ok as paused_run_ok
 from .signatures import policy_document_ok
 from .signatures import (
     APPROVAL_DOMAIN,
+    APPROVAL_DOMAIN_V1,
     CHECK_DOMAIN,
     EFFECT_DOMAIN,
     HEAD_DOMAIN,
     _approval_document,
+    _approval_document_v1,
     _effect_mac,
     _head_document,
     approval_signature_ok,
@@ -167,7 +169,8 @@ from .signatures import (
 
 #: Private names older code reaches through the façade: the migrations re-sign rows with the
 #: signature documents, a bench writes raw times, a test counts phases.
-_PRIVATE = (_db, _phase, _time_param, _approval_document, _effect_mac, _head_document)
+_PRIVATE = (_db, _phase, _time_param, _approval_document, _approval_document_v1, APPROVAL_DOMAIN_V1, _effect_mac,
+            _head_document)
 
 __all__ = [
     # values (ctrlrun.values)

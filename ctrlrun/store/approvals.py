@@ -2,7 +2,9 @@
 
 A request is bound to the action's hash; only a pending, unexpired request ctrlrun itself wrote
 can be answered, and only a granted one for exactly this call is used (in the reservation's
-transaction, so a refused reservation leaves it granted).
+transaction, so a refused reservation leaves it granted). An attempt that provably did nothing
+(its record moved to ``failed`` by ``NotExecuted`` or a hook's ``not_executed``) gives the approval
+it used back (``_give_back``), in the transaction that moves the record.
 """
 from __future__ import annotations
 
@@ -217,6 +219,30 @@ def _mark_consumed(row: Approval, call: Call, when: dt.datetime) -> None:
     row.consumed_at = when
     row.consumed_by = call.action.action_id
     _save_approval(row, ["status", "consumed_at", "consumed_by"])
+
+
+def _give_back(approval_id: str | None, effect_key: str, action_id: str, attempt: int, when: dt.datetime,
+               why: dict[str, Any]) -> list[EventRow]:
+    """Give back the approval that attempt ``attempt`` (call ``action_id``) of ``effect_key`` used, now
+    that its record is ``failed`` at that attempt (the caller moved it, in this transaction): consumed
+    -> granted, ``returned`` up by one, for the same action hash, until it expires. Only a genuine
+    row consumed by this very call, for this key, unexpired, is given back; else nothing. The
+    APPROVAL_RETURNED event to seal, or none. ``approval_id`` None: the one this call consumed."""
+    query = _q(Approval).select_for_update()
+    row = (query.filter(pk=approval_id) if approval_id is not None else
+           query.filter(consumed_by=action_id, status=ApprovalStatus.CONSUMED)).first()
+    if (row is None or row.status != ApprovalStatus.CONSUMED or row.consumed_by != action_id
+            or row.effect_key != effect_key or not _approval_ok(row)):
+        return []
+    if row.expires_at <= when:
+        logger.info("approval %s is not given back after attempt %s of %s failed: it expired at %s", row.approval_id,
+                    attempt, effect_key, evidence_time(row.expires_at))
+        return []
+    row.status, row.consumed_at, row.consumed_by = ApprovalStatus.GRANTED, None, None
+    row.returned += 1
+    _save_approval(row, ["status", "consumed_at", "consumed_by", "returned"])
+    return [_event(EventType.APPROVAL_RETURNED, action_id, effect_key, {"attempt": attempt, "action_id": action_id,
+                                                                         **why}, when, row.approval_id)]
 
 
 def _matching_approval(call: Call, presented: str, when: dt.datetime) -> tuple[Approval | None, Call]:

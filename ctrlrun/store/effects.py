@@ -34,7 +34,8 @@ from ..models import Approval, ChainHead, EffectRecord, Event, Receipt
 from ..states import HOLDING_STATES, INITIAL_STATE, TRANSITIONS, Decision, EffectState, EventType, Result, held_lapsed
 from ..values import Call, EffectView, EventRow, HookAnswer, Observation, OutcomeWrite, Pending, Refused, Reserved
 from . import budgets, sql
-from .approvals import _check_presented, _consumption_event, _mark_consumed, _matching_approval, _take_presented
+from .approvals import (_check_presented, _consumption_event, _give_back, _mark_consumed, _matching_approval,
+                        _take_presented)
 from .base import _as_datetime, _clock, _cursor, _db, _phase, _q, _reading, _time_param
 from .chain import (
     Built,
@@ -632,10 +633,14 @@ def record_outcome(call: Call, attempt: int | None, result: Result, *, error: st
                           [*fields, _time_param(cursor.connection)(when), *holder])
                     moved, at = cursor.rowcount == 1, when
                 if moved:
-                    if state is S.FAILED:  # NotExecuted: the attempt's budget charges are given back
+                    returned: list[EventRow] = []
+                    if state is S.FAILED:  # NotExecuted: the attempt's budget charges and approval are given back
                         budgets.release(key, attempt, at)
+                        if call.approval_id is not None:
+                            returned = _give_back(call.approval_id, key, call.action.action_id, attempt, at,
+                                                  {"reason": "not_executed", "error": error})
                     waiting = call.pending.events if call.pending and held is S.EXECUTING else ()
-                    _seal([*waiting, outcome(at)], receipts(), at)
+                    _seal([*waiting, outcome(at), *returned], receipts(), at)
                     return OutcomeWrite(True)
         when = when or _clock()
         record = _q(EffectRecord).filter(pk=key).first()
@@ -716,6 +721,9 @@ def record_reconciliation(effect_key: str, action_id: str | None, resolver: str,
             moved = state.value
             events.append(_event(EventType.EFFECT_RESOLVED, action_id, effect_key,
                                  {"state": state.value, "resolver": resolver, "resolved_by": "reconcile"}, when))
+            if state is S.FAILED:  # the hook says it never happened: the approval it used is given back
+                events += _give_back(None, effect_key, record.action_id, record.attempt, when,
+                                     {"reason": "reconcile_not_executed", "resolver": resolver})
         else:
             first, cap = conf.reconcile_backoff()
             delay = min(first * (2 ** min(record.reconcile_failures, 30)), cap)

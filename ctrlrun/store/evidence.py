@@ -208,15 +208,15 @@ def _read_time(value: Any, connection: Any) -> dt.datetime | None:
         return None
 
 
-def _chain_facts(events: list[StoredEvent]) -> tuple[dict[str, int], set[str], dict[str, set[str]]]:
+def _chain_facts(events: list[StoredEvent]) -> tuple[dict[str, int], set[str], dict[str, list[str]]]:
     """What the event chain says happened, by effect key and approval: the highest attempt reserved,
     the keys committed (which stay committed for ever), and each approval's answers and use."""
     reserved: dict[str, int] = {}
     committed: set[str] = set()
-    answered: dict[str, set[str]] = {}
+    answered: dict[str, list[str]] = {}
     for event in events:
-        if event.approval_id and event.type in ("APPROVAL_GRANTED", "APPROVAL_DENIED", "APPROVAL_CONSUMED"):
-            answered.setdefault(event.approval_id, set()).add(event.type)
+        if event.approval_id and event.type in _APPROVAL_EVENTS:
+            answered.setdefault(event.approval_id, []).append(event.type)
         if not event.effect_key or event.type not in ("EFFECT_RESERVED", "EXECUTION_COMMITTED", "EFFECT_RESOLVED"):
             continue
         try:
@@ -232,21 +232,37 @@ def _chain_facts(events: list[StoredEvent]) -> tuple[dict[str, int], set[str], d
 
 #: What each approval event implies about the row's status, whatever came after.
 _APPROVAL_IMPLIES = {"APPROVAL_CONSUMED": {"consumed"}, "APPROVAL_GRANTED": {"granted", "consumed", "expired"},
-                     "APPROVAL_DENIED": {"denied"}}
+                     "APPROVAL_DENIED": {"denied"}, "APPROVAL_RETURNED": {"granted", "expired"}}
+_APPROVAL_EVENTS = ("APPROVAL_GRANTED", "APPROVAL_DENIED", "APPROVAL_CONSUMED", "APPROVAL_RETURNED")
 
 
-def _approval_breaks(row: Approval, answered: dict[str, set[str]]) -> list[ChainBreak]:
+def _approval_told(told: list[str]) -> tuple[set[str], int]:
+    """What an approval's events imply (a use given back as often as it was made implies the give-back,
+    not the use), and how many times it was given back."""
+    used, returned = told.count("APPROVAL_CONSUMED"), told.count("APPROVAL_RETURNED")
+    kinds = set(told) - {"APPROVAL_CONSUMED", "APPROVAL_RETURNED"}
+    if used > returned:
+        kinds.add("APPROVAL_CONSUMED")
+    elif returned:
+        kinds.add("APPROVAL_RETURNED")
+    return kinds, returned
+
+
+def _approval_breaks(row: Approval, answered: dict[str, list[str]]) -> list[ChainBreak]:
     """What is wrong with one approval row: its signature, or a status the event chain contradicts."""
     if not _approval_ok(row):
         return [ChainBreak(
             "signature_invalid", None, f"approval {row.approval_id} ({row.status}, approver "
             f"{row.approver or '-'}) does not carry ctrlrun's signature: it was written or changed "
             f"outside ctrlrun, and will not be used", kind="approval", subject=row.approval_id)]
+    kinds, returned = _approval_told(answered.get(row.approval_id, []))
+    stale = [kind for kind in sorted(kinds) if str(row.status) not in _APPROVAL_IMPLIES[kind]]
+    if row.returned != returned:
+        stale.append(f"{returned} give-back(s) (APPROVAL_RETURNED) where the row counts {row.returned}")
     return [ChainBreak(
         "rewound", None, f"approval {row.approval_id} says {row.status}, but the event chain "
         f"records {kind}: the row and the chain disagree (an older row was put back, or the event "
-        f"was forged)", kind="approval", subject=row.approval_id)
-        for kind in sorted(answered.get(row.approval_id, ())) if str(row.status) not in _APPROVAL_IMPLIES[kind]]
+        f"was forged)", kind="approval", subject=row.approval_id) for kind in stale]
 
 
 def _effect_breaks(record: EffectRecord, reserved: dict[str, int], committed: set[str]) -> list[ChainBreak]:
@@ -448,7 +464,7 @@ def _facts_for(keys: Sequence[str], approvals: Sequence[str], event_seq: int) ->
         marks = ",".join(["%s"] * len(batch))
         events += _stored_events_where(
             f'"approval_id" IS NOT NULL AND "approval_id" IN ({marks}) AND "type" IN (\'APPROVAL_GRANTED\', '
-            f'\'APPROVAL_DENIED\', \'APPROVAL_CONSUMED\') AND "seq" <= %s', [*batch, event_seq])
+            f'\'APPROVAL_DENIED\', \'APPROVAL_CONSUMED\', \'APPROVAL_RETURNED\') AND "seq" <= %s', [*batch, event_seq])
     return _chain_facts(events)
 
 

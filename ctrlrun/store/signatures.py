@@ -19,7 +19,9 @@ from ..models import Approval, ChainCheck, EffectRecord, PausedRun, PolicyDocume
 from .base import _db, _digest, _iso
 
 #: Signature domains: a MAC made for one kind of row can never pass for another.
-HEAD_DOMAIN, EFFECT_DOMAIN, APPROVAL_DOMAIN = "ctrlrun.head/v1", "ctrlrun.effect/v1", "ctrlrun.approval/v1"
+HEAD_DOMAIN, EFFECT_DOMAIN = "ctrlrun.head/v1", "ctrlrun.effect/v1"
+#: v1 signed an approval without its ``returned`` count (0017 re-signs the rows whose v1 signature holds).
+APPROVAL_DOMAIN_V1, APPROVAL_DOMAIN = "ctrlrun.approval/v1", "ctrlrun.approval/v2"
 #: v1 signed a check's content only, so a copy under a new id verified; v2 signs its ``nonce`` too.
 CHECK_DOMAIN_V1, CHECK_DOMAIN = "ctrlrun.check/v1", "ctrlrun.check/v2"
 DELEGATION_DOMAIN, LEDGER_DOMAIN = "ctrlrun.delegation/v1", "ctrlrun.ledger/v1"
@@ -48,6 +50,13 @@ def _effect_ok(row: Any) -> bool:
 
 
 def _approval_document(row: Approval) -> tuple:
+    """An approval as signed (v2): v1's columns and how many times it was given back, which only grows
+    (the database refuses a consumed -> granted change that does not add exactly one), so a signed
+    granted copy from before its last use is refused by the database, and a made-up one is unsigned."""
+    return (*_approval_document_v1(row), row.returned)
+
+
+def _approval_document_v1(row: Any) -> tuple:
     return (row.approval_id, str(row.status), row.action, row.action_id, row.action_hash, _digest(row.action_json),
             row.agent, row.user, row.effect_key, row.policy_hash, _iso(row.created_at), _iso(row.expires_at),
             row.approver, row.note, _iso(row.answered_at), _iso(row.consumed_at), row.consumed_by)

@@ -304,19 +304,16 @@ def test_second_presentation_is_refused_as_consumed(refund, remote, agent):
     assert [d["result"] for d in receipts()] == ["committed", "blocked"]
 
 
-def test_replay_on_a_failed_key_is_still_refused(refund, remote, agent):
-    """A consumed approval cannot authorise a retry, even when the key failed and could be renewed."""
+def test_replay_on_a_key_resolved_failed_is_still_refused(refund, remote, agent):
+    """A consumed approval cannot authorise a retry, even when a person resolved the key failed and it
+    could be renewed: only an attempt that provably did nothing (NotExecuted, a hook's not_executed)
+    gives its approval back (tests/integration/test_approval_give_back.py)."""
     request_id = granted(refund, payment_id="txn_1", amount=APPROVED_AMOUNT)
-    original = remote.refund
-
-    def refused_before_sending(payment_id, amount):
-        original(payment_id, amount)
-        raise ctrlrun.NotExecuted("connection refused")
-
-    remote.refund = refused_before_sending
+    remote.fail_with = TimeoutError("read timed out")
     with ctrlrun.with_approval(request_id):
-        with pytest.raises(ctrlrun.NotExecuted):
+        with pytest.raises(TimeoutError):
             refund(payment_id="txn_1", amount=APPROVED_AMOUNT)
+        run_command("resolve", "refund:txn_1", "--failed", "--by", "carol", "--reason", "checked")
         assert EffectRecord.objects.get(pk="refund:txn_1").state == "failed"
         with pytest.raises(ctrlrun.ApprovalMismatch) as caught:
             refund(payment_id="txn_1", amount=APPROVED_AMOUNT)
