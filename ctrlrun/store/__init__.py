@@ -9,7 +9,8 @@ the work lives in one module per concern:
 - ``chain``       appending events and receipts to their hash chains (``_seal``)
 - ``policies``    policy documents, stored once
 - ``approvals``   requests, answers, expiry, use
-- ``effects``     reserve, lease, outcome, sweep, reconcile, resolve: every state write (``_move``)
+- ``effects``     reserve, lease, outcome: every state write (``_move``)
+- ``resolutions`` an AMBIGUOUS effect's ends: a hook's answer, a person's resolve, the sweep
 - ``budgets``     the budget ledger: charged with a reservation, released when an attempt fails
 - ``evidence``    reads, chain verification, recorded checks, the overview
 - ``paused``      paused runs of agent frameworks (``ctrlrun.resumption``): stored, claimed once
@@ -83,7 +84,8 @@ from ..values import (
     Refused,
     Reserved,
 )
-from . import approvals, base, budgets, chain, delegations, effects, evidence, paused, policies, signatures, sql
+from . import (approvals, base, budgets, chain, delegations, effects, evidence, paused, policies, resolutions,
+               signatures, sql)
 from .approvals import (
     answer_approval,
     approvals_for_hash,
@@ -99,17 +101,13 @@ from .effects import (
     begin_unkeyed,
     check_ceiling,
     observe_begin,
-    reconcile_candidates,
     record_denial,
     record_outcome,
-    record_reconciliation,
     record_refusal,
     renew_lease,
     reserve,
-    resolve,
-    sweep_lapsed,
-    write_ambiguous_receipt,
 )
+from .resolutions import reconcile_candidates, record_reconciliation, resolve, sweep_lapsed, write_ambiguous_receipt
 from .evidence import (
     check_control_id,
     citing_control,
@@ -208,5 +206,6 @@ __all__ = [
     "HEAD_DOMAIN", "EFFECT_DOMAIN", "APPROVAL_DOMAIN", "CHECK_DOMAIN", "approval_signature_ok", "effect_signature_ok",
     "TAMPERED_HINT",
     # the modules, for tests and tools that reach one concern
-    "approvals", "base", "budgets", "chain", "delegations", "effects", "evidence", "paused", "policies", "signatures", "sql",
+    "approvals", "base", "budgets", "chain", "delegations", "effects", "evidence", "paused", "policies", "resolutions",
+    "signatures", "sql",
 ]
