@@ -252,3 +252,24 @@ def attempt_ceiling(action: str, effect_key: str | None, attempt: int, max_attem
     return (f"{action}: attempt {attempt} of {effect_key!r} refused: max_attempts is {max_attempts}, and it has "
             f"failed {attempt - 1} time{'s' if attempt != 2 else ''}. Find out why before trying again; if another "
             f"attempt is right, raise max_attempts in the policy")
+
+
+#: What a policy's reasons mean, for a person reading ``stats`` or ``inspect`` (the reason itself
+#: stays as recorded: this is its gloss). ``rule[N]`` names its rule and needs none.
+REASON_GLOSSES = {
+    "unknown_action": "the policy does not name the action",
+    "no_matching_rule": "no rule of the entry matched",
+}
+
+
+def reason_gloss(reason: str | None, decision: str | None = "deny") -> str | None:
+    """What a policy reason means (``decision`` -> "the entry's decision is deny"), or None."""
+    if reason == "decision":
+        return f"the entry's decision is {decision}" if decision else None
+    return REASON_GLOSSES.get(reason or "")
+
+
+def denial_reason(reason: str) -> str:
+    """A denial reason with what it means: ``decision (the entry's decision is deny)``."""
+    gloss = reason_gloss(reason)
+    return f"{reason} ({gloss})" if gloss else reason

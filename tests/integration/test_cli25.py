@@ -89,3 +89,46 @@ def test_manage_py_resolve_refuses_a_given_blank_reason(refund, remote, agent, r
         run_command("resolve", key, "--failed", "--by", "alice", "--reason", reason)
     assert caught.value.returncode == 2
     assert EffectRecord.objects.get(pk=key).state == "ambiguous"
+
+
+# --------------------------------------------------------------------------- item 15: words people read
+
+
+def test_approvals_status_waiting_is_pending(refund, agent):
+    """`approvals --status waiting` (the console's word) lists the pending requests."""
+    import ctrlrun
+
+    with pytest.raises(ctrlrun.ApprovalRequired) as caught:
+        refund(payment_id="txn_2", amount=500000)
+    [line] = run_command("approvals", "--status", "waiting")
+    assert line.startswith(f"{caught.value.request_id}  pending  stripe.refund")
+    assert run_command("approvals", "--status", "waiting") == run_command("approvals", "--status", "pending")
+    assert run_command("approvals", "--status", "granted") == ["no approval requests are granted"]
+
+
+def test_inspect_explains_the_reason_decision(agent):
+    """A bare entry decision's reason, 'decision', is said in words: the entry's decision is deny."""
+    import ctrlrun
+
+    @ctrlrun.protect("iam.grant_admin")
+    def grant(user: str) -> None:
+        raise AssertionError("a denied call never runs")
+
+    with pytest.raises(ctrlrun.ActionDenied) as caught:
+        grant(user="mallory")
+    lines = run_command("inspect", caught.value.action_id)
+    assert "decision    deny  (decision: the entry's decision is deny)" in lines, lines
+
+
+def test_stats_says_ctrlrun_and_explains_decision(agent):
+    import ctrlrun
+
+    @ctrlrun.protect("iam.grant_admin")
+    def grant(user: str) -> None:
+        raise AssertionError("a denied call never runs")
+
+    with pytest.raises(ctrlrun.ActionDenied):
+        grant(user="mallory")
+    lines = run_command("stats")
+    assert lines[0].startswith("ctrlrun — ") and "CTRLRun" not in "\n".join(lines)
+    assert any(line.strip().startswith("decision (the entry's decision is deny)") for line in lines), lines
