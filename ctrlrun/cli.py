@@ -109,7 +109,7 @@ def _main(argv: list[str] | None) -> int:
         if wants_help or name in NO_STORE:  # the demo keeps a scratch store of its own; init needs none
             standalone.configure_without_store()
         else:
-            standalone.configure(create=COMMANDS[name][0])
+            standalone.configure(create=COMMANDS[name][0], command=name)
     except CTRLRunError as exc:
         print(f"Error: {exc}", file=sys.stderr)
         return 1

@@ -525,3 +525,9 @@ def cli25_ambiguous_folder(folder: Path) -> Path:
                           capture_output=True, text=True, timeout=120)
     assert made.returncode == 0, made.stderr
     return folder
+
+
+def cli25_manage(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """``python manage.py ARGS...`` as an OS process in the repository (the example project)."""
+    return subprocess.run([sys.executable, "manage.py", *args], cwd=REPO, env=env or cli25_env(SECRET_KEY="cli25-key"),
+                          capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)

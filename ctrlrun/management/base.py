@@ -112,24 +112,89 @@ class CtrlrunCommand(BaseCommand):
                                 help="print errors without colour (on a terminal they are red)")
         # else: one of Django's options for a project; not offered by the console script
 
+    #: False for the commands that open no store (``demo``, ``init``).
+    needs_store = True
+
     def handle(self, *args: Any, **options: Any) -> None:
         try:
+            if self.needs_store:
+                self.require_store()
             self.run(**options)
         except CommandError:
             raise
         except BrokenPipeError:  # the reader went away (e.g. '| head'): stop quietly, exit 141
             stop_for_closed_pipe()
         except CTRLRunError as exc:  # messages quote names and keys: never print their hidden characters raw
+            cause = exc.__cause__
+            if isinstance(cause, DatabaseError) and self._never_connected():
+                raise Error(reveal(self._unreachable(cause))) from None
             raise Error(reveal(self.refusal(exc), multiline=True)) from None
         except UnicodeError as exc:
             raise Error(f"an argument is not valid UTF-8 text ({exc.reason}); check the id or key you typed") from None
         except DatabaseError as exc:
-            remedy = ("a protected call creates them" if self.console_script
-                      else f"run '{self.command_line('migrate')}'")
+            if self._never_connected():
+                raise Error(reveal(self._unreachable(exc))) from None
+            remedy = ("a protected call creates them" if self.console_script and self._standalone()
+                      else f"run '{self._migrate()}'")
             raise Error(reveal(
                 f"the ctrlrun store could not be read ({type(exc).__name__}: {' '.join(str(exc).split())}). If its tables "
                 f"are missing, {remedy}"
             )) from None
+
+    @staticmethod
+    def _standalone() -> bool:
+        from django.conf import settings
+
+        return bool(getattr(settings, "CTRLRUN_STANDALONE", False))
+
+    def _migrate(self) -> str:
+        """How the project's migrate is run here (never 'ctrlrun migrate': there is none)."""
+        return "python manage.py migrate" if self.console_script else self.command_line("migrate")
+
+    @staticmethod
+    def _connection() -> Any:
+        from django.db import connections
+
+        from .. import conf
+
+        return connections[conf.database_alias()]
+
+    def _never_connected(self) -> bool:
+        """Did the database refuse the connection itself (no connection was ever made)?"""
+        try:
+            return self._connection().connection is None
+        except Exception:  # an alias that is not configured: not a connection failure
+            return False
+
+    def _unreachable(self, exc: BaseException) -> str:
+        """The database could not be reached: what the driver said, and what to check (not 'migrate')."""
+        from ..standalone import describe_store
+
+        where = "CTRLRUN_STORE_URL / DATABASE_URL / CTRLRUN_STATE" if self._standalone() else (
+            "DATABASE_URL (or the settings' DATABASES)")
+        return (f"the ctrlrun store's database ({describe_store()}) could not be reached ({type(exc).__name__}: "
+                f"{' '.join(str(exc).split())}). Check {where}: the host and port, the database name, the user "
+                f"and password, and that the server is running; nothing ran")
+
+    def require_store(self) -> None:
+        """Inside a project, a SQLite store whose file is missing is refused before anything opens it
+        (SQLite would create an empty file, and every command would then fail on missing tables).
+        Standalone, ``ctrlrun.standalone.configure`` has already checked."""
+        if self._standalone():
+            return
+        settings_dict = self._connection().settings_dict
+        if not settings_dict.get("ENGINE", "").endswith("sqlite3"):
+            return
+        name = str(settings_dict.get("NAME") or "")
+        if not name or name == ":memory:" or name.startswith("file:") or "mode=memory" in name:
+            return
+        if not os.path.exists(name):
+            from .. import conf
+
+            raise Error(reveal(
+                f"no database at '{name}' (settings.DATABASES[{conf.database_alias()!r}], e.g. from DATABASE_URL): a "
+                f"ctrlrun command does not create one. Create the store with '{self._migrate()}', or check "
+                f"DATABASE_URL"))
 
     def load_policy(self) -> Any:
         """The policy protected calls here use (the default Control's: ``CTRLRUN_POLICY``, else

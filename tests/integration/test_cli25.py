@@ -19,7 +19,7 @@ import pytest
 from django.core.management import CommandError
 
 from ctrlrun.models import EffectRecord, Event
-from tests.support import cli25_ambiguous_folder, cli25_env, cli25_run, make_ambiguous, run_command
+from tests.support import cli25_ambiguous_folder, cli25_env, cli25_manage, cli25_run, make_ambiguous, run_command
 
 pytestmark = pytest.mark.usefixtures("hook_registry", "store_db")
 
@@ -132,3 +132,121 @@ def test_stats_says_ctrlrun_and_explains_decision(agent):
     lines = run_command("stats")
     assert lines[0].startswith("ctrlrun — ") and "CTRLRun" not in "\n".join(lines)
     assert any(line.strip().startswith("decision (the entry's decision is deny)") for line in lines), lines
+
+
+# --------------------------------------------------------------------------- item 10: a project names manage.py
+
+
+def test_in_a_project_ambiguous_effect_names_manage_py(refund, remote, agent):
+    key = make_ambiguous(refund, remote, "txn_1")
+    import ctrlrun
+
+    with pytest.raises(ctrlrun.AmbiguousEffect) as caught:
+        refund(payment_id="txn_1", amount=100)
+    message = str(caught.value)
+    assert f"'python manage.py resolve {key} --committed' or '--failed'" in message, message
+    assert "ctrlrun resolve" not in message
+
+
+def test_in_a_project_approval_required_names_manage_py(refund, agent):
+    import ctrlrun
+
+    with pytest.raises(ctrlrun.ApprovalRequired) as caught:
+        refund(payment_id="txn_2", amount=500000)
+    message = str(caught.value)
+    assert f"run 'python manage.py approve {caught.value.request_id}'" in message, message
+    assert "ctrlrun approve" not in message
+
+
+@pytest.mark.slow
+def test_in_a_script_ambiguous_effect_names_ctrlrun(tmp_path):
+    folder = cli25_ambiguous_folder(tmp_path / "script")
+    again = subprocess.run([sys.executable, "-c", (
+        "import ctrlrun\n"
+        "@ctrlrun.protect('email.send', effect='email:{msg_id}')\n"
+        "def send(msg_id: str) -> None:\n"
+        "    pass\n"
+        "with ctrlrun.context(agent='mailer'):\n"
+        "    try:\n"
+        "        send(msg_id='m1')\n"
+        "    except ctrlrun.AmbiguousEffect as exc:\n"
+        "        print(exc)\n")], cwd=folder, env=cli25_env(), capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0, again.stderr
+    assert "'ctrlrun resolve email:m1 --committed' or '--failed'" in again.stdout
+    assert "manage.py" not in again.stdout
+
+
+@pytest.mark.slow
+def test_ctrlrun_in_a_project_folder_says_to_use_manage_py(tmp_path):
+    """`ctrlrun receipts` beside manage.py, with no script store: one line naming 'python manage.py receipts'."""
+    folder = tmp_path / "site"
+    folder.mkdir()
+    (folder / "manage.py").write_text("# a Django project's manage.py\n")
+    done = cli25_run(folder, "receipts", "--last", "3")
+    assert done.returncode == 1 and done.stdout == ""
+    assert len(done.stderr.splitlines()) == 1, done.stderr
+    assert "'python manage.py receipts'" in done.stderr and "manage.py" in done.stderr
+    assert sorted(p.name for p in folder.iterdir()) == ["manage.py"]
+
+
+# --------------------------------------------------------------------------- item 17: no policy here
+
+
+@pytest.mark.slow
+def test_ctrlrun_receipts_without_a_policy_says_so(tmp_path):
+    folder = tmp_path / "empty"
+    folder.mkdir()
+    done = cli25_run(folder, "receipts")
+    assert done.returncode == 1 and len(done.stderr.splitlines()) == 1, done.stderr
+    assert done.stderr.startswith(f"Error: no ctrlrun.yaml in {folder}"), done.stderr
+    assert "ctrlrun init" in done.stderr and "CTRLRUN_CONFIG" in done.stderr
+    assert "no database" not in done.stderr
+    assert list(folder.iterdir()) == []
+
+
+# --------------------------------------------------------------------------- item 11: read commands create nothing
+
+
+READ_COMMANDS = [["receipts"], ["effects"], ["inspect", "act_nope"], ["approvals"], ["stats"]]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", READ_COMMANDS, ids=lambda c: c[0])
+def test_manage_py_read_command_on_a_missing_sqlite_file_creates_nothing(tmp_path, command):
+    missing = tmp_path / "missing.db"
+    done = cli25_manage(*command, env=cli25_env(SECRET_KEY="cli25-key", DATABASE_URL=f"sqlite:///{missing}"))
+    assert done.returncode == 1 and len(done.stderr.splitlines()) == 1, done.stderr
+    assert done.stderr.startswith(f"Error: no database at '{missing}'"), done.stderr
+    assert "'python manage.py migrate'" in done.stderr
+    assert not missing.exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", READ_COMMANDS, ids=lambda c: c[0])
+def test_ctrlrun_read_command_on_a_missing_sqlite_url_names_the_variable(tmp_path, command):
+    (tmp_path / "ctrlrun.yaml").write_text("schema: ctrlrun.policy/v2\nactions: {}\n")
+    done = cli25_run(tmp_path, *command, env=cli25_env(DATABASE_URL="sqlite:///missing.db"))
+    assert done.returncode == 1 and len(done.stderr.splitlines()) == 1, done.stderr
+    assert done.stderr.startswith("Error: no database at 'missing.db'") and "DATABASE_URL" in done.stderr
+    assert "CTRLRUN_STATE" not in done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ctrlrun.yaml"]
+
+
+@pytest.mark.slow
+def test_manage_py_unreachable_postgresql_is_not_told_to_migrate():
+    url = "postgresql://postgres@127.0.0.1:1/nowhere"  # port 1: nothing listens
+    done = cli25_manage("receipts", env=cli25_env(SECRET_KEY="cli25-key", DATABASE_URL=url))
+    assert done.returncode == 1 and len(done.stderr.splitlines()) == 1, done.stderr
+    assert "migrate" not in done.stderr
+    assert "could not be reached" in done.stderr and "DATABASE_URL" in done.stderr
+
+
+@pytest.mark.slow
+def test_manage_py_missing_postgresql_database_is_not_told_to_migrate():
+    from tests.support import require_postgresql
+
+    require_postgresql()
+    url = "postgresql://postgres@127.0.0.1:5432/h_cli25_no_such_database"
+    done = cli25_manage("effects", env=cli25_env(SECRET_KEY="cli25-key", DATABASE_URL=url))
+    assert done.returncode == 1 and len(done.stderr.splitlines()) == 1, done.stderr
+    assert "migrate" not in done.stderr and "could not be reached" in done.stderr
