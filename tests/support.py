@@ -531,3 +531,21 @@ def cli25_manage(*args: str, env: dict[str, str] | None = None) -> subprocess.Co
     """``python manage.py ARGS...`` as an OS process in the repository (the example project)."""
     return subprocess.run([sys.executable, "manage.py", *args], cwd=REPO, env=env or cli25_env(SECRET_KEY="cli25-key"),
                           capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+
+
+def cli25_loop(folder: Path, *args: str, seconds: float = 3.0) -> tuple[str, str, int]:
+    """``ctrlrun ARGS...`` (a loop) as an OS process for ``seconds``, then Ctrl-C (SIGINT): its stdout,
+    stderr and exit status."""
+    import signal
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "ctrlrun", *args], cwd=folder, env=cli25_env(),
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(seconds)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return out, err, proc.returncode

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import getpass
+import logging
 import os
 from typing import Any
 
@@ -19,6 +20,22 @@ from ..messages import state_conflict
 #: The largest count a command accepts (``--last``, ``--limit``, ``--attempt``): the largest value
 #: of a 64-bit signed integer, what SQLite and PostgreSQL (bigint, LIMIT) can hold.
 MAX_COUNT = 2**63 - 1
+
+
+class _UTCFormatter(logging.Formatter):
+    """Log times as evidence shows them: ISO 8601 in UTC, to the millisecond (2026-12-02T09:15:00.120Z)."""
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:  # noqa: N802
+        when = dt.datetime.fromtimestamp(record.created, dt.timezone.utc)
+        return when.strftime("%Y-%m-%dT%H:%M:%S.") + f"{int(record.msecs):03d}Z"
+
+
+#: A loop command's log line: ``2026-12-02T09:15:00.120Z INFO ctrlrun.reconcile: ...``.
+LOOP_LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def _below_warning(record: logging.LogRecord) -> bool:
+    return record.levelno < logging.WARNING
 
 
 class Error(CommandError):
@@ -101,8 +118,36 @@ class CtrlrunCommand(BaseCommand):
         parser.error = error  # type: ignore[method-assign]
         return parser
 
+    #: True for the loop commands (reconcile, resume_runs): ``-v/--verbosity`` is theirs under the
+    #: console script too (``-v 2`` logs every idle pass), as under manage.py.
+    keeps_verbosity = False
+
+    def loop_logger(self, name: str, verbosity: int) -> logging.Logger:
+        """The logger a loop command writes its passes to, at the level ``verbosity`` asks for (0: warnings
+        only; 1, the default: a line when a pass did something; 2 and up: every pass, idle ones too).
+
+        A logger the project's ``LOGGING`` gave handlers keeps them. Otherwise the command's own: INFO and
+        DEBUG lines on stdout, warnings on stderr, each with its UTC time (``LOOP_LOG_FORMAT``), not
+        propagated (the ``ctrlrun`` logger's handler would print them a second time, without the time)."""
+        logger = logging.getLogger(name)
+        logger.setLevel({0: logging.WARNING, 1: logging.INFO}.get(verbosity, logging.DEBUG))
+        if not logger.handlers:
+            out = logging.StreamHandler(self.stdout)  # type: ignore[arg-type]
+            out.addFilter(_below_warning)
+            err = logging.StreamHandler(self.stderr)  # type: ignore[arg-type]
+            err.setLevel(logging.WARNING)
+            for handler in (out, err):
+                handler.setFormatter(_UTCFormatter(LOOP_LOG_FORMAT))
+                logger.addHandler(handler)
+            logger.propagate = False
+        return logger
+
     def add_base_argument(self, parser: CommandParser, *args: Any, **kwargs: Any) -> None:
-        if not self.console_script:
+        if self.keeps_verbosity and "--verbosity" in args:
+            kwargs["help"] = ("what a loop logs: 0 warnings only, 1 (the default) a timestamped line for each pass "
+                              "that did something, 2 or 3 every pass, idle ones too")
+            super().add_base_argument(parser, *args, **kwargs)
+        elif not self.console_script:
             super().add_base_argument(parser, *args, **kwargs)
         elif "--version" in args:
             parser.add_argument("--version", action="version", version=f"ctrlrun, version {__version__}",

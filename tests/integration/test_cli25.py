@@ -19,7 +19,8 @@ import pytest
 from django.core.management import CommandError
 
 from ctrlrun.models import EffectRecord, Event
-from tests.support import cli25_ambiguous_folder, cli25_env, cli25_manage, cli25_run, make_ambiguous, run_command
+from tests.support import (cli25_ambiguous_folder, cli25_env, cli25_loop, cli25_manage, cli25_run, make_ambiguous,
+                           run_command)
 
 pytestmark = pytest.mark.usefixtures("hook_registry", "store_db")
 
@@ -250,3 +251,79 @@ def test_manage_py_missing_postgresql_database_is_not_told_to_migrate():
     done = cli25_manage("effects", env=cli25_env(SECRET_KEY="cli25-key", DATABASE_URL=url))
     assert done.returncode == 1 and len(done.stderr.splitlines()) == 1, done.stderr
     assert "migrate" not in done.stderr and "could not be reached" in done.stderr
+
+
+# --------------------------------------------------------------------------- item 16: quiet loops, timestamped
+
+#: A log line of the loop commands: an ISO-8601 UTC time first.
+STAMPED = r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z "
+
+HOOK_TOOLS = """\
+import ctrlrun
+
+def ask_relay(effect_key):
+    return "committed"
+
+@ctrlrun.protect("email.send", effect="email:{msg_id}", reconcile=ask_relay)
+def send(msg_id: str) -> None:
+    pass
+"""
+
+
+def quiet_store(tmp_path: Path) -> Path:
+    """A script folder whose store holds one resolved effect: nothing for a loop to do."""
+    folder = cli25_ambiguous_folder(tmp_path / "script")
+    assert cli25_run(folder, "resolve", "email:m1", "--failed").returncode == 0
+    return folder
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", [["reconcile", "--loop"], ["resume_runs"]], ids=lambda c: c[0])
+def test_an_idle_loop_says_nothing(tmp_path, command):
+    """Idle passes every 0.2 s for 3 s print nothing (1,440 summaries a day at --interval 60 was the bug)."""
+    folder = quiet_store(tmp_path)
+    out, err, status = cli25_loop(folder, *command, "--interval", "0.2")
+    assert status == 0, err
+    assert out.splitlines() == ["stopped"], out
+    assert err == ""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", [["reconcile", "--loop"], ["resume_runs"]], ids=lambda c: c[0])
+def test_an_idle_loop_at_verbosity_2_logs_each_pass_with_a_time(tmp_path, command):
+    import re
+
+    folder = quiet_store(tmp_path)
+    out, err, status = cli25_loop(folder, *command, "--interval", "0.2", "-v", "2")
+    assert status == 0, err
+    lines = out.splitlines()
+    assert lines[-1] == "stopped" and len(lines) >= 4, out
+    assert all(re.match(STAMPED, line) for line in lines[:-1]), out
+    assert all("idle" in line for line in lines[:-1]), out
+
+
+@pytest.mark.slow
+def test_a_reconcile_loop_logs_work_once_with_a_time(tmp_path):
+    """A pass that reconciled something logs its line and a summary, timestamped; the idle passes after, nothing."""
+    import re
+
+    folder = cli25_ambiguous_folder(tmp_path / "script")
+    (folder / "relay_tools.py").write_text(HOOK_TOOLS)
+    out, err, status = cli25_loop(folder, "reconcile", "--loop", "--interval", "0.2", "--import", "relay_tools")
+    assert status == 0, err
+    lines = out.splitlines()
+    assert lines[-1] == "stopped", out
+    work = lines[:-1]
+    assert len(work) == 2, out
+    assert all(re.match(STAMPED, line) for line in work), out
+    assert "email:m1  committed" in work[0]
+    assert "1 committed" in work[1] and "swept 0" in work[1]
+
+
+@pytest.mark.slow
+def test_a_reconcile_loop_names_an_effect_needing_a_human_once(tmp_path):
+    """An ambiguous effect without a hook is logged on the first pass, not again on every pass."""
+    folder = cli25_ambiguous_folder(tmp_path / "script")
+    out, err, status = cli25_loop(folder, "reconcile", "--loop", "--interval", "0.2")
+    assert status == 0, err
+    assert sum("email:m1  needs_human" in line for line in out.splitlines()) == 1, out
