@@ -327,3 +327,102 @@ def test_a_reconcile_loop_names_an_effect_needing_a_human_once(tmp_path):
     out, err, status = cli25_loop(folder, "reconcile", "--loop", "--interval", "0.2")
     assert status == 0, err
     assert sum("email:m1  needs_human" in line for line in out.splitlines()) == 1, out
+
+
+# --------------------------------------------------------------------------- item 18: the delegations listing
+
+AUTHORITY_POLICY = """\
+schema: ctrlrun.policy/v7
+authority:
+  max_delegation_depth: 2
+  grants:
+    - id: support
+      subject: {agent: orchestrator}
+      actions: ["stripe.*"]
+      resources: ["payment:*"]
+      constraints: {amount_lte: 50000}
+      budgets:
+        - {metric: count, limit: 100, window: PT1H}
+      expires_at: "2099-01-01T00:00:00Z"
+      delegable: true
+actions:
+  stripe.refund:
+    effect: "refund:{payment_id}"
+    resource: "payment:{payment_id}"
+    decision: allow
+"""
+WORKER_GRANT = """\
+subject: {agent: "worker\u202e"}
+actions: [stripe.refund]
+resources: ["payment:*"]
+constraints: {amount_lte: 1000}
+budgets:
+  - {metric: count, limit: 20, window: PT1H}
+expires_at: "2098-12-31T00:00:00Z"
+"""
+
+
+@pytest.fixture
+def delegations(use_policy):
+    from ctrlrun import Principal
+    from ctrlrun.control import default_control
+
+    use_policy(AUTHORITY_POLICY)
+    control = default_control()
+    kept = control.delegate("support", WORKER_GRANT, by=Principal(agent="orchestrator"))
+    gone = control.delegate("support", WORKER_GRANT.replace("limit: 20", "limit: 5"),
+                            by=Principal(agent="orchestrator", user="alice"))
+    control.revoke(gone.id, by="dana")
+    return kept, gone
+
+
+def test_delegations_lists_each_with_its_limits_and_state(delegations):
+    kept, gone = delegations
+    lines = run_command("delegations")
+    assert len(lines) == 2, lines
+    text = "\n".join(lines)
+    assert "\u202e" not in text and "worker\\u202e" in text  # hidden characters escaped
+    first = next(line for line in lines if line.startswith(kept.id))
+    for part in ("parent support", "depth 1", "to worker\\u202e", "actions stripe.refund", "resources payment:*",
+                 "amount_lte 1000", "count 20 per 1 hour", "expires 2098-12-31T00:00:00.000Z",
+                 "by orchestrator via api", "active"):
+        assert part in first, (part, first)
+    second = next(line for line in lines if line.startswith(gone.id))
+    assert "by orchestrator/alice via api" in second and "revoked at " in second and " by dana" in second
+
+
+def test_delegations_json_is_one_object_per_line(delegations):
+    kept, gone = delegations
+    documents = [json.loads(line) for line in run_command("delegations", "--json")]
+    assert [d["delegation_id"] for d in documents] == sorted([kept.id, gone.id], key=[kept.id, gone.id].index)
+    first = documents[0]
+    assert first["parent_id"] == "support" and first["depth"] == 1 and first["agent"] == "worker\u202e"
+    assert first["revoked"] is False and first["revoked_at"] is None
+    assert first["grant"]["budgets"] == [{"limit": 20, "metric": "count", "window": 3600}] or \
+        first["grant"]["budgets"][0]["limit"] == 20
+    assert documents[1]["revoked"] is True and documents[1]["revoked_by"] == "dana"
+    assert "\u202e" not in "\n".join(run_command("delegations", "--json"))  # escaped as \\u202e in the JSON text
+
+
+def test_delegations_agent_and_active_select(delegations):
+    kept, _ = delegations
+    assert [line.split()[0] for line in run_command("delegations", "--active")] == [kept.id]
+    assert run_command("delegations", "--agent", "nobody") == ["no delegations to agent nobody"]
+
+
+def test_no_delegations_says_so(use_policy):
+    assert run_command("delegations") == ["no delegations yet"]
+
+
+@pytest.mark.slow
+def test_ctrlrun_delegations_in_a_script_folder(tmp_path):
+    folder = tmp_path / "script"
+    folder.mkdir()
+    (folder / "ctrlrun.yaml").write_text(AUTHORITY_POLICY)
+    (folder / "child.yaml").write_text(WORKER_GRANT)
+    made = cli25_run(folder, "delegate", "--parent", "support", "--file", "child.yaml", "--as", "orchestrator")
+    assert made.returncode == 0, made.stderr
+    ident = made.stdout.split()[1]
+    done = cli25_run(folder, "delegations")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"{ident}  parent support") and "\u202e" not in done.stdout

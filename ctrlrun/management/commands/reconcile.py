@@ -104,12 +104,12 @@ class Command(CtrlrunCommand):
                 wait = pause * OUTAGE_BACKOFF_FACTOR
                 self._reconnect()
                 at = (dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=pause)).strftime("%H:%M:%S")
-                self.log.warning("reconcile: the store is unavailable (%s); retrying in %s s, at %s UTC (failed pass "
+                self.log.warning("the store is unavailable (%s); retrying in %s s, at %s UTC (failed pass "
                                  "%d in a row)", _one_line(_database_error(exc)), f"{pause:g}", at, failures)
                 time.sleep(pause)
                 continue
             if failures:
-                self.log.warning("reconcile: the store is reachable again after %d failed pass(es); resuming every "
+                self.log.warning("the store is reachable again after %d failed pass(es); resuming every "
                                  "%s s", failures, f"{interval:g}")
                 failures, wait = 0, OUTAGE_FIRST_WAIT_SECONDS
             self._log(report, action)
