@@ -522,7 +522,7 @@ class _Running:
             raise store.StoreUnavailable(
                 f"{self.name} ran, but its outcome could not be recorded ({failure.__cause__ or failure}). Treat it as "
                 f"ambiguous: {'effect ' + repr(key) + ' stays held until its lease lapses, then ' if key else ''}"
-                f"'ctrlrun reconcile' marks it ambiguous and asks the remote; do not retry blindly"
+                f"{messages.command('reconcile')} marks it ambiguous and asks the remote; do not retry blindly"
             ) from failure
         if not written.accepted:
             # (Observe mode refuses nothing: the caller gets what its function gave, as without ctrlrun;
