@@ -35,6 +35,7 @@ COMMANDS: dict[str, tuple[bool, str]] = {
     "reconcile": (False, "sweep lapsed leases and ask reconcile hooks about AMBIGUOUS effects"),
     "resume_runs": (False, "resume agent runs paused on answered approvals (--once, --limit N, --import MODULE)"),
     "delegate": (True, "delegate a narrower grant from a delegable one (--parent ID --file GRANT.yaml --as AGENT)"),
+    "delegations": (False, "list delegations: parent, agent, limits, expiry, revoked (--agent, --active, --json)"),
     "revoke": (False, "revoke a delegation and everything beneath it (ID, or --created-by / --under)"),
     "stats": (False, "count what the receipts of a time window say (--since 24h, --json)"),
     "init": (False, "write a commented starter ctrlrun.yaml and create .ctrlrun/ beside it"),
@@ -109,7 +110,7 @@ def _main(argv: list[str] | None) -> int:
         if wants_help or name in NO_STORE:  # the demo keeps a scratch store of its own; init needs none
             standalone.configure_without_store()
         else:
-            standalone.configure(create=COMMANDS[name][0])
+            standalone.configure(create=COMMANDS[name][0], command=name)
     except CTRLRunError as exc:
         print(f"Error: {exc}", file=sys.stderr)
         return 1

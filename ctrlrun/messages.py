@@ -12,6 +12,7 @@ passes ``command_line`` and the message names it the caller's way.
 from __future__ import annotations
 
 import datetime as dt
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -19,7 +20,7 @@ from .canonical import evidence_time
 from .errors import StateConflict
 
 __all__ = [
-    "TAMPERED_HINT", "command", "OPEN_TRANSACTION", "store_unavailable", "unknown_alias",
+    "TAMPERED_HINT", "entry", "command", "approval_required", "OPEN_TRANSACTION", "store_unavailable", "unknown_alias",
     "refuses_to_act", "refuses_to_add", "head_key_mismatch", "head_unsigned", "HEAD_MISSING", "head_missing_restore",
     "BEYOND_HEAD",
     "already_committed", "in_progress", "lease_lapsed", "unknown_outcome", "tampered_effect",
@@ -29,8 +30,25 @@ __all__ = [
 ]
 
 
+def entry() -> str | None:
+    """How this process runs ctrlrun's commands: ``"project"`` (Django settings a project configured:
+    ``python manage.py``), ``"script"`` (ctrlrun's standalone configuration: ``ctrlrun``), or None
+    (Django not configured yet). Read from Django's settings only if Django is already loaded."""
+    module = sys.modules.get("django.conf")
+    settings = getattr(module, "settings", None)
+    if settings is None or not settings.configured:
+        return None
+    return "script" if getattr(settings, "CTRLRUN_STANDALONE", False) else "project"
+
+
 def command(name: str) -> str:
-    """A command named both ways it is run."""
+    """A command named the way it is run here: ``'python manage.py NAME'`` inside a Django project,
+    ``'ctrlrun NAME'`` in a plain script, both ways when that is not known."""
+    where = entry()
+    if where == "project":
+        return f"'python manage.py {name}'"
+    if where == "script":
+        return f"'ctrlrun {name}'"
     return f"'ctrlrun {name}' (or 'python manage.py {name}')"
 
 
@@ -93,7 +111,18 @@ BEYOND_HEAD = "a receipt or event lies past the chain head: it was added outside
 
 
 def _resolve_hint(key: str) -> str:
+    where = entry()
+    if where == "project":
+        return f"'python manage.py resolve {key} --committed' or '--failed'"
+    if where == "script":
+        return f"'ctrlrun resolve {key} --committed' or '--failed'"
     return f"'ctrlrun resolve {key} --committed' or '--failed' (or 'python manage.py resolve ...')"
+
+
+def approval_required(action: str, approval_id: str) -> str:
+    """What ``ApprovalRequired`` says: who answers, as commands are run here, and how to retry."""
+    return (f"{action} requires approval: run {command(f'approve {approval_id}')}, then retry inside "
+            f"ctrlrun.with_approval('{approval_id}')")
 
 
 def already_committed(key: str, action_id: str) -> str:
@@ -252,3 +281,24 @@ def attempt_ceiling(action: str, effect_key: str | None, attempt: int, max_attem
     return (f"{action}: attempt {attempt} of {effect_key!r} refused: max_attempts is {max_attempts}, and it has "
             f"failed {attempt - 1} time{'s' if attempt != 2 else ''}. Find out why before trying again; if another "
             f"attempt is right, raise max_attempts in the policy")
+
+
+#: What a policy's reasons mean, for a person reading ``stats`` or ``inspect`` (the reason itself
+#: stays as recorded: this is its gloss). ``rule[N]`` names its rule and needs none.
+REASON_GLOSSES = {
+    "unknown_action": "the policy does not name the action",
+    "no_matching_rule": "no rule of the entry matched",
+}
+
+
+def reason_gloss(reason: str | None, decision: str | None = "deny") -> str | None:
+    """What a policy reason means (``decision`` -> "the entry's decision is deny"), or None."""
+    if reason == "decision":
+        return f"the entry's decision is {decision}" if decision else None
+    return REASON_GLOSSES.get(reason or "")
+
+
+def denial_reason(reason: str) -> str:
+    """A denial reason with what it means: ``decision (the entry's decision is deny)``."""
+    gloss = reason_gloss(reason)
+    return f"{reason} ({gloss})" if gloss else reason

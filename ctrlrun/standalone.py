@@ -136,11 +136,37 @@ def configure_settings() -> None:
     _setup()
 
 
-def configure(create: bool = True) -> None:
+def _no_store(path: Path, command: str | None) -> str:
+    """Why a read command found no store at ``path``, and what to do, from where it looked."""
+    read = "A read command does not create one; run a protected call first (it creates the store)"
+    for name in ("CTRLRUN_STORE_URL", "DATABASE_URL"):
+        if os.environ.get(name) is not None:
+            return f"no database at '{path}' (the SQLite file {name} names). {read}, or point {name} at an existing store"
+    if os.environ.get("CTRLRUN_STATE") is not None:
+        return f"no database at '{path}'. {read}, or point CTRLRUN_STATE at an existing store"
+    policy = policy_location()
+    folder = Path.cwd()
+    if os.environ.get("CTRLRUN_CONFIG") is None and (folder / "manage.py").exists():
+        run = f"'python manage.py {command or 'COMMAND'}'"
+        return (f"this folder has manage.py and no ctrlrun store of a script ({path}): in a Django project run {run}, "
+                f"which reads the project's database; 'ctrlrun' is for a plain script's folder")
+    if not policy.exists():
+        where = "(CTRLRUN_CONFIG)" if os.environ.get("CTRLRUN_CONFIG") is not None else "here"
+        if where == "here":
+            return (f"no ctrlrun.yaml in {policy.parent}, so no ctrlrun store here (it is kept in .ctrlrun/ beside the "
+                    f"policy): run the command in your script's folder, set CTRLRUN_CONFIG to its policy (or "
+                    f"CTRLRUN_STATE to its store), or start one here with 'ctrlrun init'")
+        return (f"no policy at {policy} {where}, so no ctrlrun store beside it: point CTRLRUN_CONFIG at your script's "
+                f"ctrlrun.yaml (or CTRLRUN_STATE at its store)")
+    return f"no database at '{path}'. {read}, or point CTRLRUN_STATE at an existing store"
+
+
+def configure(create: bool = True, command: str | None = None) -> None:
     """Configure Django for standalone use (inside a project: only ``django.setup()``).
 
     Standalone, the store is then created and migrated (``create``) or required to exist (read
-    commands). A store that cannot be reached is ``StoreUnavailable`` naming where it looked.
+    commands; ``command`` is the one being run, for the message). A store that cannot be reached
+    is ``StoreUnavailable`` naming where it looked.
     """
     from django.conf import settings
     from django.db import Error as DatabaseError  # InterfaceError too
@@ -157,10 +183,7 @@ def configure(create: bool = True) -> None:
         path = Path(settings_dict["NAME"])
         if not path.exists():
             if not create:
-                raise StoreUnavailable(
-                    f"no database at '{path}'. A read command does not create one; run a protected "
-                    f"call first (it creates the store), or point CTRLRUN_STATE at an existing store"
-                )
+                raise StoreUnavailable(_no_store(path, command))
             path.parent.mkdir(parents=True, exist_ok=True)
     try:
         if create:
@@ -244,7 +267,10 @@ def _require_tables() -> None:
     try:
         tables = connection.introspection.table_names()
     except Exception as exc:
-        raise StoreUnavailable(f"the store ({describe_store()}) could not be opened: {' '.join(str(exc).split())}") from None
+        raise StoreUnavailable(
+            f"the store ({describe_store()}) could not be reached: {' '.join(str(exc).split())}. Check "
+            f"CTRLRUN_STORE_URL / DATABASE_URL: the host and port, the database name, the user and password, and "
+            f"that the server is running; nothing ran") from None
     if "ctrlrun_receipt" not in tables:
         raise StoreUnavailable(
             f"the store ({describe_store()}) has no ctrlrun tables yet. A read command does not "
@@ -257,5 +283,6 @@ def configure_without_store() -> None:
     from django.conf import settings
 
     if not settings.configured and not os.environ.get("DJANGO_SETTINGS_MODULE"):
-        settings.configure(INSTALLED_APPS=["ctrlrun"], USE_TZ=True, DATABASES={}, LOGGING_CONFIG=None)
+        settings.configure(INSTALLED_APPS=["ctrlrun"], USE_TZ=True, DATABASES={}, LOGGING_CONFIG=None,
+                           CTRLRUN_STANDALONE=True)  # messages name 'ctrlrun ...' (ctrlrun.messages.entry)
     _setup()

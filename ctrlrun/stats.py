@@ -37,6 +37,8 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from .messages import denial_reason
+
 SCHEMA = "ctrlrun.stats/v1"
 MODES = ("enforce", "observe")
 
@@ -166,10 +168,10 @@ def rows(document: Mapping[str, Any]) -> list[tuple[int, str, Any]]:
     out: list[tuple[int, str, Any]] = [(0, "actions", document["actions"])]
     if document["mode"] == "enforce":
         out.append((0, "denied", document["denied"]))
-        out += [(1, reason, count) for reason, count in document["denied_by_reason"].items()]
+        out += [(1, denial_reason(reason), count) for reason, count in document["denied_by_reason"].items()]
     else:
         out.append((0, "would have been denied", document["would_have_been_denied"]))
-        out += [(1, reason, count) for reason, count in document["denied_by_reason"].items()]
+        out += [(1, denial_reason(reason), count) for reason, count in document["denied_by_reason"].items()]
         out.append((0, "would have needed approval", document["would_have_needed_approval"]))
         out.append((0, "would have been blocked", document["would_have_been_blocked"]))
         out += [(1, reason, count) for reason, count in document["blocked_by_reason"].items()]
@@ -185,9 +187,9 @@ def lines(document: Mapping[str, Any]) -> list[str]:
     """The text ``stats`` prints: a header, aligned rows, the footnotes."""
     mode = document["mode"]
     if document["from"] is None:
-        header = f"CTRLRun — no receipts since {document['since']}   ({mode} mode)"
+        header = f"ctrlrun — no receipts since {document['since']}   ({mode} mode)"
     else:
-        header = f"CTRLRun — {document['from']} .. {document['to']}   ({mode} mode)"
+        header = f"ctrlrun — {document['from']} .. {document['to']}   ({mode} mode)"
     table = rows(document)
     width = max(len(label) + 2 * indent for indent, label, _ in table)
     out = [header]

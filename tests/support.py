@@ -680,3 +680,77 @@ class scratch_role_store:
             self._admin(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')
             self._admin(f'DROP ROLE IF EXISTS "{self.role}"')
         return False
+
+
+# --------------------------------------------------------------------------- cli25: the console script in a folder
+
+
+def cli25_env(**extra: str) -> dict[str, str]:
+    """The environment of a plain script's folder: no project, no store variables (``extra`` added)."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("CTRLRUN_") and k not in ("DJANGO_SETTINGS_MODULE", "DATABASE_URL", "SECRET_KEY")}
+    env["PYTHONPATH"] = str(REPO)
+    env.update(extra)
+    return env
+
+
+def cli25_run(folder: Path, *args: str, env: dict[str, str] | None = None, **options) -> subprocess.CompletedProcess:
+    """``ctrlrun ARGS...`` as an OS process in ``folder`` (stdin not a terminal unless given)."""
+    options.setdefault("stdin", subprocess.DEVNULL)
+    return subprocess.run([sys.executable, "-m", "ctrlrun", *args], cwd=folder, env=env or cli25_env(),
+                          capture_output=True, text=True, timeout=120, **options)
+
+
+#: A script whose email.send times out: its key email:m1 is left AMBIGUOUS in the folder's store.
+CLI25_AMBIGUOUS_SCRIPT = (
+    "import ctrlrun\n"
+    "@ctrlrun.protect('email.send', effect='email:{msg_id}')\n"
+    "def send(msg_id: str) -> None:\n"
+    "    raise TimeoutError('smtp timed out')\n"
+    "with ctrlrun.context(agent='mailer'):\n"
+    "    try:\n"
+    "        send(msg_id='m1')\n"
+    "    except TimeoutError:\n"
+    "        pass\n")
+
+CLI25_POLICY = """\
+schema: ctrlrun.policy/v2
+actions:
+  email.send:
+    effect: "email:{msg_id}"
+    decision: allow
+"""
+
+
+def cli25_ambiguous_folder(folder: Path) -> Path:
+    """``folder`` with a policy and a store holding one AMBIGUOUS effect, email:m1."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "ctrlrun.yaml").write_text(CLI25_POLICY)
+    made = subprocess.run([sys.executable, "-c", CLI25_AMBIGUOUS_SCRIPT], cwd=folder, env=cli25_env(),
+                          capture_output=True, text=True, timeout=120)
+    assert made.returncode == 0, made.stderr
+    return folder
+
+
+def cli25_manage(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """``python manage.py ARGS...`` as an OS process in the repository (the example project)."""
+    return subprocess.run([sys.executable, "manage.py", *args], cwd=REPO, env=env or cli25_env(SECRET_KEY="cli25-key"),
+                          capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+
+
+def cli25_loop(folder: Path, *args: str, seconds: float = 3.0) -> tuple[str, str, int]:
+    """``ctrlrun ARGS...`` (a loop) as an OS process for ``seconds``, then Ctrl-C (SIGINT): its stdout,
+    stderr and exit status."""
+    import signal
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "ctrlrun", *args], cwd=folder, env=cli25_env(),
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(seconds)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return out, err, proc.returncode

@@ -63,6 +63,7 @@ from ..errors import (
     InvalidArgument,
     NotExecuted,
 )
+from .. import messages
 from ..states import Decision, Result
 from .context import current_principal, presented_approval
 
@@ -344,9 +345,7 @@ class _Running:
             if self.plan.wait:
                 return (yield from self.wait_then_run(request))
             raise ApprovalRequired(
-                f"{self.name} requires approval: run 'ctrlrun approve {request.approval_id}' (or "
-                f"'python manage.py approve {request.approval_id}'), then retry inside "
-                f"ctrlrun.with_approval('{request.approval_id}')",
+                messages.approval_required(self.name, request.approval_id),
                 request_id=request.approval_id, action_id=self.action.action_id,
             )
         return (yield from self.take_and_run(call, presented, ceiling))
@@ -527,7 +526,7 @@ class _Running:
             raise store.StoreUnavailable(
                 f"{self.name} ran, but its outcome could not be recorded ({failure.__cause__ or failure}). Treat it as "
                 f"ambiguous: {'effect ' + repr(key) + ' stays held until its lease lapses, then ' if key else ''}"
-                f"'ctrlrun reconcile' marks it ambiguous and asks the remote; do not retry blindly"
+                f"{messages.command('reconcile')} marks it ambiguous and asks the remote; do not retry blindly"
             ) from failure
         if not written.accepted:
             # (Observe mode refuses nothing: the caller gets what its function gave, as without ctrlrun;

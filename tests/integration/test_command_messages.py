@@ -111,7 +111,7 @@ def test_the_store_says_no_command_name_for_the_console():
     assert "ctrlrun " not in str(caught.value) and "manage.py" not in str(caught.value)
 
 
-# --------------------------------------------------------------------------- resolve: a reason is required
+# --------------------------------------------------------------------------- resolve: a given reason says something
 
 
 @pytest.mark.parametrize("reason", ["", "   ", "\t\n", "\u200b", " \u200b\u2060 "])
@@ -120,16 +120,16 @@ def test_resolve_refuses_a_blank_reason(ambiguous_key, reason):
     with pytest.raises(CommandError) as caught:
         run_command("resolve", ambiguous_key, "--failed", "--by", "alice", "--reason", reason)
     assert caught.value.returncode == 2
-    assert "a reason is required" in str(caught.value)
+    assert "a given --reason must say something" in str(caught.value)
     assert EffectRecord.objects.get(pk=ambiguous_key).state == "ambiguous"
     assert not Event.objects.filter(type="EFFECT_RESOLVED").exists()
 
 
-def test_resolve_without_a_reason_is_a_usage_error(ambiguous_key):
-    with pytest.raises(CommandError, match="--reason") as caught:
-        run_command("resolve", ambiguous_key, "--failed", "--by", "alice")
-    assert "required" in str(caught.value)
-    assert EffectRecord.objects.get(pk=ambiguous_key).state == "ambiguous"
+def test_resolve_without_a_reason_records_none(ambiguous_key):
+    """--reason left out (not on a terminal): resolved, and the event carries no reason (issue 25)."""
+    run_command("resolve", ambiguous_key, "--failed", "--by", "alice")
+    assert EffectRecord.objects.get(pk=ambiguous_key).state == "failed"
+    assert "reason" not in Event.objects.get(type="EFFECT_RESOLVED").data
 
 
 @pytest.fixture
@@ -246,7 +246,7 @@ def test_console_script_messages_name_ctrlrun(tmp_path):
 
     blank = cli(tmp_path, "resolve", "email:m1", "--failed", "--reason", "  ")
     assert blank.returncode == 2 and len(blank.stderr.splitlines()) == 1
-    assert blank.stderr.startswith("Error: a reason is required")
+    assert blank.stderr.startswith("Error: a given --reason must say something")
 
     nope = cli(tmp_path, "reconcile", "--action", "nope")
     assert nope.returncode == 2 and len(nope.stderr.splitlines()) == 1

@@ -359,13 +359,20 @@ def cli(folder: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 def test_cli_read_command_without_a_store_creates_nothing(tmp_path):
-    """'ctrlrun receipts' in an empty folder exits 1 with 'Error: no database at' and creates nothing."""
+    """'ctrlrun receipts' in an empty folder exits 1 saying there is no ctrlrun.yaml here, and creates nothing;
+    beside a policy with no store yet, 'Error: no database at' names the store's path."""
     folder = tmp_path / "empty"
     folder.mkdir()
     done = cli(folder, "receipts")
     assert done.returncode == 1
+    assert done.stderr.startswith(f"Error: no ctrlrun.yaml in {folder}")
+    assert list(folder.iterdir()) == []
+    (folder / "ctrlrun.yaml").write_text("schema: ctrlrun.policy/v2\nactions: {}\n")
+    done = cli(folder, "receipts")
+    assert done.returncode == 1
     assert done.stderr.startswith("Error: no database at")
     assert str(folder / ".ctrlrun" / "state.db") in done.stderr
+    (folder / "ctrlrun.yaml").unlink()
     assert "Traceback" not in done.stderr
     assert list(folder.iterdir()) == []
 

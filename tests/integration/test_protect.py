@@ -184,7 +184,7 @@ def test_ambiguous_key_refuses_retry(refund, remote, agent):
     remote.fail_with = None
     with pytest.raises(ctrlrun.AmbiguousEffect) as caught:
         refund(payment_id="txn_1", amount=100)
-    assert "ctrlrun resolve refund:txn_1" in str(caught.value)
+    assert "'python manage.py resolve refund:txn_1" in str(caught.value)  # in a project: manage.py (issue 25)
     assert remote.calls == [("txn_1", 100)]
     blocked = receipts()[-1]
     assert blocked["result"] == "blocked"

@@ -82,10 +82,11 @@ def test_enforce_counts_of_real_calls(calls):
 def test_enforce_text(calls):
     lines, err = run_stats()
     assert err == ""  # enforce mode: no banner
-    assert lines[0] == f"CTRLRun — {START} .. 2026-11-29T12:00:02.000Z   (enforce mode)"
-    assert [line.split() for line in lines[1:8]] == [
-        ["actions", "6"], ["denied", "3"], ["decision", "1"], ["rule[2]", "1"], ["unknown_action", "1"],
-        ["ambiguous", "outcomes", "1"], ["budget", "ledger", "rows", "0"]]
+    assert lines[0] == f"ctrlrun — {START} .. 2026-11-29T12:00:02.000Z   (enforce mode)"
+    assert [line.strip().rsplit(None, 1) for line in lines[1:8]] == [
+        ["actions", "6"], ["denied", "3"], ["decision (the entry's decision is deny)", "1"], ["rule[2]", "1"],
+        ["unknown_action (the policy does not name the action)", "1"],
+        ["ambiguous outcomes", "1"], ["budget ledger rows", "0"]]
     assert lines[3].startswith("    decision")  # reasons indented under 'denied'
     assert lines[8:] == ["", FOOTNOTE_ENFORCE, FOOTNOTE_WAITING]
 
@@ -121,7 +122,7 @@ def test_empty_store():
     assert doc["actions"] == 0 and doc["denied"] == 0 and doc["denied_by_reason"] == {}
     assert (doc["from"], doc["to"]) == (None, None)
     lines, _ = run_stats("--since", "2026-11-29T12:00:00Z")
-    assert lines[0] == "CTRLRun — no receipts since 2026-11-29T12:00:00.000Z   (enforce mode)"
+    assert lines[0] == "ctrlrun — no receipts since 2026-11-29T12:00:00.000Z   (enforce mode)"
     assert lines[1].split() == ["actions", "0"]
 
 
@@ -190,7 +191,7 @@ def test_console_script_counts_the_same(calls, tmp_path):
     assert doc["actions"] == 6 and doc["denied"] == 3 and doc["ambiguous_outcomes"] == 1
     text = cli(tmp_path, "--since", "2026-11-29T00:00:00Z")
     assert text.returncode == 0 and text.stderr == ""
-    assert text.stdout.splitlines()[0] == f"CTRLRun — {START} .. 2026-11-29T12:00:02.000Z   (enforce mode)"
+    assert text.stdout.splitlines()[0] == f"ctrlrun — {START} .. 2026-11-29T12:00:02.000Z   (enforce mode)"
 
 
 def test_console_script_bad_since_exits_2(tmp_path):

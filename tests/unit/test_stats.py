@@ -192,7 +192,7 @@ def test_text_enforce_rows_aligned_with_both_footnotes():
                          receipt("denied", "rule[2]", at="2026-11-29T12:00:02.000Z"),
                          receipt("ambiguous", at="2026-11-29T12:00:03.000Z")], mode="enforce", since=SINCE)
     text = stats.lines(doc)
-    assert text[0] == "CTRLRun — 2026-11-29T12:00:01.000Z .. 2026-11-29T12:00:03.000Z   (enforce mode)"
+    assert text[0] == "ctrlrun — 2026-11-29T12:00:01.000Z .. 2026-11-29T12:00:03.000Z   (enforce mode)"
     assert [line.split() for line in text[1:5]] == [["actions", "3"], ["denied", "1"], ["rule[2]", "1"],
                                                     ["ambiguous", "outcomes", "1"]]
     assert text[3].startswith("    rule[2]")
@@ -206,7 +206,7 @@ def test_text_observe_rows_and_one_footnote():
     text = stats.lines(doc)
     assert text[0].endswith("(observe mode)")
     labels = [line.strip().rsplit(None, 1) for line in text[1:-2]]
-    assert labels == [["actions", "2"], ["would have been denied", "1"], ["decision", "1"],
+    assert labels == [["actions", "2"], ["would have been denied", "1"], ["decision (the entry's decision is deny)", "1"],
                       ["would have needed approval", "0"], ["would have been blocked", "1"], ["duplicate", "1"],
                       ["ambiguous outcomes", "0"]]
     assert text[-2:] == ["", stats.FOOTNOTE_WAITING]
@@ -214,5 +214,5 @@ def test_text_observe_rows_and_one_footnote():
 
 def test_text_of_an_empty_window_names_the_boundary():
     text = stats.lines(stats.compute([], mode="enforce", since=SINCE))
-    assert text[0] == "CTRLRun — no receipts since 2026-11-29T12:00:00.000Z   (enforce mode)"
+    assert text[0] == "ctrlrun — no receipts since 2026-11-29T12:00:00.000Z   (enforce mode)"
     assert text[1].split() == ["actions", "0"]

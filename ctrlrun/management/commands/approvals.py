@@ -8,6 +8,9 @@ from ...display import dumps, hidden_fields, reveal, warning
 from ...states import ApprovalStatus
 from ..base import CtrlrunCommand, span
 
+#: The console's word for a pending request ("waiting for a person"), accepted by --status.
+WAITING = "waiting"
+
 
 def _answer(a: store.ApprovalView) -> str:
     """What became of an answered request, each part said of whoever did it: the person granted or
@@ -24,9 +27,12 @@ class Command(CtrlrunCommand):
     help = "List approval requests: pending first (oldest first), with action, arguments, principal, age and expiry."
 
     def add_arguments(self, parser: ArgumentParser) -> None:
-        parser.add_argument("--status", choices=[s.value for s in ApprovalStatus], help="only requests in this status")
+        parser.add_argument("--status", choices=[*(s.value for s in ApprovalStatus), WAITING],
+                            help="only requests in this status ('waiting', the console's word, is pending)")
 
     def run(self, *, status: str | None, **_: Any) -> None:
+        if status == WAITING:
+            status = ApprovalStatus.PENDING.value
         approvals = store.list_approvals(status)
         if not approvals:
             self.stdout.write(f"no approval requests are {status}" if status else "no approval requests yet")

@@ -72,6 +72,7 @@ def write_new(path: Path, text: str) -> None:
 
 
 class Command(CtrlrunCommand):
+    needs_store = False  # no store is opened
     help = ("Write a commented starter policy (ctrlrun.yaml, schema ctrlrun.policy/v2) to edit: two reads "
             "allowed, an email once per message, refunds banded by amount, an admin grant denied, a namespace "
             "deletion that asks a person; anything it does not list is denied. Never overwrites a file. The "

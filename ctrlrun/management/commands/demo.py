@@ -20,6 +20,7 @@ _STORE_VARIABLES = ("DJANGO_SETTINGS_MODULE", "DATABASE_URL", "CTRLRUN_STORE_URL
 
 
 class Command(CtrlrunCommand):
+    needs_store = False  # no store is opened
     help = (
         "Run the guided scenarios (a lost reply, a dropped connection, a duplicate, denials, a human "
         "approval, racing processes) in a scratch SQLite store, and say how many calls reached each stand-in remote."

@@ -9,6 +9,7 @@ from ...display import dumps, hidden_fields, reveal, warning
 from ...budget_report import SCHEMA as BUDGET_SCHEMA
 from ...budget_report import budget_document, budget_lines
 from ...errors import CTRLRunError
+from ...messages import reason_gloss
 from ..base import CtrlrunCommand, Error
 
 INSPECTION_SCHEMA = "ctrlrun.inspection/v2"
@@ -195,7 +196,9 @@ class Command(CtrlrunCommand):
         out(f"{'resource':<12}{summary['resource'] or '-'}")
         out(f"{'environment':<12}{summary['environment'] or '-'}")
         self.stdout.write(f"{'arguments':<12}{dumps(summary['arguments'], sort_keys=True)}")  # valid JSON still
-        out(f"{'decision':<12}{summary['decision'] or '-'}  ({summary['reason'] or '-'})")
+        gloss = reason_gloss(summary["reason"], summary["decision"])  # 'decision' alone says little
+        reason = f"{summary['reason']}: {gloss}" if gloss else summary["reason"] or "-"
+        out(f"{'decision':<12}{summary['decision'] or '-'}  ({reason})")
         for approval in approvals:
             by = f" by {approval.approver}" if approval.approver else ""
             out(f"{'approval':<12}{approval.approval_id}  {approval.status}{by}")

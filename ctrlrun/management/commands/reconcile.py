@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import math
 import time
 from argparse import ArgumentParser
@@ -54,8 +55,10 @@ class Command(CtrlrunCommand):
     help = (
         "Deferred reconciliation: move effects whose worker's lease lapsed to AMBIGUOUS, then ask each "
         "AMBIGUOUS effect's reconcile hook and apply its answer. Effects without a hook are listed for a human. "
-        "With --loop, a database outage is logged and waited out (backoff up to --interval), not fatal."
+        "With --loop, a database outage is logged and waited out (backoff up to --interval), not fatal; each "
+        "pass that did something is logged with its time (logger ctrlrun.reconcile), an idle pass only with -v 2."
     )
+    keeps_verbosity = True
 
     def add_arguments(self, parser: ArgumentParser) -> None:
         parser.add_argument("--action", metavar="NAME",
@@ -70,7 +73,7 @@ class Command(CtrlrunCommand):
                             help="pause between passes with --loop (default 60)")
 
     def run(self, *, action: str | None, limit: int | None, modules: list[str], loop: bool, interval: float,
-            **_: Any) -> None:
+            verbosity: int = 1, **_: Any) -> None:
         if not math.isfinite(interval) or interval <= 0:
             raise Error("--interval must be a positive number of seconds", returncode=2)
         reconcile.discover(modules)
@@ -79,6 +82,8 @@ class Command(CtrlrunCommand):
         if not loop:  # one pass: an outage is the one-line error every command gives
             self._print(reconcile.run_once(action=action, limit=limit), action)
             return
+        self.log = self.loop_logger("ctrlrun.reconcile", verbosity)
+        self.told: set[str] = set()  # the effects already logged as needing a human
         try:
             self._loop(action, limit, interval)
         except KeyboardInterrupt:  # Ctrl-C, in a pass or a wait: an interrupted step rolled back
@@ -99,18 +104,39 @@ class Command(CtrlrunCommand):
                 wait = pause * OUTAGE_BACKOFF_FACTOR
                 self._reconnect()
                 at = (dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=pause)).strftime("%H:%M:%S")
-                self.stderr.write(f"reconcile: the store is unavailable ({_one_line(_database_error(exc))}); retrying in "
-                                  f"{pause:g} s, at {at} UTC (failed pass {failures} in a row)")
-                self.stderr.flush()
+                self.log.warning("the store is unavailable (%s); retrying in %s s, at %s UTC (failed pass "
+                                 "%d in a row)", _one_line(_database_error(exc)), f"{pause:g}", at, failures)
                 time.sleep(pause)
                 continue
             if failures:
-                self.stderr.write(f"reconcile: the store is reachable again after {failures} failed pass(es); "
-                                  f"resuming every {interval:g} s")
-                self.stderr.flush()
+                self.log.warning("the store is reachable again after %d failed pass(es); resuming every "
+                                 "%s s", failures, f"{interval:g}")
                 failures, wait = 0, OUTAGE_FIRST_WAIT_SECONDS
-            self._print(report, action)
+            self._log(report, action)
             time.sleep(interval)
+
+    def _log(self, report: reconcile.Report, action: str | None) -> None:
+        """One loop pass, logged: what it did at INFO (an effect needing a human only the first time it
+        is seen), and its summary at INFO when it did something, else (an idle pass) at DEBUG."""
+        worked = bool(report.swept)
+        for effect in report.swept:
+            self.log.info("%s  swept  lease lapsed under %s; now ambiguous", reveal(effect.effect_key), effect.action_id)
+        for line in report.lines:
+            repeat = line.outcome == "needs_human" and line.effect_key in self.told
+            if line.outcome == "needs_human":
+                self.told.add(line.effect_key)
+            worked = worked or not repeat
+            self.log.log(logging.DEBUG if repeat else logging.INFO, "%s  %s  %s", reveal(line.effect_key), line.outcome,
+                         reveal(line.detail))
+        # Resolved meanwhile (by a person, or a hook): if it turns ambiguous again, it is news again.
+        self.told &= {line.effect_key for line in report.lines if line.outcome == "needs_human"}
+        for effect in report.waiting:
+            self.log.debug("%s  backoff  asked again from %s", reveal(effect.effect_key),
+                           evidence_time(effect.reconcile_after) if effect.reconcile_after else "-")
+        if worked:
+            self.log.info("%s", report.summary())
+        else:
+            self.log.debug("idle pass%s: %s", f" for {reveal(action)}" if action else "", report.summary())
 
     @staticmethod
     def _reconnect() -> None:

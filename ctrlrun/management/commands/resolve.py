@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import sys
 from argparse import ArgumentParser
 from typing import Any
 
@@ -15,7 +16,8 @@ from ..base import CtrlrunCommand, Error, default_person, positive_int
 class Command(CtrlrunCommand):
     help = (
         "Say what happened to an AMBIGUOUS effect after checking the remote: --committed (it happened; "
-        "a retry will be refused) or --failed (it did not; a retry may run), with the --reason you have."
+        "a retry will be refused) or --failed (it did not; a retry may run), with the --reason you have (on a "
+        "terminal it is asked for when not given; elsewhere none is recorded)."
     )
 
     def add_arguments(self, parser: ArgumentParser) -> None:
@@ -24,18 +26,21 @@ class Command(CtrlrunCommand):
         parser.add_argument("--failed", action="store_true", help="the remote did not act")
         parser.add_argument("--by", default=None, metavar="NAME",
                             help="who decided (default: the operating-system user)")
-        parser.add_argument("--reason", required=True, metavar="TEXT",
-                            help="required: what you checked, e.g. what the remote's dashboard shows")
+        parser.add_argument("--reason", default=None, metavar="TEXT",
+                            help="what you checked, e.g. what the remote's dashboard shows; recorded with the "
+                                 "resolution (not given: asked for on a terminal, else none is recorded)")
         parser.add_argument("--attempt", type=positive_int, default=None, metavar="N",
                             help="refuse unless the record is still at this attempt (guards against a stale view)")
 
-    def run(self, *, effect_key: str, committed: bool, failed: bool, by: str | None, reason: str,
+    def run(self, *, effect_key: str, committed: bool, failed: bool, by: str | None, reason: str | None,
             attempt: int | None, **_: Any) -> None:
         if committed == failed:
             raise Error("say which it was: exactly one of --committed or --failed", returncode=2)
-        if is_blank(reason):  # as the console, whose resolve form requires a reason
-            raise Error("a reason is required: say what you checked, e.g. what the remote's dashboard shows "
-                        "(--reason TEXT)", returncode=2)
+        if reason is not None and is_blank(reason):  # given, but saying nothing: a slip, not a choice
+            raise Error("a given --reason must say something: say what you checked, e.g. what the remote's "
+                        "dashboard shows, or leave --reason out", returncode=2)
+        if reason is None:
+            reason = self._ask_reason()
         outcome = "committed" if committed else "failed"
         person = by if by is not None else default_person()
         try:
@@ -47,6 +52,19 @@ class Command(CtrlrunCommand):
             self.stdout.write("a retry of this effect is now permitted")
         else:
             self.stdout.write("a retry of this effect will be refused as a duplicate")
+
+    def _ask_reason(self) -> str | None:
+        """On a terminal, ask what was checked (Enter: none); elsewhere (a script, a pipe) record none."""
+        if not sys.stdin.isatty():
+            return None
+        self.stderr.write("What did you check (e.g. what the remote's dashboard shows)? Enter for no reason: ",
+                          ending="")
+        self.stderr.flush()
+        try:
+            answer = sys.stdin.readline()
+        except KeyboardInterrupt:
+            raise Error("stopped: nothing was resolved") from None
+        return None if is_blank(answer) else answer.strip()
 
     def _next_step(self, effect_key: str, attempt: int | None) -> str:
         """After a refusal, what to run next, named as the user runs commands here (``ctrlrun effects``

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import logging
 import math
 import time
 from argparse import ArgumentParser
@@ -16,8 +17,10 @@ class Command(CtrlrunCommand):
         "pending paused run whose request is granted, denied or expired is claimed by this process (never by "
         "two) and its registered resumer runs, once; the run is then marked resumed or failed. A run whose "
         "resumer is not registered here (--import MODULE) is left pending. Without --once, a pass every "
-        "--interval seconds until Ctrl-C."
+        "--interval seconds until Ctrl-C, each pass that did something logged with its time (logger "
+        "ctrlrun.resume_runs), an idle pass only with -v 2."
     )
+    keeps_verbosity = True
 
     def add_arguments(self, parser: ArgumentParser) -> None:
         parser.add_argument("--once", action="store_true", help="one pass, then exit (1 if a run failed or was "
@@ -35,7 +38,8 @@ class Command(CtrlrunCommand):
         parser.add_argument("--reason", metavar="TEXT", help="with --release: why (recorded)")
 
     def run(self, *, once: bool, limit: int | None, modules: list[str], interval: float | None,
-            release: str | None = None, by: str | None = None, reason: str | None = None, **_: Any) -> None:
+            release: str | None = None, by: str | None = None, reason: str | None = None, verbosity: int = 1,
+            **_: Any) -> None:
         if release is not None:
             if once or limit is not None or modules or interval is not None:
                 raise Error("--release is used alone (with --by and --reason), not with --once, --limit, --import "
@@ -54,9 +58,11 @@ class Command(CtrlrunCommand):
                 raise Error(f"{len(bad)} paused run(s) not resumed: "
                             + "; ".join(f"{o.approval_id} {o.status}" for o in bad))
             return
+        log = self.loop_logger("ctrlrun.resume_runs", verbosity)
+        told: set[str] = set()  # the runs already logged as left pending (their resumer is not here)
         try:
             while True:
-                self._pass(limit)
+                self._log(resumption.resume_ready(limit), log, told)
                 time.sleep(interval)
         except KeyboardInterrupt:
             self.stdout.write("stopped")
@@ -66,11 +72,27 @@ class Command(CtrlrunCommand):
         outcomes = resumption.resume_ready(limit)
         for outcome in outcomes:
             self.stdout.write(reveal(outcome.line()))
-        counts = {status: sum(o.status == status for o in outcomes) for status in ("resumed", "failed", "skipped", "taken")}
-        summary = ", ".join(f"{n} {status}" for status, n in counts.items() if n) or "nothing to resume"
-        self.stdout.write(f"resume_runs: {summary}")
+        self.stdout.write(f"resume_runs: {_summary(outcomes)}")
         self.stdout.flush()
         return outcomes
+
+    @staticmethod
+    def _log(outcomes: list[resumption.Outcome], log: logging.Logger, told: set[str]) -> None:
+        """One loop pass, logged: each outcome at INFO (a failure at WARNING; a run left pending for want of
+        its resumer only the first time), the summary at INFO when the pass did something, else at DEBUG."""
+        worked = False
+        for outcome in outcomes:
+            repeat = outcome.status == "skipped" and outcome.approval_id in told
+            if outcome.status == "skipped":
+                told.add(outcome.approval_id)
+            worked = worked or not repeat
+            level = logging.DEBUG if repeat else logging.WARNING if outcome.status == "failed" else logging.INFO
+            log.log(level, "%s", reveal(outcome.line()))
+        told &= {o.approval_id for o in outcomes if o.status == "skipped"}
+        if worked:
+            log.info("resume_runs: %s", _summary(outcomes))
+        else:
+            log.debug("idle pass: resume_runs: %s", _summary(outcomes))
 
     def _release(self, approval_id: str, by: str | None, reason: str | None) -> None:
         from ... import store
@@ -90,3 +112,8 @@ class Command(CtrlrunCommand):
         self.stdout.write(reveal(f"released: the run paused on {released.approval_id} is pending again (by "
                                  f"{released.released_by}{why}); the next resume_runs pass resumes it", multiline=False))
         self.stdout.flush()
+
+
+def _summary(outcomes: list[resumption.Outcome]) -> str:
+    counts = {status: sum(o.status == status for o in outcomes) for status in ("resumed", "failed", "skipped", "taken")}
+    return ", ".join(f"{n} {status}" for status, n in counts.items() if n) or "nothing to resume"
