@@ -136,5 +136,5 @@ def check_migrations(app_configs: Any = None, databases: Any = None, **kwargs: A
     count = f"{len(missing)} ctrlrun migration{'s' if len(missing) != 1 else ''}"
     return [checks.Warning(
         f"{count} not applied on the database {alias!r} ({_names(missing)}): every protected call and "
-        f"console page will fail (no such table) until they are",
+        f"console page will fail (no such table) until they are applied",
         hint="run `python manage.py migrate`", id="ctrlrun.W003")]
