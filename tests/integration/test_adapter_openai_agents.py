@@ -19,7 +19,7 @@ import ctrlrun  # noqa: E402
 from ctrlrun import store  # noqa: E402
 from ctrlrun.policy import parse_policy  # noqa: E402
 from ctrlrun.adapters.openai_agents import CtrlrunRequest, guarded_tool, request_for  # noqa: E402
-from tests.support import receipts  # noqa: E402
+from tests.support import receipts, tamper  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("store_db")
 
@@ -72,35 +72,6 @@ def resumed(agent, state):
     for item in state.get_interruptions():
         state.approve(item)
     return run(agent, state)
-
-
-def each_dict(node):
-    """Every dict inside a JSON document, depth first."""
-    if isinstance(node, dict):
-        yield node
-        node = list(node.values())
-    if isinstance(node, list):
-        for value in node:
-            yield from each_dict(value)
-
-
-def tamper(state_json: str, call_id: str, arguments: dict) -> str:
-    """The paused run's JSON with one tool call's arguments changed, consistently (the SDK's
-    invocation fingerprint is an unkeyed hash: whoever can edit the state can recompute it)."""
-    from agents._tool_invocation import tool_invocation_identity_and_scope
-
-    state = json.loads(state_json)
-    encoded = json.dumps(arguments, separators=(",", ":"))
-    raw = {"type": "function_call", "call_id": call_id, "name": "refund", "arguments": encoded, "id": call_id}
-    _, _, scope, fingerprint = tool_invocation_identity_and_scope(raw)
-    for node in list(each_dict(state)):
-        if node.get("call_id") == call_id and "arguments" in node:
-            node["arguments"] = encoded
-        record = node.get(call_id)
-        if isinstance(record, dict) and "fingerprint" in record:
-            assert record["approval_scope"] == scope
-            record["fingerprint"] = fingerprint
-    return json.dumps(state)
 
 
 def test_a_call_a_person_denied_or_never_answered_never_reaches_the_tool():

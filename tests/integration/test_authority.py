@@ -59,20 +59,6 @@ def control():
     return Control(policy=parse_policy(POLICY))
 
 
-@pytest.fixture(params=["sync", "async"])
-def drive(request):
-    def call(control: Control, name: str, arguments: dict, agent: str, executor=lambda: "done", **options):
-        if request.param == "sync":
-            return control.call(name, arguments, executor, principal=agent, **options)
-
-        async def awaited():
-            return executor()
-
-        return asyncio.run(control.acall(name, arguments, awaited, principal=agent, **options))
-
-    return call
-
-
 def types_of(action_id: str) -> list[str]:
     return list(Event.objects.filter(action_id=action_id).order_by("id").values_list("type", flat=True))
 

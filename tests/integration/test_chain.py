@@ -17,7 +17,7 @@ from django.db import connection
 
 import ctrlrun
 from ctrlrun.models import EffectRecord, Receipt
-from tests.conftest import REFUND_POLICY
+from tests.support import REFUND_POLICY
 from tests.support import evidence_unguarded, script_environment
 
 pytestmark = pytest.mark.usefixtures("store_db")

@@ -20,7 +20,7 @@ from django.core.management import CommandError
 import ctrlrun
 from ctrlrun.canonical import evidence_time
 from ctrlrun.models import Approval, EffectRecord, Event
-from tests.support import REPO, Hook, hold_key, make_ambiguous, protected_refund, run_command
+from tests.support import REPO, Hook, hold_key, make_ambiguous, policy_text, protected_refund, run_command
 
 pytestmark = pytest.mark.usefixtures("hook_registry", "store_db")
 
@@ -203,13 +203,7 @@ def test_reconcile_known_action_with_nothing_to_do_says_so(clock):
 # --------------------------------------------------------------------------- the console script's wording
 
 
-POLICY = """\
-schema: ctrlrun.policy/v2
-actions:
-  email.send:
-    effect: "email:{msg_id}"
-    decision: allow
-"""
+POLICY = policy_text("email")  # email.send, keyed by message, allowed
 
 
 def clean_env() -> dict[str, str]:

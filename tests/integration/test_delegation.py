@@ -17,43 +17,11 @@ from ctrlrun.canonical import Principal
 from ctrlrun.control import Control
 from ctrlrun.models import Delegation, EffectRecord, Event
 from ctrlrun.policy import parse_policy
-from tests.integration.test_authority import drive  # noqa: F401 - the fixture: both drivers
-from tests.support import receipts, script_environment
+from tests.support import CHILD, DELEGABLE_CHILD, GRANDCHILD, policy_text, receipts, script_environment
 
 pytestmark = pytest.mark.usefixtures("store_db")
 
-POLICY = """\
-schema: ctrlrun.policy/v7
-authority:
-  max_delegation_depth: 2
-  grants:
-    - id: support
-      subject: {agent: orchestrator}
-      actions: ["stripe.*"]
-      resources: ["payment:*"]
-      constraints: {amount_lte: 50000}
-      expires_at: "2099-01-01T00:00:00Z"
-      delegable: true
-    - id: mailer
-      subject: {agent: mailer}
-      actions: [email.send]
-actions:
-  stripe.refund:
-    effect: "refund:{payment_id}"
-    resource: "payment:{payment_id}"
-    decision: allow
-  email.send:
-    decision: allow
-"""
-CHILD = """\
-subject: {agent: worker}
-actions: [stripe.refund]
-resources: ["payment:*"]
-constraints: {amount_lte: 1000}
-expires_at: "2098-12-31T00:00:00Z"
-"""
-DELEGABLE_CHILD = CHILD + "delegable: true\n"
-GRANDCHILD = CHILD.replace("worker", "helper")
+POLICY = policy_text("delegation")
 ORCHESTRATOR = Principal(agent="orchestrator")
 
 

@@ -14,10 +14,11 @@ from django.core.management import CommandError, call_command
 import ctrlrun
 from ctrlrun.control import default_control
 from ctrlrun.models import Delegation, Event
-from tests.integration.test_delegation import CHILD, DELEGABLE_CHILD, GRANDCHILD, POLICY
-from tests.support import REPO, run_command
+from tests.support import CHILD, DELEGABLE_CHILD, GRANDCHILD, REPO, policy_text, run_command
 
 pytestmark = pytest.mark.usefixtures("store_db")
+
+POLICY = policy_text("delegation")
 
 
 @pytest.fixture
