@@ -183,6 +183,35 @@ def test_sync_and_async_tools_run_and_the_model_sees_a_denial(asynchronous):
     assert "did not run" in shown[1]["output"]
 
 
+def test_openai_a_store_failure_after_the_tool_ran_is_not_called_a_refusal(monkeypatch):
+    """StoreUnavailable after the tool ran is raised, never handed to the model as 'the tool did not run'."""
+    from agents import Agent, RunConfig, Runner
+    from agents.testing import ScriptedModel, assistant_message, function_call
+
+    from ctrlrun.adapters.openai_agents import guarded_tool
+
+    ran = []
+
+    def refund(payment_id: str, amount: int) -> str:
+        """Refund."""
+        ran.append(payment_id)
+        return "refunded"
+
+    control = ctrlrun.Control()
+    tool = guarded_tool(control, "stripe.refund", refund, principal="a")
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("database went away")
+
+    monkeypatch.setattr(store, "record_outcome", broken)
+    model = ScriptedModel([[function_call(tool.name, {"payment_id": "t1", "amount": 10}, call_id="c1")],
+                           [assistant_message("done")]])
+    with pytest.raises(Exception, match="ran, but its outcome could not be recorded"):
+        asyncio.run(Runner.run(Agent(name="x", model=model, tools=[tool]), "go",
+                               run_config=RunConfig(tracing_disabled=True)))
+    assert ran == ["t1"]  # it ran: the run fails loudly rather than telling the model it did not
+
+
 def test_an_allowed_call_leaves_a_committed_receipt():
     """The allowed call went through Control.acall: its committed receipt names the action and effect key."""
     control, ran = ctrlrun.Control(), []

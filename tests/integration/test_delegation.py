@@ -255,3 +255,12 @@ def test_a_delegation_cannot_claim_to_be_a_hop_or_a_break_glass(control, via):
     with pytest.raises(ctrlrun.InvalidArgument, match="via"):
         control.delegate("support", CHILD, by=ORCHESTRATOR, via=via)
     assert not Delegation.objects.exists()
+
+
+def test_a_delegation_with_a_long_budget_window_does_not_make_every_row_unreadable(control):
+    """A window of 12000 days is a valid window (under a hundred years); stored as seconds it must read back."""
+    made = control.delegate("support", CHILD + "budgets: [{metric: count, limit: 5, window: P12000D}]\n",
+                            by=ORCHESTRATOR)
+    assert control.call("email.send", {"msg_id": "m1"}, lambda: "sent", principal="mailer") == "sent"
+    assert control.call("stripe.refund", {"payment_id": "p1", "amount": 1}, lambda: "ok", principal="worker") == "ok"
+    assert store.get_delegation(made.id).problem is None
