@@ -734,3 +734,12 @@ def shown_json(console) -> dict:
     from selenium.webdriver.common.by import By
 
     return json.loads(console.driver.find_element(By.CSS_SELECTOR, "pre.ctrlrun-json").text)
+
+
+def clean_env() -> dict[str, str]:
+    """This process's environment without ctrlrun's or Django's settings: a console script started with
+    it finds its configuration as a user's would (its folder, its own environment)."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("CTRLRUN_") and k not in ("DJANGO_SETTINGS_MODULE", "DATABASE_URL", "SECRET_KEY")}
+    env["PYTHONPATH"] = str(REPO)
+    return env

@@ -20,7 +20,7 @@ from ctrlrun import store
 from ctrlrun.control import Control
 from ctrlrun.models import Approval, EffectRecord, Event
 from ctrlrun.policy import parse_policy
-from tests.support import Hook, hold_key, receipts
+from tests.support import Hook, events, hold_key, receipts
 
 pytestmark = pytest.mark.usefixtures("store_db")
 
@@ -100,10 +100,6 @@ def last_receipt() -> dict:
     return receipts()[-1]
 
 
-def types_of(action_id: str) -> list[str]:
-    return list(Event.objects.filter(action_id=action_id).order_by("id").values_list("type", flat=True))
-
-
 def fail(control: Control, drive, remote: Remote, *, times: int) -> None:
     """``times`` calls for refund:txn_1 that fail without acting (NotExecuted); the remote keeps failing."""
     remote.fail = ctrlrun.NotExecuted("down")
@@ -145,7 +141,7 @@ def test_observe_runs_every_call_and_records_what_would_have_happened(observe, d
     assert not Approval.objects.exists()
     # The duplicate's refusal is recorded before it ran; the committed row was not touched.
     duplicate = receipts()[1]["action_id"]
-    assert types_of(duplicate) == ["ACTION_PROPOSED", "POLICY_EVALUATED", "EFFECT_RESERVATION_REFUSED",
+    assert events(duplicate) == ["ACTION_PROPOSED", "POLICY_EVALUATED", "EFFECT_RESERVATION_REFUSED",
                                    "EXECUTION_STARTED", "EXECUTION_COMMITTED"]
     refusal = Event.objects.get(action_id=duplicate, type="EFFECT_RESERVATION_REFUSED")
     assert refusal.data == {"reason": "duplicate", "state": "committed"}
@@ -296,7 +292,7 @@ def test_observe_runs_a_call_whose_effect_key_cannot_be_made_and_says_it_would_h
     (receipt,) = receipts()
     assert would_have(receipt) == ("observed", "committed", "deny", "effect_key_error", "effect_key_error")
     assert receipt["effect_key"] is None
-    types = types_of(receipt["action_id"])
+    types = events(receipt["action_id"])
     assert "ACTION_DENIED" not in types and types[0] == "ACTION_PROPOSED" and types[-1] == "EXECUTION_COMMITTED"
     assert "POLICY_EVALUATED" not in types  # as enforced: the policy did not decide it
     assert not EffectRecord.objects.exists()
@@ -351,7 +347,7 @@ def test_ceiling_refuses_past_max_attempts_and_leaves_the_row(enforce, drive):
     assert (row.state, row.attempt) == ("failed", 2)
     event = Event.objects.get(type="EFFECT_RESERVATION_REFUSED")
     assert event.data == {"reason": "attempt_ceiling", "attempt": 3, "max_attempts": 2}
-    assert types_of(last["action_id"]) == ["ACTION_PROPOSED", "POLICY_EVALUATED", "EFFECT_RESERVATION_REFUSED"]
+    assert events(last["action_id"]) == ["ACTION_PROPOSED", "POLICY_EVALUATED", "EFFECT_RESERVATION_REFUSED"]
     # Still refused the next time; other keys are unaffected.
     with pytest.raises(ctrlrun.ActionDenied):
         drive(enforce, "stripe.refund", refund("txn_1"), remote.act("fourth"))
@@ -463,7 +459,7 @@ def test_a_blocking_hook_that_moves_the_last_attempt_to_failed_meets_the_ceiling
     assert refused.value.reason == "attempt_ceiling"
     assert hook.asked == ["refund:txn_1"]
     last = last_receipt()
-    assert types_of(last["action_id"])[-1] == "EFFECT_RESERVATION_REFUSED"
+    assert events(last["action_id"])[-1] == "EFFECT_RESERVATION_REFUSED"
     assert last["attempt"] == 3 and last["result"] == "blocked"
     row = EffectRecord.objects.get(pk="refund:txn_1")
     assert (row.state, row.attempt) == ("failed", 2)
