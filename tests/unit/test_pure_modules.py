@@ -97,9 +97,11 @@ PURE = sorted(name for name in MODULES if is_pure(name))
 
 
 def documented_pure() -> set[str]:
-    """The ``*.py`` names on the lines of docs/development.md's layout that say ``pure``."""
+    """The ``*.py`` names on the lines of docs/development.md's layout (its first block) that say ``pure``."""
+    text = (REPO / "docs" / "development.md").read_text()
+    layout = text.split("## The layout", 1)[1].split("```text", 1)[1].split("```", 1)[0]
     found = set()
-    for line in (REPO / "docs" / "development.md").read_text().splitlines():
+    for line in layout.splitlines():
         names = re.findall(r"\b(\w+)\.py\b", line)
         if names and re.search(r"\bpure\b", line):
             found.update(f"ctrlrun.{name}" for name in names)
