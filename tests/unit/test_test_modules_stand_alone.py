@@ -53,10 +53,10 @@ def test_the_import_reader_sees_every_kind_of_import():
               "def later():\n    from .test_policy import parse_policy\n"
               "from ..e2e.conftest import chromium\n"
               "from tests.support import receipts\n"
-              "import json, ctrlrun.policy\n")
+              "import json, ctrlrun.errors\n")
     found = {file.relative_to(REPO).as_posix() for file in imported_files(source, "tests.unit")}
     assert found == {"tests/unit/test_canonical.py", "tests/unit/test_states.py", "tests/unit/test_policy.py",
-                     "tests/e2e/conftest.py", "tests/support.py", "tests/unit/__init__.py", "ctrlrun/policy.py"}
+                     "tests/e2e/conftest.py", "tests/support.py", "tests/unit/__init__.py", "ctrlrun/errors.py"}
 
 
 def test_no_test_module_imports_another():
