@@ -1,6 +1,7 @@
 """Fixtures shared by the tests: a policy per test, a principal, a test clock, the stand-in remote
 and the refund protected in front of it, a clean reconcile-hook registry, the console's groups,
-and a way to run a plain Python script as a separate OS process against the test store.
+and a way to run a plain Python script as a separate OS process against the test store, and the
+files a paused framework run's processes share.
 
 The plain helpers these are built on live in ``tests/support.py``."""
 from __future__ import annotations
@@ -15,28 +16,8 @@ import pytest
 
 pytest.register_assert_rewrite("tests.support")
 
-from tests.support import GROUPS, Remote, evidence_guard, protected_refund, script_environment  # noqa: E402
-
-REFUND_POLICY = """\
-schema: ctrlrun.policy/v2
-
-actions:
-  stripe.refund:
-    effect: "refund:{payment_id}"
-    rules:
-      - when: { amount_gte: 0, amount_lte: 50000 }
-        decision: allow
-      - when: { amount_gte: 0, amount_lte: 1000000 }
-        decision: approve
-      - decision: deny
-  email.send:
-    effect: "email:{msg_id}"
-    decision: allow
-  audit.note:
-    decision: allow
-  iam.grant_admin:
-    decision: deny
-"""
+from tests.support import (REFUND_POLICY, Remote, evidence_guard, protected_refund,  # noqa: E402
+                           script_environment)
 
 
 @pytest.fixture(autouse=True)
@@ -149,3 +130,14 @@ def console_groups(transactional_db):
     from ctrlrun.apps import create_console_groups
 
     create_console_groups(using=connection.alias)
+
+
+@pytest.fixture
+def files(tmp_path, monkeypatch):
+    """The files every process of a paused framework run shares (``tests/resumable_agents.py`` reads them
+    from the environment): the refund's ledger, what the model was told, the LangGraph checkpoints."""
+    paths = {"RESUME_LEDGER": tmp_path / "ledger.txt", "RESUME_SEEN": tmp_path / "seen.jsonl",
+             "RESUME_CHECKPOINTS": tmp_path / "checkpoints.db"}
+    for name, path in paths.items():
+        monkeypatch.setenv(name, str(path))
+    return paths

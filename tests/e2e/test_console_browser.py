@@ -3,8 +3,6 @@ through the login form and clicks through the pages, while the test plays the ag
 through ``ctrlrun.protect``. Every console page visited is photographed for the reviewer."""
 from __future__ import annotations
 
-import json
-
 import pytest
 from django.contrib.admin.utils import quote
 from django.db import connection
@@ -13,26 +11,11 @@ from selenium.webdriver.common.by import By
 import ctrlrun
 from ctrlrun.canonical import idempotency_token_for
 from ctrlrun.models import Approval, EffectRecord, Event, Receipt
-from tests.support import evidence_unguarded, make_ambiguous, make_user
+from tests.support import (APPROVED_AMOUNT, evidence_unguarded, make_ambiguous, make_user, row_link, shown_json,
+                           tile)
 
 # No reconcile hook from another test: a person decides here.
 pytestmark = pytest.mark.usefixtures("hook_registry", "store_db", "console_groups")
-
-APPROVED_AMOUNT = 60000  # in the approve band of REFUND_POLICY
-
-
-def tile(console, kind: str):
-    """One of the overview's tiles on the index page, by what it links to."""
-    return console.driver.find_element(By.CSS_SELECTOR, f'#ctrlrun-overview a.tile[href*="{kind}"]')
-
-
-def row_link(console, pk: str):
-    """The link of a change list row, found by the object's (quoted) primary key."""
-    return console.driver.find_element(By.CSS_SELECTOR, f'#result_list a[href*="/{quote(pk)}/change/"]')
-
-
-def shown_json(console) -> dict:
-    return json.loads(console.driver.find_element(By.CSS_SELECTOR, "pre.ctrlrun-json").text)
 
 
 def test_approver_approves_and_the_agents_retry_runs_once(console, refund, remote):

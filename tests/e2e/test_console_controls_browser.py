@@ -11,8 +11,7 @@ from selenium.webdriver.common.by import By
 
 import ctrlrun
 from ctrlrun.models import Receipt
-from tests.integration.test_console_controls import BANNER, CONTROLS_POLICY, LONG_TITLE, OBSERVE_POLICY, note, send_email
-from tests.support import make_user
+from tests.support import BANNER, CONTROLS_POLICY, LONG_TITLE, OBSERVE_POLICY, make_user, note, send_email
 
 pytestmark = pytest.mark.usefixtures("hook_registry", "store_db", "console_groups")
 

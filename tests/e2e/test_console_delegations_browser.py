@@ -10,10 +10,11 @@ from selenium.webdriver.common.by import By
 import ctrlrun
 from ctrlrun.control import default_control
 from ctrlrun.models import Delegation, Event
-from tests.integration.test_delegation import CHILD, DELEGABLE_CHILD, GRANDCHILD, POLICY
-from tests.support import make_user
+from tests.support import CHILD, DELEGABLE_CHILD, GRANDCHILD, make_user, policy_text
 
 pytestmark = pytest.mark.usefixtures("store_db", "console_groups")
+
+POLICY = policy_text("delegation")
 
 
 def test_an_operator_revokes_a_delegation_from_the_tree(console, use_policy):

@@ -8,10 +8,12 @@ from selenium.webdriver.common.by import By
 
 import ctrlrun
 from ctrlrun.models import EffectRecord, Receipt
-from tests.integration.test_console_grants import POLICY, refund
-from tests.support import make_user
+from tests.support import grant_refund as refund
+from tests.support import make_user, policy_text
 
 pytestmark = pytest.mark.usefixtures("store_db", "console_groups")
+
+POLICY = policy_text("grants")
 
 
 def test_an_auditor_sees_what_each_budget_spent_and_follows_the_calls(console, use_policy):

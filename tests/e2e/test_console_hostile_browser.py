@@ -12,7 +12,6 @@ from selenium.webdriver.common.by import By
 
 import ctrlrun
 from ctrlrun.models import Approval
-from tests.e2e.conftest import Console
 from tests.support import make_user
 
 pytestmark = pytest.mark.usefixtures("hook_registry", "store_db", "console_groups")
@@ -23,23 +22,19 @@ HOSTILE_ID = "txn_1\u202e0001"  # renders as "txn_11000" when the override is ho
 HIGHLIGHT = "rgba(186, 33, 33, 1)"  # .ctrlrun-hidden's background (#ba2121)
 
 
-class NarrowConsole(Console):
-    """The shared Console, photographing at 1280 px wide instead of 1400."""
-
-    width, height = WIDTH, HEIGHT
-
-
 @pytest.fixture
-def narrow(chromium, live_server, request) -> NarrowConsole:
-    chromium.set_window_size(WIDTH, HEIGHT)
-    return NarrowConsole(chromium, live_server.url, request.node.name)
+def narrow(console):
+    """The shared console, its window and its screenshots WIDTH x HEIGHT."""
+    console.width, console.height = WIDTH, HEIGHT
+    console.driver.set_window_size(WIDTH, HEIGHT)
+    return console
 
 
-def viewport_width(console: Console) -> int:
+def viewport_width(console) -> int:
     return console.driver.execute_script("return window.innerWidth")
 
 
-def assert_shown_escaped(console: Console) -> None:
+def assert_shown_escaped(console) -> None:
     """The page's rendered text holds the escape and the warning, never U+202E itself; the escape is highlighted."""
     body = console.text()
     assert "\u202e" not in body

@@ -8,8 +8,7 @@ from selenium.webdriver.common.by import By
 
 from ctrlrun import resumption, store
 from ctrlrun.models import PausedRun
-from tests.integration.test_resumption import files, pause  # noqa: F401
-from tests.support import make_user, rewrite_paused
+from tests.support import make_user, pause, rewrite_paused
 
 pytestmark = pytest.mark.usefixtures("store_db", "console_groups", "files")
 

@@ -9,8 +9,8 @@ from selenium.webdriver.common.by import By
 
 import ctrlrun
 from ctrlrun.models import Approval, EffectRecord, Event, Receipt
-from tests.e2e.test_console_browser import APPROVED_AMOUNT, row_link, shown_json, tile
-from tests.support import Hook, hold_key, make_ambiguous, make_user, protected_refund
+from tests.support import (APPROVED_AMOUNT, Hook, hold_key, make_ambiguous, make_user, protected_refund, row_link,
+                           shown_json, tile)
 
 pytestmark = pytest.mark.usefixtures("hook_registry", "store_db", "console_groups")
 

@@ -19,7 +19,7 @@ import urllib.request
 import pytest
 from selenium.webdriver.common.by import By
 
-from tests.e2e.conftest import Console
+from tests.support import Console
 from tests.support import PASSWORD, StartprojectSite
 
 pytestmark = pytest.mark.slow

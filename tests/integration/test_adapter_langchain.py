@@ -26,9 +26,12 @@ from langgraph.types import Command, interrupt  # noqa: E402
 import ctrlrun  # noqa: E402
 from ctrlrun import store  # noqa: E402
 from ctrlrun.adapters.langchain import PAYLOAD_KIND, CtrlrunMiddleware, guard_tool, resume  # noqa: E402
-from tests.support import receipts  # noqa: E402
+from tests.support import policy_text, receipts  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("store_db")
+
+#: A policy written as a deny-list: "big refunds need a person, everything else is fine".
+DENYLIST_POLICY = policy_text("denylist")
 
 ACTIONS = {"refund": "stripe.refund", "send_email": "email.send"}
 
@@ -296,3 +299,85 @@ def test_without_langchain_the_import_names_the_extra():
             "try:\n    import ctrlrun.adapters.langchain\nexcept ImportError as e:\n    print(e)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert "pip install 'langchain>=1.5' (django-ctrlrun's langchain extra)" in out.stdout
+
+
+def _lc_agent(tool_fn, turns, policy_control):
+    from langchain.agents import create_agent
+    from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+    from langchain_core.messages import AIMessage
+    from langgraph.checkpoint.memory import InMemorySaver
+
+    from ctrlrun.adapters.langchain import CtrlrunMiddleware
+
+    class Scripted(GenericFakeChatModel):
+        def bind_tools(self, tools, **kwargs):
+            return self
+
+    msgs = [AIMessage(content="", tool_calls=[{"name": n, "args": a, "id": f"call_{uuid.uuid4().hex[:6]}",
+                                               "type": "tool_call"}]) for n, a in turns]
+    model = Scripted(messages=iter([*msgs, AIMessage(content="done")]))
+    return create_agent(model, tools=[tool_fn], checkpointer=InMemorySaver(),
+                        middleware=[CtrlrunMiddleware(policy_control, principal="a")])
+
+
+def test_langchain_decides_on_the_arguments_the_tool_runs(use_policy):
+    """The policy sees the arguments as the tool coerces them: a model's amount "900000" is 900000,
+    so it needs a person, and nothing runs without one."""
+    from langchain_core.tools import tool
+
+    use_policy(DENYLIST_POLICY)
+    ran = []
+
+    @tool
+    def refund(payment_id: str, amount: int) -> str:
+        """Refund."""
+        ran.append(amount)
+        return "refunded"
+
+    graph = _lc_agent(refund, [("refund", {"payment_id": "t1", "amount": "900000"})], ctrlrun.Control())
+    graph.invoke({"messages": [("user", "refund")]}, {"configurable": {"thread_id": "t"}})
+    assert ran == [], "a 900000 refund ran in the approve band without any person"
+
+
+def test_langchain_invalid_arguments_are_refused_before_anything_is_recorded(use_policy):
+    """Arguments the tool's schema refuses are refused before ctrlrun records anything, so the model's
+    corrected call runs (once)."""
+    from langchain_core.tools import tool
+
+    use_policy(DENYLIST_POLICY)
+    ran = []
+
+    @tool
+    def refund(payment_id: str, amount: int, reason: str) -> str:
+        """Refund."""
+        ran.append(amount)
+        return "refunded"
+
+    graph = _lc_agent(refund, [("refund", {"payment_id": "t2", "amount": 10}),  # 'reason' missing
+                               ("refund", {"payment_id": "t2", "amount": 10, "reason": "dup"})], ctrlrun.Control())
+    out = graph.invoke({"messages": [("user", "refund")]}, {"configurable": {"thread_id": "t2"}})
+    assert ran == [10], [m.content for m in out["messages"] if m.type == "tool"]
+
+
+def test_langchain_a_tool_that_interrupts_itself_runs_again_on_resume(use_policy):
+    """A tool calling LangGraph's interrupt() itself pauses the run (recorded not executed); on resume
+    it runs again from its start, and its effect is committed once."""
+    from langchain_core.tools import tool
+    from langgraph.types import Command, interrupt
+
+    use_policy(DENYLIST_POLICY)
+    ran = []
+
+    @tool
+    def refund(payment_id: str, amount: int) -> str:
+        """Refund."""
+        answer = interrupt("confirm the bank account?")
+        ran.append((amount, answer))
+        return "refunded"
+
+    graph = _lc_agent(refund, [("refund", {"payment_id": "t4", "amount": 10})], ctrlrun.Control())
+    config = {"configurable": {"thread_id": "t4"}}
+    first = graph.invoke({"messages": [("user", "refund")]}, config)
+    assert "__interrupt__" in first
+    out = graph.invoke(Command(resume="yes"), config)
+    assert ran == [(10, "yes")], [m.content for m in out["messages"] if m.type == "tool"]

@@ -19,8 +19,7 @@ import ctrlrun  # noqa: E402
 from ctrlrun import store  # noqa: E402
 from ctrlrun.policy import parse_policy  # noqa: E402
 from ctrlrun.adapters.openai_agents import CtrlrunRequest, guarded_tool, request_for  # noqa: E402
-from tests.conftest import REFUND_POLICY  # noqa: E402
-from tests.support import receipts  # noqa: E402
+from tests.support import policy_text, receipts, tamper  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("store_db")
 
@@ -73,35 +72,6 @@ def resumed(agent, state):
     for item in state.get_interruptions():
         state.approve(item)
     return run(agent, state)
-
-
-def each_dict(node):
-    """Every dict inside a JSON document, depth first."""
-    if isinstance(node, dict):
-        yield node
-        node = list(node.values())
-    if isinstance(node, list):
-        for value in node:
-            yield from each_dict(value)
-
-
-def tamper(state_json: str, call_id: str, arguments: dict) -> str:
-    """The paused run's JSON with one tool call's arguments changed, consistently (the SDK's
-    invocation fingerprint is an unkeyed hash: whoever can edit the state can recompute it)."""
-    from agents._tool_invocation import tool_invocation_identity_and_scope
-
-    state = json.loads(state_json)
-    encoded = json.dumps(arguments, separators=(",", ":"))
-    raw = {"type": "function_call", "call_id": call_id, "name": "refund", "arguments": encoded, "id": call_id}
-    _, _, scope, fingerprint = tool_invocation_identity_and_scope(raw)
-    for node in list(each_dict(state)):
-        if node.get("call_id") == call_id and "arguments" in node:
-            node["arguments"] = encoded
-        record = node.get(call_id)
-        if isinstance(record, dict) and "fingerprint" in record:
-            assert record["approval_scope"] == scope
-            record["fingerprint"] = fingerprint
-    return json.dumps(state)
 
 
 def test_a_call_a_person_denied_or_never_answered_never_reaches_the_tool():
@@ -213,6 +183,35 @@ def test_sync_and_async_tools_run_and_the_model_sees_a_denial(asynchronous):
     assert "did not run" in shown[1]["output"]
 
 
+def test_openai_a_store_failure_after_the_tool_ran_is_not_called_a_refusal(monkeypatch):
+    """StoreUnavailable after the tool ran is raised, never handed to the model as 'the tool did not run'."""
+    from agents import Agent, RunConfig, Runner
+    from agents.testing import ScriptedModel, assistant_message, function_call
+
+    from ctrlrun.adapters.openai_agents import guarded_tool
+
+    ran = []
+
+    def refund(payment_id: str, amount: int) -> str:
+        """Refund."""
+        ran.append(payment_id)
+        return "refunded"
+
+    control = ctrlrun.Control()
+    tool = guarded_tool(control, "stripe.refund", refund, principal="a")
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("database went away")
+
+    monkeypatch.setattr(store, "record_outcome", broken)
+    model = ScriptedModel([[function_call(tool.name, {"payment_id": "t1", "amount": 10}, call_id="c1")],
+                           [assistant_message("done")]])
+    with pytest.raises(Exception, match="ran, but its outcome could not be recorded"):
+        asyncio.run(Runner.run(Agent(name="x", model=model, tools=[tool]), "go",
+                               run_config=RunConfig(tracing_disabled=True)))
+    assert ran == ["t1"]  # it ran: the run fails loudly rather than telling the model it did not
+
+
 def test_an_allowed_call_leaves_a_committed_receipt():
     """The allowed call went through Control.acall: its committed receipt names the action and effect key."""
     control, ran = ctrlrun.Control(), []
@@ -226,7 +225,7 @@ def test_an_allowed_call_leaves_a_committed_receipt():
     assert committed[0]["principal"]["agent"] == "refund-agent"
 
 
-OBSERVING = REFUND_POLICY.replace("schema: ctrlrun.policy/v2", "schema: ctrlrun.policy/v3\nmode: observe")
+OBSERVING = policy_text("refund").replace("schema: ctrlrun.policy/v2", "schema: ctrlrun.policy/v3\nmode: observe")
 
 
 def test_observe_mode_never_pauses_the_run_and_records_one_observed_call():

@@ -21,9 +21,12 @@ import ctrlrun
 from ctrlrun import store
 from ctrlrun.adapters.pydantic_ai import ACTION_HASH, REQUEST_ID, CtrlrunToolset
 from ctrlrun.models import EffectRecord
-from tests.support import events, receipts
+from tests.support import events, policy_text, receipts
 
 pytestmark = pytest.mark.usefixtures("store_db")
+
+#: A policy written as a deny-list: "big refunds need a person, everything else is fine".
+DENYLIST_POLICY = policy_text("denylist")
 
 BIG = {"payment_id": "txn_big", "amount": 200_000}  # the approve band
 SMALL = {"payment_id": "txn_small", "amount": 100}  # the allow band
@@ -279,3 +282,34 @@ def test_without_the_adapter_the_bypasses_happen():
     agent.run_sync("go")
     assert [name for name, _ in tools.ran] == ["admin", "refund", "refund"]
     assert json.dumps(receipts()) == "[]"
+
+
+def test_pydantic_model_retry_leaves_the_key_free(use_policy):
+    """A tool raising ModelRetry (Pydantic AI's 'try again') is recorded not executed: the model's
+    corrected call runs, instead of meeting an ambiguous record."""
+    from pydantic_ai import Agent, FunctionToolset, ModelRetry
+    from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart
+    from pydantic_ai.models.function import FunctionModel
+
+    from ctrlrun.adapters.pydantic_ai import CtrlrunToolset
+
+    use_policy(DENYLIST_POLICY)
+    ran = []
+
+    def refund(payment_id: str, amount: int) -> str:
+        if amount <= 0:
+            raise ModelRetry("amount must be positive")
+        ran.append(amount)
+        return "refunded"
+
+    calls = [{"payment_id": "t3", "amount": 0}, {"payment_id": "t3", "amount": 5}]
+
+    def respond(messages, info):
+        made = sum(isinstance(p, ToolCallPart) for m in messages if isinstance(m, ModelResponse) for p in m.parts)
+        if made < len(calls):
+            return ModelResponse(parts=[ToolCallPart("refund", calls[made], tool_call_id=f"c{made}")])
+        return ModelResponse(parts=[TextPart("done")])
+
+    toolset = CtrlrunToolset(FunctionToolset([refund]), ctrlrun.Control(), principal="a")
+    result = Agent(FunctionModel(respond), toolsets=[toolset]).run_sync("go")
+    assert ran == [5], [str(p) for m in result.all_messages() for p in m.parts]

@@ -19,17 +19,17 @@ from django.contrib.auth.models import Group
 from django.core.management import CommandError
 from django.db import connection
 from django.test import Client
-from django.urls import reverse
 
 import ctrlrun
 from ctrlrun import store
 from ctrlrun.canonical import idempotency_token_for
 from ctrlrun.models import Approval, ChainCheck, EffectRecord, Event, PolicyDocument, Receipt
 from tests.support import Hook, Remote, evidence_unguarded, hold_key, make_ambiguous, make_user, protected_refund
+from tests.support import (APPROVED_AMOUNT, approval_url, ask, has_id, login_redirect, pay, receipt_url,
+                           shown_messages, status, text, url)
 
 pytestmark = pytest.mark.usefixtures("hook_registry", "store_db", "console_groups")
 
-APPROVED_AMOUNT = 60000  # in the approve band of REFUND_POLICY (above 50000, at most 1000000)
 ROLES = ["superuser", "approver", "resolver", "auditor", "staff", "outsider", "anonymous"]
 READERS = {"superuser", "approver", "resolver", "auditor"}
 DECIDERS = {"superuser", "approver"}
@@ -40,75 +40,8 @@ LOGGED_OUT = {"outsider", "anonymous"}
 # --------------------------------------------------------------------------- helpers
 
 
-def ask(refund, payment_id: str = "txn_1", amount: int = APPROVED_AMOUNT, user: str | None = None) -> str:
-    """An agent's call in the approve band: returns the id of the pending request it leaves."""
-    with ctrlrun.context(agent="support-agent", user=user):
-        with pytest.raises(ctrlrun.ApprovalRequired) as caught:
-            refund(payment_id=payment_id, amount=amount)
-    return caught.value.request_id
-
-
-def pay(refund, payment_id: str, amount: int = 100) -> None:
-    """An allowed call that commits and writes a receipt."""
-    with ctrlrun.context(agent="support-agent"):
-        refund(payment_id=payment_id, amount=amount)
-
-
-@pytest.fixture
-def as_role(client):
-    """Log the test client in as a user of that role (``anonymous``: nobody); returns the user."""
-
-    def login(role: str, username: str | None = None):
-        if role == "anonymous":
-            return None
-        user = make_user(role, username)
-        client.force_login(user)
-        return user
-
-    return login
-
-
-def url(name: str, *args: str) -> str:
-    return reverse(f"admin:{name}", args=args)
-
-
-def approval_url(approval_id: str, answer: str | None = None) -> str:
-    """The approval's page (or its confirmation page), with the pk quoted as the admin's own links quote it."""
-    if answer:
-        return url("ctrlrun_approval_decide", quote(approval_id), answer)
-    return url("ctrlrun_approval_change", quote(approval_id))
-
-
-def receipt_url(receipt_id: str) -> str:
-    return url("ctrlrun_receipt_change", quote(receipt_id))
-
-
 def effect_url(key: str, action: str = "change") -> str:
     return url(f"ctrlrun_effectrecord_{action}", quote(key))
-
-
-def text(response) -> str:
-    return html.unescape(response.content.decode())
-
-
-def shown_messages(response) -> list[str]:
-    return [str(m) for m in response.context["messages"]]
-
-
-def has_id(response, element_id: str) -> bool:
-    return f'id="{element_id}"' in response.content.decode()
-
-
-def login_redirect(response, path: str) -> bool:
-    """A redirect to the admin's login page that comes back to ``path``."""
-    if response.status_code != 302:
-        return False
-    location = urlsplit(response["Location"])
-    return location.path == reverse("admin:login") and parse_qs(location.query)["next"] == [path]
-
-
-def status(approval_id: str) -> str:
-    return Approval.objects.get(pk=approval_id).status
 
 
 def answer_events(approval_id: str) -> list[Event]:
@@ -899,7 +832,7 @@ def test_index_stats_table_counts_a_bounded_number(refund, as_role, client, monk
 def test_index_stats_table_in_observe_mode(use_policy, remote, as_role, client):
     """When the policy observes, the table is observe mode's (from real observed receipts) and says nothing
     is enforced."""
-    from tests.conftest import REFUND_POLICY
+    from tests.support import REFUND_POLICY
     from tests.support import protected_refund
 
     use_policy(REFUND_POLICY.replace("schema: ctrlrun.policy/v2", "schema: ctrlrun.policy/v3\nmode: observe"))

@@ -22,12 +22,13 @@ import time
 from pathlib import Path
 
 import pytest
-from django.db import DatabaseError, connection, transaction
+from django.db import DatabaseError, connection
 
 import ctrlrun
 from ctrlrun import reconcile, store
 from ctrlrun.models import Approval, ChainHead, EffectRecord, Event, Receipt
 from tests.support import LEDGER_POLICY, evidence_unguarded, receipts, script_environment
+from tests.support import execute_sql as _execute
 
 pytestmark = pytest.mark.usefixtures("store_db")
 
@@ -253,11 +254,6 @@ def _mixed_calls(refund, remote) -> None:
         remote.fail_with = None
         with pytest.raises(ctrlrun.ApprovalRequired):
             refund(payment_id="a4", amount=500000)
-
-
-def _execute(statement: str, params: tuple = ()) -> None:
-    with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute(statement, params)
 
 
 def _unguarded(statement: str, params: tuple = ()) -> None:

@@ -25,7 +25,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from tests.conftest import REFUND_POLICY
+from tests.support import REFUND_POLICY
 from tests.support import REPO, require_faketime, require_postgresql
 
 ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"

@@ -20,7 +20,7 @@ from ctrlrun.models import Approval, EffectRecord, Event, Receipt
 from ctrlrun.protect import runtime
 from ctrlrun.states import Result
 
-from tests.conftest import REFUND_POLICY
+from tests.support import REFUND_POLICY
 from tests.support import (event, events, hold_key, protected_refund, receipts, run_command, run_together,
                            script_environment)
 

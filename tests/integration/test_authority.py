@@ -13,7 +13,7 @@ from ctrlrun import store
 from ctrlrun.control import Control
 from ctrlrun.models import Approval, EffectRecord, Event
 from ctrlrun.policy import parse_policy
-from tests.support import receipts
+from tests.support import events, receipts
 
 pytestmark = pytest.mark.usefixtures("store_db")
 
@@ -59,29 +59,11 @@ def control():
     return Control(policy=parse_policy(POLICY))
 
 
-@pytest.fixture(params=["sync", "async"])
-def drive(request):
-    def call(control: Control, name: str, arguments: dict, agent: str, executor=lambda: "done", **options):
-        if request.param == "sync":
-            return control.call(name, arguments, executor, principal=agent, **options)
-
-        async def awaited():
-            return executor()
-
-        return asyncio.run(control.acall(name, arguments, awaited, principal=agent, **options))
-
-    return call
-
-
-def types_of(action_id: str) -> list[str]:
-    return list(Event.objects.filter(action_id=action_id).order_by("id").values_list("type", flat=True))
-
-
 def test_a_grant_lets_the_call_through_and_is_on_its_evidence(control, drive):
     assert drive(control, "stripe.refund", {"payment_id": "p1", "amount": 40000}, "support-bot") == "done"
     [receipt] = receipts()
     assert (receipt["result"], receipt["authority_grant_id"]) == ("committed", "support")
-    assert types_of(receipt["action_id"])[:3] == ["ACTION_PROPOSED", "AUTHORITY_RESOLVED", "POLICY_EVALUATED"]
+    assert events(receipt["action_id"])[:3] == ["ACTION_PROPOSED", "AUTHORITY_RESOLVED", "POLICY_EVALUATED"]
     resolved = Event.objects.get(type="AUTHORITY_RESOLVED")
     assert resolved.data == {"reason": "authority_grant", "grant_id": "support"}
     assert store.verify().ok
@@ -102,7 +84,7 @@ def test_a_refusal_is_recorded_before_the_policy_is_asked(control, drive, clock,
     [receipt] = receipts()
     assert (receipt["result"], receipt["decision"], receipt["decision_reason"], receipt["error"]) == (
         "denied", "deny", reason, None)
-    assert types_of(receipt["action_id"]) == ["ACTION_PROPOSED", "AUTHORITY_DENIED", "ACTION_DENIED"]
+    assert events(receipt["action_id"]) == ["ACTION_PROPOSED", "AUTHORITY_DENIED", "ACTION_DENIED"]
     denied = Event.objects.get(type="AUTHORITY_DENIED")
     assert denied.data == ({"reason": reason, "grant_id": grant} if grant else {"reason": reason})
     assert not Approval.objects.exists() and not EffectRecord.objects.exists()
@@ -182,7 +164,7 @@ def test_observe_mode_runs_what_authority_refuses_and_says_so(drive):
     assert (first["result"], first["execution"], first["would_have"]) == (
         "observed", "committed", {"decision": "deny", "reason": "no_authority", "blocked_reason": "no_authority"})
     assert second["would_have"]["blocked_reason"] == "budget_unkeyed"
-    assert types_of(first["action_id"])[:2] == ["ACTION_PROPOSED", "AUTHORITY_DENIED"]  # still recorded
+    assert events(first["action_id"])[:2] == ["ACTION_PROPOSED", "AUTHORITY_DENIED"]  # still recorded
     assert not Event.objects.filter(type="ACTION_DENIED").exists()
 
 

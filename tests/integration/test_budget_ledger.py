@@ -14,7 +14,9 @@ from django.db import DatabaseError, transaction
 
 import ctrlrun
 from ctrlrun import conf, store
+from ctrlrun.control import Control
 from ctrlrun.models import Approval, BudgetLedger, EffectRecord
+from ctrlrun.policy import parse_policy
 from ctrlrun.states import Decision, Result, blocked_reason
 
 from tests.support import LEDGER_POLICY, event, receipts, run_command, run_together, script_environment
@@ -303,6 +305,41 @@ def test_charges_are_checked_when_they_are_made():
         store.Charge("support", "amount", True, 10, DAY)
 
 
+BIG_POLICY = """\
+schema: ctrlrun.policy/v7
+authority:
+  grants:
+    - id: metered
+      subject: {agent: metered}
+      actions: [stripe.refund]
+      budgets: [{metric: amount, limit: 9223372036854775807, window: P1D}]
+actions:
+  stripe.refund:
+    effect: "refund:{payment_id}"
+    decision: allow
+"""
+
+
+def test_an_amount_too_big_for_the_ledger_is_refused_before_anything_runs():
+    control = Control(policy=parse_policy(BIG_POLICY))
+    ran = []
+    with pytest.raises(ctrlrun.InvalidArgument) as refused:
+        control.call("stripe.refund", {"payment_id": "p1", "amount": 10**20}, lambda: ran.append(1),
+                     principal="metered")
+    assert refused.value.reason == "budget_unmeasurable"
+    assert ran == [] and not BudgetLedger.objects.exists()
+    assert control.call("stripe.refund", {"payment_id": "p2", "amount": 10**18}, lambda: "ok",
+                        principal="metered") == "ok"
+    assert store.verify().ok
+
+
+def test_a_limit_the_ledger_cannot_sum_is_refused_when_the_policy_loads():
+    from ctrlrun.errors import PolicyError
+
+    with pytest.raises(PolicyError, match="at most 9223372036854775807"):
+        parse_policy(BIG_POLICY.replace("9223372036854775807", "9223372036854775808"))
+
+
 # --------------------------------------------------------------------------- observe mode
 
 
@@ -362,6 +399,73 @@ def test_the_database_refuses_to_delete_ledger_rows(clock):
     row.released_at = clock.now  # releasing a committed charge: refused, whoever asks
     with pytest.raises(DatabaseError, match="effect record of its attempt is failed"), transaction.atomic():
         row.save(update_fields=["released_at"])
+
+
+LEDGER_ROW = ("support", "amount", 40_000, "refund:p1", 1)
+
+
+def _charged_row():
+    import datetime as dt
+
+    from ctrlrun.models import BudgetLedger as Row
+
+    return Row.objects.create(grant_id="support", metric="amount", amount=40_000, effect_key="refund:p1", attempt=1,
+                              consumed_at=dt.datetime(2026, 11, 29, 12, tzinfo=dt.timezone.utc))
+
+
+@pytest.mark.parametrize("change", [
+    'UPDATE "ctrlrun_budgetledger" SET "amount" = 0',
+    'UPDATE "ctrlrun_budgetledger" SET "consumed_at" = \'2000-01-01 00:00:00\'',
+    'UPDATE "ctrlrun_budgetledger" SET "grant_id" = \'elsewhere\'',
+    'UPDATE "ctrlrun_budgetledger" SET "effect_key" = \'refund:other\', "attempt" = 7',
+])
+def test_plain_dml_cannot_erase_spend_by_rewriting_a_ledger_row(change):
+    from django.db import DatabaseError, connection, transaction
+
+    row = _charged_row()
+    with pytest.raises(DatabaseError, match="ledger"):
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(change)
+    row.refresh_from_db()
+    assert (row.grant_id, row.metric, row.amount, row.effect_key, row.attempt) == LEDGER_ROW
+    assert row.consumed_at.year == 2026
+
+
+def test_a_released_charge_stays_released():
+    from django.db import DatabaseError, connection, transaction
+
+    from tests.support import hold_key
+
+    row = _charged_row()
+    hold_key("refund:p1")  # the attempt that made the charge ends failed (NotExecuted)...
+    EffectRecord.objects.filter(pk="refund:p1").update(state="failed", lease_expires_at=None)
+    with connection.cursor() as cursor:  # ...which is when the store releases it: allowed
+        cursor.execute('UPDATE "ctrlrun_budgetledger" SET "released_at" = "consumed_at"')
+    with pytest.raises(DatabaseError, match="ledger"):
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute('UPDATE "ctrlrun_budgetledger" SET "released_at" = NULL')
+    row.refresh_from_db()
+    assert row.released_at is not None
+
+
+def test_a_colliding_insert_cannot_replace_a_ledger_row():
+    """An insert that collides with a row and overwrites it: SQLite's REPLACE (which deletes the row it
+    collides with without firing DELETE triggers), PostgreSQL's ON CONFLICT DO UPDATE. Both are refused."""
+    from django.db import DatabaseError, connection, transaction
+
+    row = _charged_row()
+    columns = ('"id", "grant_id", "metric", "amount", "effect_key", "attempt", "consumed_at", "released_at"')
+    values = "(%s, 'support', 'amount', 0, 'refund:p1', 1, '2026-11-29 12:00:00+00', NULL)"
+    if connection.vendor == "sqlite":
+        statement = f'INSERT OR REPLACE INTO "ctrlrun_budgetledger" ({columns}) VALUES {values}'
+    else:
+        statement = (f'INSERT INTO "ctrlrun_budgetledger" ({columns}) VALUES {values} '
+                     f'ON CONFLICT ("id") DO UPDATE SET "amount" = 0')
+    with pytest.raises(DatabaseError, match="ledger"):
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(statement, [row.id])
+    row.refresh_from_db()
+    assert row.amount == 40_000
 
 
 # --------------------------------------------------------------------------- OS processes racing

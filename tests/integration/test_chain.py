@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from io import StringIO
 
@@ -16,8 +17,9 @@ from django.core.management import CommandError, call_command
 from django.db import connection
 
 import ctrlrun
+from ctrlrun import store
 from ctrlrun.models import EffectRecord, Receipt
-from tests.conftest import REFUND_POLICY
+from tests.support import REFUND_POLICY
 from tests.support import evidence_unguarded, script_environment
 
 pytestmark = pytest.mark.usefixtures("store_db")
@@ -293,6 +295,18 @@ def test_inspect_of_a_corrupt_receipt_is_not_a_traceback(mixed):
     assert document["name"] == "stripe.refund"  # still known from the ACTION_PROPOSED event
 
 
+def test_edited_index_column_is_caught(refund, agent):
+    """Editing only a receipt's result column (what lists show) is named, though the document is intact."""
+    refund(payment_id="txn_1", amount=100)
+    refund(payment_id="txn_2", amount=100)
+    with evidence_unguarded(), connection.cursor() as cursor:
+        cursor.execute('UPDATE "ctrlrun_receipt" SET "result" = %s WHERE "seq" = 1', ["failed"])
+    report = store.verify()
+    assert not report.ok
+    assert [(b.name, b.seq) for b in report.breaks] == [("content_altered", 1)]
+    assert "result column says 'failed'" in report.breaks[0].detail
+
+
 # --------------------------------------------------------------------------- concurrent writers
 
 
@@ -374,3 +388,36 @@ def test_two_processes_writing_at_once_keep_one_linear_chain(mixed, tmp_path):
         assert EffectRecord.objects.get(pk=f"email:shared-{i}").state == "committed"
     shared = [json.loads(r.document)["result"] for r in stored if (r.effect_key or "").startswith("email:shared-")]
     assert sorted(shared) == ["blocked"] * 25 + ["committed"] * 25
+
+
+def test_verification_while_receipts_are_written_reports_no_false_break(refund, agent):
+    """Writers appending receipts during a check never make it report a broken head."""
+    stop = threading.Event()
+    failures: list[BaseException] = []
+
+    def writer(n: int) -> None:
+        try:
+            with ctrlrun.context(agent=f"writer-{n}"):
+                i = 0
+                while not stop.is_set() and i < 60:
+                    refund(payment_id=f"w{n}-{i}", amount=1)
+                    i += 1
+        except BaseException as exc:  # surfaced below
+            failures.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=writer, args=(n,)) for n in range(3)]
+    for thread in threads:
+        thread.start()
+    reports = []
+    try:
+        for _ in range(15):
+            reports.append(store.verify())
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(60)
+    assert failures == []
+    assert [r.breaks for r in reports if not r.ok] == []
+    assert store.verify().ok

@@ -16,7 +16,7 @@ from django.db import DatabaseError, connection, transaction
 import ctrlrun
 from ctrlrun import guard, receipts, store
 from ctrlrun.models import ChainCheck, EffectRecord, Receipt
-from tests.conftest import REFUND_POLICY
+from tests.support import REFUND_POLICY
 from tests.support import evidence_unguarded, script_environment
 
 pytestmark = pytest.mark.usefixtures("store_db")

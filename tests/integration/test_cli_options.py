@@ -20,7 +20,7 @@ import pytest
 
 import ctrlrun
 from ctrlrun.cli import COMMANDS
-from tests.support import REPO
+from tests.support import REPO, clean_env
 
 pytestmark = pytest.mark.slow
 
@@ -53,13 +53,6 @@ DJANGO_OPTIONS = ["--settings", "--pythonpath", "--traceback", "--verbosity", "-
 
 #: 128 + SIGPIPE: what the shell reports for a program whose reader went away (cat, git, yes ...).
 BROKEN_PIPE = 141
-
-
-def clean_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("CTRLRUN_") and k not in ("DJANGO_SETTINGS_MODULE", "DATABASE_URL", "SECRET_KEY")}
-    env["PYTHONPATH"] = str(REPO)
-    return env
 
 
 CTRLRUN = [sys.executable, "-m", "ctrlrun"]

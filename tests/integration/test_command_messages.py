@@ -9,7 +9,6 @@ point.
 from __future__ import annotations
 
 import datetime as dt
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +19,7 @@ from django.core.management import CommandError
 import ctrlrun
 from ctrlrun.canonical import evidence_time
 from ctrlrun.models import Approval, EffectRecord, Event
-from tests.support import REPO, Hook, hold_key, make_ambiguous, protected_refund, run_command
+from tests.support import Hook, clean_env, hold_key, make_ambiguous, policy_text, protected_refund, run_command
 
 pytestmark = pytest.mark.usefixtures("hook_registry", "store_db")
 
@@ -203,20 +202,7 @@ def test_reconcile_known_action_with_nothing_to_do_says_so(clock):
 # --------------------------------------------------------------------------- the console script's wording
 
 
-POLICY = """\
-schema: ctrlrun.policy/v2
-actions:
-  email.send:
-    effect: "email:{msg_id}"
-    decision: allow
-"""
-
-
-def clean_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("CTRLRUN_") and k not in ("DJANGO_SETTINGS_MODULE", "DATABASE_URL", "SECRET_KEY")}
-    env["PYTHONPATH"] = str(REPO)
-    return env
+POLICY = policy_text("email")  # email.send, keyed by message, allowed
 
 
 def cli(folder: Path, *args: str) -> subprocess.CompletedProcess:

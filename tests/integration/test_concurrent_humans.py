@@ -11,9 +11,7 @@ import pytest
 
 from ctrlrun import conf, store
 from ctrlrun.models import Approval, EffectRecord, Event
-from tests.conftest import REFUND_POLICY
-from tests.integration.test_admin import ask
-from tests.support import make_ambiguous, run_together, script_environment
+from tests.support import REFUND_POLICY, ask, make_ambiguous, run_together, script_environment
 
 pytestmark = pytest.mark.usefixtures("hook_registry", "store_db")
 

@@ -26,56 +26,14 @@ import ctrlrun
 from ctrlrun import store
 from ctrlrun.console import controls_html
 from ctrlrun.models import PolicyDocument, Receipt
-from tests.support import REPO, evidence_unguarded, make_user, receipts, run_command, store_environment
+from tests.support import (BANNER, CONTROLS_POLICY, LONG_TITLE, OBSERVE_POLICY, REPO, evidence_unguarded, make_user,
+                           note, receipts, run_command, send_email, store_environment)
 
 pytestmark = pytest.mark.usefixtures("hook_registry", "store_db", "console_groups")
 
+#: Two of the control ids of tests/policies/controls.yaml (CONTROLS_POLICY), as the console must show them.
 QUOTED = "it's \"100%\"_done"
 UNICODE = "ünï-çødé-§3"
-LONG_TITLE = "Render the primary account number unreadable anywhere it is stored " * 6
-
-CONTROLS_POLICY = f"""\
-schema: ctrlrun.policy/v4
-version: "2026-12-a"
-controls:
-  pci: {{title: "Card data, in general", source: "PCI DSS v4.0"}}
-  pci-3.4: {{title: "Render PAN unreadable", source: "PCI DSS v4.0 §3.4"}}
-  soc2-cc6.1: {{title: "<b>Logical</b> access & <script>alert(1)</script>"}}
-  {json.dumps(QUOTED)}: {{title: "Quotes, percent and underscore"}}
-  {json.dumps(UNICODE)}: {{title: "Ünïcødé control", source: "ISO 27001 A.8"}}
-  long-one: {{title: "{LONG_TITLE.strip()}"}}
-actions:
-  stripe.refund:
-    effect: "refund:{{payment_id}}"
-    controls: [pci-3.4]
-    rules:
-      - when: {{ amount_gte: 0, amount_lte: 50000 }}
-        decision: allow
-        controls: [soc2-cc6.1]
-      - when: {{ amount_gte: 0, amount_lte: 1000000 }}
-        decision: approve
-      - decision: deny
-  email.send:
-    effect: "email:{{msg_id}}"
-    decision: allow
-    controls: [{json.dumps(UNICODE)}, {json.dumps(QUOTED)}, long-one]
-  audit.note:
-    decision: allow
-    controls: [pci]
-"""
-
-OBSERVE_POLICY = CONTROLS_POLICY.replace('version: "2026-12-a"\n', 'version: "2026-12-a"\nmode: observe\n')
-BANNER = "OBSERVE MODE — nothing is enforced: every call runs; receipts record what enforcement would have done"
-
-
-@ctrlrun.protect("email.send", effect="email:{msg_id}")
-def send_email(msg_id: str) -> str:
-    return f"sent {msg_id}"
-
-
-@ctrlrun.protect("audit.note")
-def note(text: str) -> str:
-    return text
 
 
 @pytest.fixture

@@ -12,11 +12,12 @@ from django.test import Client
 import ctrlrun
 from ctrlrun.control import default_control
 from ctrlrun.models import Delegation, Event
-from tests.integration.test_admin import as_role, login_redirect, text, url  # noqa: F401
-from tests.integration.test_delegation import DELEGABLE_CHILD, GRANDCHILD, POLICY
+from tests.support import DELEGABLE_CHILD, GRANDCHILD, login_redirect, policy_text, text, url
 from tests.support import BUDGETED_CHILD, BUDGETED_DELEGATION_POLICY
 
 pytestmark = pytest.mark.usefixtures("store_db", "console_groups")
+
+POLICY = policy_text("delegation")
 
 ROLES = ["superuser", "approver", "resolver", "auditor", "staff", "outsider", "anonymous"]
 

@@ -14,7 +14,8 @@ import ctrlrun
 from ctrlrun import store
 from ctrlrun.control import default_control
 from ctrlrun.models import BudgetLedger, EffectRecord, Receipt
-from tests.integration.test_admin import as_role, has_id, login_redirect, receipt_url, text, url  # noqa: F401
+from tests.support import grant_refund as refund
+from tests.support import has_id, login_redirect, policy_text, receipt_url, text, url
 from tests.support import BUDGETED_CHILD, BUDGETED_DELEGATION_POLICY
 
 pytestmark = pytest.mark.usefixtures("store_db", "console_groups")
@@ -22,33 +23,7 @@ pytestmark = pytest.mark.usefixtures("store_db", "console_groups")
 ROLES = ["superuser", "approver", "resolver", "auditor", "staff", "outsider", "anonymous"]
 READERS = {"superuser", "approver", "resolver", "auditor"}
 
-POLICY = """\
-schema: ctrlrun.policy/v7
-authority:
-  grants:
-    - id: support
-      subject: {agent: "support-*"}
-      actions: ["stripe.*"]
-      resources: ["payment:*"]
-      environments: [production]
-      constraints: {amount_lte: 500000}
-      budgets:
-        - {metric: amount, limit: 100000, window: P1D}
-        - {metric: count, limit: 3, window: PT1H}
-    - id: mailer
-      subject: {agent: mailer, user: "ops-*"}
-      actions: [email.send]
-      tasks: ["run-*"]
-      expires_at: "2026-11-29T13:00:00Z"
-actions:
-  stripe.refund:
-    effect: "refund:{payment_id}"
-    resource: "payment:{payment_id}"
-    decision: allow
-  email.send:
-    decision: allow
-environment: production
-"""
+POLICY = policy_text("grants")
 
 HOSTILE = """\
 schema: ctrlrun.policy/v7
@@ -75,11 +50,6 @@ def words(response) -> str:
 
 def grants_url() -> str:
     return url("ctrlrun_grants")
-
-
-def refund(payment_id: str, amount: int, executor=lambda: "done"):
-    return default_control().call("stripe.refund", {"payment_id": payment_id, "amount": amount}, executor,
-                                  principal="support-bot")
 
 
 @pytest.fixture

@@ -31,7 +31,7 @@ from django.urls import reverse
 
 import ctrlrun
 from ctrlrun.models import Approval, EffectRecord, Event, Receipt
-from tests.conftest import REFUND_POLICY
+from tests.support import REFUND_POLICY
 from tests.support import REPO, make_ambiguous, make_user
 
 APPROVED_AMOUNT = 60000  # in the approve band of the refund policy

@@ -11,8 +11,7 @@ from django.contrib.admin.utils import quote
 from ctrlrun import store
 from ctrlrun.admin import STATE_SHOWN
 from ctrlrun.models import PausedRun
-from tests.integration.test_admin import approval_url, as_role, has_id, login_redirect, text, url  # noqa: F401
-from tests.integration.test_resumption import files, pause  # noqa: F401
+from tests.support import approval_url, has_id, login_redirect, pause, text, url
 from tests.support import evidence_unguarded
 
 pytestmark = pytest.mark.usefixtures("store_db", "console_groups", "files")

@@ -17,7 +17,7 @@ from django.urls import path, reverse
 import ctrlrun
 from ctrlrun import store
 from ctrlrun.models import Approval, EffectRecord, Event, PolicyDocument, Receipt
-from tests.integration.test_admin import APPROVED_AMOUNT, ask, has_id, pay, shown_messages, status, text
+from tests.support import APPROVED_AMOUNT, ask, has_id, pay, shown_messages, status, text
 from tests.support import Hook, make_ambiguous, make_user, protected_refund
 
 pytestmark = pytest.mark.usefixtures("hook_registry", "store_db", "console_groups")

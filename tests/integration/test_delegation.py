@@ -17,43 +17,11 @@ from ctrlrun.canonical import Principal
 from ctrlrun.control import Control
 from ctrlrun.models import Delegation, EffectRecord, Event
 from ctrlrun.policy import parse_policy
-from tests.integration.test_authority import drive  # noqa: F401 - the fixture: both drivers
-from tests.support import receipts, script_environment
+from tests.support import CHILD, DELEGABLE_CHILD, GRANDCHILD, policy_text, receipts, script_environment
 
 pytestmark = pytest.mark.usefixtures("store_db")
 
-POLICY = """\
-schema: ctrlrun.policy/v7
-authority:
-  max_delegation_depth: 2
-  grants:
-    - id: support
-      subject: {agent: orchestrator}
-      actions: ["stripe.*"]
-      resources: ["payment:*"]
-      constraints: {amount_lte: 50000}
-      expires_at: "2099-01-01T00:00:00Z"
-      delegable: true
-    - id: mailer
-      subject: {agent: mailer}
-      actions: [email.send]
-actions:
-  stripe.refund:
-    effect: "refund:{payment_id}"
-    resource: "payment:{payment_id}"
-    decision: allow
-  email.send:
-    decision: allow
-"""
-CHILD = """\
-subject: {agent: worker}
-actions: [stripe.refund]
-resources: ["payment:*"]
-constraints: {amount_lte: 1000}
-expires_at: "2098-12-31T00:00:00Z"
-"""
-DELEGABLE_CHILD = CHILD + "delegable: true\n"
-GRANDCHILD = CHILD.replace("worker", "helper")
+POLICY = policy_text("delegation")
 ORCHESTRATOR = Principal(agent="orchestrator")
 
 
@@ -287,3 +255,12 @@ def test_a_delegation_cannot_claim_to_be_a_hop_or_a_break_glass(control, via):
     with pytest.raises(ctrlrun.InvalidArgument, match="via"):
         control.delegate("support", CHILD, by=ORCHESTRATOR, via=via)
     assert not Delegation.objects.exists()
+
+
+def test_a_delegation_with_a_long_budget_window_does_not_make_every_row_unreadable(control):
+    """A window of 12000 days is a valid window (under a hundred years); stored as seconds it must read back."""
+    made = control.delegate("support", CHILD + "budgets: [{metric: count, limit: 5, window: P12000D}]\n",
+                            by=ORCHESTRATOR)
+    assert control.call("email.send", {"msg_id": "m1"}, lambda: "sent", principal="mailer") == "sent"
+    assert control.call("stripe.refund", {"payment_id": "p1", "amount": 1}, lambda: "ok", principal="worker") == "ok"
+    assert store.get_delegation(made.id).problem is None

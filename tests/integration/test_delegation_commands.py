@@ -14,10 +14,11 @@ from django.core.management import CommandError, call_command
 import ctrlrun
 from ctrlrun.control import default_control
 from ctrlrun.models import Delegation, Event
-from tests.integration.test_delegation import CHILD, DELEGABLE_CHILD, GRANDCHILD, POLICY
-from tests.support import REPO, run_command
+from tests.support import CHILD, DELEGABLE_CHILD, GRANDCHILD, REPO, policy_text, run_command, script_environment
 
 pytestmark = pytest.mark.usefixtures("store_db")
+
+POLICY = policy_text("delegation")
 
 
 @pytest.fixture
@@ -124,3 +125,20 @@ def test_the_console_script(tmp_path):
     for command in ("delegate", "revoke"):
         shown = cli(tmp_path, command, "--help").stdout
         assert shown.count("--") >= 3 and "show this help" in shown
+
+
+@pytest.mark.slow
+def test_delegate_never_reads_more_of_a_grant_file_than_a_policy_may_be(tmp_path):
+    """``delegate --file /dev/zero`` must be refused by its size, as a policy file is, not read into memory."""
+    import resource
+
+    env = script_environment(tmp_path, POLICY)
+
+    def capped() -> None:  # a process that reads /dev/zero to the end runs out of this, not the machine
+        resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+
+    done = subprocess.run([sys.executable, "-m", "ctrlrun", "delegate", "--parent", "support", "--file", "/dev/zero",
+                           "--as", "orchestrator"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=120, preexec_fn=capped)
+    assert done.returncode == 1, done.stderr
+    assert "1,048,576 bytes" in done.stderr and "Traceback" not in done.stderr

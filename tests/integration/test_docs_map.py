@@ -1,6 +1,6 @@
 """Issue 25 item 14: what a newcomer reads first and where the console sends them. The README's map of
 docs/ comes right after the quick start; docs/django.md names as "not built yet" only what this version
-refuses by name (``policy._NOT_BUILT``); the chain-check page points to docs/evidence.md, which is what
+refuses by name (``policy.schema.NOT_BUILT``); the chain-check page points to docs/evidence.md, which is what
 covers incremental checks, not to the README."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from ctrlrun.policy import _NOT_BUILT
+from ctrlrun.policy.schema import NOT_BUILT
 from tests.support import REPO, make_user
 
 pytestmark = pytest.mark.usefixtures("store_db", "console_groups")
@@ -28,7 +28,7 @@ def test_django_md_names_only_features_not_built():
     named = re.findall(r"not built yet \(([^)]*)\)", text)
     assert named, "docs/django.md no longer says which features are refused as not built"
     keys = re.findall(r"`([a-z_.]+)[:`]", " ".join(named))
-    assert keys and all(key in _NOT_BUILT or key == "ctrlrun.policy.change" for key in keys), keys
+    assert keys and all(key in NOT_BUILT or key == "ctrlrun.policy.change" for key in keys), keys
     assert "authority" not in keys
 
 

@@ -12,7 +12,6 @@ from ctrlrun.canonical import Principal
 from ctrlrun.control import Control
 from ctrlrun.models import Event
 from ctrlrun.policy import parse_policy
-from tests.integration.test_authority import drive  # noqa: F401 - the fixture: both drivers
 from tests.support import receipts, run_command
 
 pytestmark = pytest.mark.usefixtures("store_db")

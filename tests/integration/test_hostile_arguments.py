@@ -181,3 +181,14 @@ def test_nul_in_a_rendered_effect_key_is_a_recorded_effect_key_error(refund, rem
         refund(payment_id="t\x00", amount=1)
     assert remote.calls == [] and not EffectRecord.objects.exists()
     assert [(r["result"], r["decision_reason"]) for r in receipts()] == [("denied", "effect_key_error")]
+
+
+@pytest.mark.parametrize(("agent_name", "message"), [
+    ("a" * 201, "at most 200"), ("a\x00b", "NUL"), ("a\udcff", "lone surrogate"),
+])
+def test_names_the_store_cannot_hold_are_refused_before_anything_runs(refund, remote, agent_name, message):
+    """An agent name too long, or with NUL or a lone surrogate, is InvalidArgument on every database."""
+    with pytest.raises(ctrlrun.InvalidArgument, match=message):
+        with ctrlrun.context(agent=agent_name):
+            refund(payment_id="txn_1", amount=100)
+    assert remote.calls == [] and not Receipt.objects.exists()

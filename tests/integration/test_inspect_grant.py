@@ -11,8 +11,10 @@ from django.core.management import CommandError
 
 import ctrlrun
 from ctrlrun import store
-from ctrlrun.control import default_control
-from tests.support import REPO, run_command, script_environment, start_held_call
+from ctrlrun.canonical import Principal
+from ctrlrun.control import Control, default_control
+from ctrlrun.policy import parse_policy
+from tests.support import CHILD, REPO, policy_text, run_command, script_environment, start_held_call
 
 pytestmark = pytest.mark.usefixtures("store_db")
 
@@ -148,6 +150,19 @@ def test_the_console_script(tmp_path, policy):
     assert unloadable.returncode == 1
     [line] = unloadable.stderr.strip().splitlines()
     assert line.startswith("Error: the policy did not load, so its grants are unknown:") and "Traceback" not in line
+
+
+def test_inspect_grant_shows_a_delegations_budget(use_policy):
+    """A delegation's budget is charged like a grant's; ``inspect --grant dlg_...`` must show it."""
+    delegating = policy_text("delegation")
+    use_policy(delegating)
+    control = Control(policy=parse_policy(delegating))
+    made = control.delegate("support", CHILD + "budgets: [{metric: count, limit: 5, window: P1D}]\n",
+                            by=Principal(agent="orchestrator"))
+    assert control.call("stripe.refund", {"payment_id": "p1", "amount": 1}, lambda: "ok", principal="worker") == "ok"
+    lines = run_command("inspect", "--grant", made.id)  # the settings' policy is this one (the fixture)
+    assert lines[0] == f"grant {made.id}"
+    assert any(line.strip().startswith("count: 1 of 5 per day") for line in lines), lines
 
 
 SENDER = """\

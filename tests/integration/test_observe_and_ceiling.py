@@ -20,7 +20,7 @@ from ctrlrun import store
 from ctrlrun.control import Control
 from ctrlrun.models import Approval, EffectRecord, Event
 from ctrlrun.policy import parse_policy
-from tests.support import Hook, hold_key, receipts
+from tests.support import Hook, events, hold_key, receipts
 
 pytestmark = pytest.mark.usefixtures("store_db")
 
@@ -100,10 +100,6 @@ def last_receipt() -> dict:
     return receipts()[-1]
 
 
-def types_of(action_id: str) -> list[str]:
-    return list(Event.objects.filter(action_id=action_id).order_by("id").values_list("type", flat=True))
-
-
 def fail(control: Control, drive, remote: Remote, *, times: int) -> None:
     """``times`` calls for refund:txn_1 that fail without acting (NotExecuted); the remote keeps failing."""
     remote.fail = ctrlrun.NotExecuted("down")
@@ -145,7 +141,7 @@ def test_observe_runs_every_call_and_records_what_would_have_happened(observe, d
     assert not Approval.objects.exists()
     # The duplicate's refusal is recorded before it ran; the committed row was not touched.
     duplicate = receipts()[1]["action_id"]
-    assert types_of(duplicate) == ["ACTION_PROPOSED", "POLICY_EVALUATED", "EFFECT_RESERVATION_REFUSED",
+    assert events(duplicate) == ["ACTION_PROPOSED", "POLICY_EVALUATED", "EFFECT_RESERVATION_REFUSED",
                                    "EXECUTION_STARTED", "EXECUTION_COMMITTED"]
     refusal = Event.objects.get(action_id=duplicate, type="EFFECT_RESERVATION_REFUSED")
     assert refusal.data == {"reason": "duplicate", "state": "committed"}
@@ -285,6 +281,54 @@ def test_switching_to_enforce_keeps_what_observe_recorded(observe, enforce, driv
     assert observe.policy_hash != enforce.policy_hash
 
 
+def test_observe_runs_a_call_whose_effect_key_cannot_be_made_and_says_it_would_have_been_denied(observe, drive):
+    """(bug) Observe mode refuses nothing and writes no ACTION_DENIED (docs/policy.md): a key template the
+    call cannot fill is what enforcement denies (``effect_key_error``), so observe mode runs the call
+    (with no key to take) and its receipt says so. It was refused and recorded ``denied``."""
+    remote = Remote()
+    assert drive(observe, "stripe.refund", {"amount": 100}, remote.act("no payment id"),
+                 effect="refund:{nope}") == {"done": "no payment id"}
+    assert remote.calls == ["no payment id"]
+    (receipt,) = receipts()
+    assert would_have(receipt) == ("observed", "committed", "deny", "effect_key_error", "effect_key_error")
+    assert receipt["effect_key"] is None
+    types = events(receipt["action_id"])
+    assert "ACTION_DENIED" not in types and types[0] == "ACTION_PROPOSED" and types[-1] == "EXECUTION_COMMITTED"
+    assert "POLICY_EVALUATED" not in types  # as enforced: the policy did not decide it
+    assert not EffectRecord.objects.exists()
+    assert store.verify().ok
+
+
+@pytest.mark.parametrize("state", ["committed", "executing"])
+def test_observe_says_what_enforcement_says_of_a_row_whose_signature_fails(observe, enforce, drive, state):
+    """(bug) A committed or live-held row whose signature does not verify (altered around ctrlrun): enforcement
+    refuses it as it refuses any committed or held key (``duplicate`` / ``in_progress``; the signature is
+    read only before a retry or a sweep), so observe mode's would_have must say the same. It said
+    ``ambiguous``, with an ``EFFECT_RESERVATION_REFUSED`` unlike enforcement's."""
+    from django.db import connection
+
+    from tests.support import evidence_unguarded, hold_key
+
+    remote = Remote()
+    if state == "committed":
+        drive(enforce, "stripe.refund", refund("txn_1"), remote.act("first"))
+    else:
+        hold_key("refund:txn_1")
+    with evidence_unguarded(), connection.cursor() as cursor:
+        cursor.execute('UPDATE "ctrlrun_effectrecord" SET "mac" = %s WHERE "effect_key" = %s',
+                       ("forged", "refund:txn_1"))
+    with pytest.raises(ctrlrun.DuplicateEffect) as enforced:
+        drive(enforce, "stripe.refund", refund("txn_1"), remote.act("enforced"))
+    expected = "duplicate" if state == "committed" else "in_progress"
+    assert enforced.value.state == ("committed" if state == "committed" else "in_progress")
+    enforced_event = Event.objects.filter(type="EFFECT_RESERVATION_REFUSED").order_by("-id").first().data
+    drive(observe, "stripe.refund", refund("txn_1"), remote.act("observed"))
+    assert would_have(last_receipt())[4] == expected
+    observed_event = Event.objects.filter(type="EFFECT_RESERVATION_REFUSED").order_by("-id").first().data
+    assert observed_event == enforced_event
+    assert EffectRecord.objects.get(pk="refund:txn_1").state == state
+
+
 # --------------------------------------------------------------------------- the ceiling, enforced
 
 
@@ -303,7 +347,7 @@ def test_ceiling_refuses_past_max_attempts_and_leaves_the_row(enforce, drive):
     assert (row.state, row.attempt) == ("failed", 2)
     event = Event.objects.get(type="EFFECT_RESERVATION_REFUSED")
     assert event.data == {"reason": "attempt_ceiling", "attempt": 3, "max_attempts": 2}
-    assert types_of(last["action_id"]) == ["ACTION_PROPOSED", "POLICY_EVALUATED", "EFFECT_RESERVATION_REFUSED"]
+    assert events(last["action_id"]) == ["ACTION_PROPOSED", "POLICY_EVALUATED", "EFFECT_RESERVATION_REFUSED"]
     # Still refused the next time; other keys are unaffected.
     with pytest.raises(ctrlrun.ActionDenied):
         drive(enforce, "stripe.refund", refund("txn_1"), remote.act("fourth"))
@@ -369,7 +413,7 @@ def test_observed_receipts_are_readable_by_every_reader(observe, drive):
 
 
 def test_observe_pending_expired_and_tampered_approvals(observe, enforce, drive, clock):
-    from tests.integration.test_adversaries import _execute
+    from tests.support import execute_sql as _execute
 
     remote = Remote()
     with pytest.raises(ctrlrun.ApprovalRequired) as pending:
@@ -392,6 +436,46 @@ def test_observe_pending_expired_and_tampered_approvals(observe, enforce, drive,
     assert would_have(last_receipt())[4] == "expired"
     assert Approval.objects.get(pk=late).status == "expired"
     assert len(remote.calls) == 3
+
+
+def failed_then_lost(enforce, drive) -> Remote:
+    """refund:txn_1 under max_attempts 2: attempt 1 fails without acting, attempt 2 loses its reply (ambiguous)."""
+    remote = Remote()
+    remote.fail = ctrlrun.NotExecuted("down")
+    with pytest.raises(ctrlrun.NotExecuted):
+        drive(enforce, "stripe.refund", refund("txn_1"), remote.act("1"))
+    remote.fail = TimeoutError("lost")
+    with pytest.raises(TimeoutError):
+        drive(enforce, "stripe.refund", refund("txn_1"), remote.act("2"))
+    return remote
+
+
+def test_a_blocking_hook_that_moves_the_last_attempt_to_failed_meets_the_ceiling(enforce, drive):
+    remote = failed_then_lost(enforce, drive)
+    remote.fail = None
+    hook = Hook("not_executed")
+    with pytest.raises(ctrlrun.ActionDenied) as refused:
+        drive(enforce, "stripe.refund", refund("txn_1"), remote.act("3"), reconcile=hook)
+    assert refused.value.reason == "attempt_ceiling"
+    assert hook.asked == ["refund:txn_1"]
+    last = last_receipt()
+    assert events(last["action_id"])[-1] == "EFFECT_RESERVATION_REFUSED"
+    assert last["attempt"] == 3 and last["result"] == "blocked"
+    row = EffectRecord.objects.get(pk="refund:txn_1")
+    assert (row.state, row.attempt) == ("failed", 2)
+    assert remote.calls == ["1", "2"]
+    assert store.verify().ok
+
+
+def test_a_person_resolving_the_last_attempt_failed_meets_the_ceiling_before_anyone_is_asked(enforce, drive):
+    remote = failed_then_lost(enforce, drive)
+    store.resolve("refund:txn_1", "failed", by="alice")
+    remote.fail = None
+    with pytest.raises(ctrlrun.ActionDenied) as refused:
+        drive(enforce, "stripe.refund", refund("txn_1", 90000), remote.act("3"))
+    assert refused.value.reason == "attempt_ceiling"
+    assert not Approval.objects.exists()
+    assert remote.calls == ["1", "2"]
 
 
 # --------------------------------------------------------------------------- real processes

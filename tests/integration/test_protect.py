@@ -2,7 +2,9 @@
 the outcome mapping (§5.4), with the events and receipts each leaves behind."""
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
+import functools
 import json
 
 import pytest
@@ -294,6 +296,40 @@ def test_idempotency_token_inside_executor_only(agent):
     assert idempotency_token_for("email:m1", 1) != idempotency_token_for("email:m1", 2) != stable
     with pytest.raises(ctrlrun.InvalidArgument, match="only inside an executor"):
         ctrlrun.idempotency_token()
+
+
+def test_sync_wrapper_around_async_function_is_not_recorded_committed(agent):
+    """A wrapper that returns an unawaited coroutine is refused and recorded failed, never committed."""
+    ran = []
+
+    async def pay(payment_id: str, amount: int) -> str:
+        ran.append(payment_id)
+        return "paid"
+
+    @functools.wraps(pay)
+    def looks_sync(payment_id: str, amount: int):
+        return pay(payment_id=payment_id, amount=amount)
+
+    refund = ctrlrun.protect("stripe.refund", effect="refund:{payment_id}")(looks_sync)
+    with pytest.raises(ctrlrun.InvalidArgument, match="returned an awaitable"):
+        refund(payment_id="txn_1", amount=100)
+    assert ran == []  # the coroutine was closed unrun
+    record = EffectRecord.objects.get(pk="refund:txn_1")
+    assert record.state == "failed"
+    assert receipts()[-1]["result"] == "failed"
+    asyncio.run(asyncio.sleep(0))  # no "coroutine was never awaited" left behind to fail later
+
+
+@pytest.mark.parametrize("raised", [ctrlrun.NotExecuted("refused \udcff"), TimeoutError("lost \udcff")])
+def test_unencodable_exception_text_is_still_recorded(refund, remote, agent, raised):
+    """A lone surrogate in an exception message is stored escaped; the outcome and receipt are written."""
+    remote.fail_with = raised
+    with pytest.raises(type(raised)):
+        refund(payment_id="txn_1", amount=100)
+    record = EffectRecord.objects.get(pk="refund:txn_1")
+    assert record.state == ("failed" if isinstance(raised, ctrlrun.NotExecuted) else "ambiguous")
+    assert "\\udcff" in record.error
+    assert "\\udcff" in receipts()[-1]["error"]
 
 
 # --------------------------------------------------------------------------- decoration-time validation

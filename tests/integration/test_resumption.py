@@ -22,72 +22,11 @@ import ctrlrun  # noqa: E402
 from ctrlrun import resumption, store  # noqa: E402
 from ctrlrun.models import PausedRun  # noqa: E402
 from tests import resumable_agents as app  # noqa: E402
-from tests.conftest import REFUND_POLICY  # noqa: E402
-from tests.integration.test_adapter_openai_agents import tamper  # noqa: E402
-from tests.support import (REPO, receipts, rewrite_paused, run_together, script_environment,  # noqa: E402
+from tests.support import (FRAMEWORKS, REFUND_POLICY, REPO, ledger, pause, paused_row, receipts,  # noqa: E402
+                           resume_runs, rewrite_paused, run_together, script_environment, seen, tamper,
                            write_paused_state)
 
 pytestmark = pytest.mark.usefixtures("store_db")
-
-FRAMEWORKS = ["openai-agents", "langgraph", "pydantic-ai"]
-
-
-@pytest.fixture
-def files(tmp_path, monkeypatch):
-    """The ledger, what the model was told, the LangGraph checkpoints: files every process shares."""
-    paths = {"RESUME_LEDGER": tmp_path / "ledger.txt", "RESUME_SEEN": tmp_path / "seen.jsonl",
-             "RESUME_CHECKPOINTS": tmp_path / "checkpoints.db"}
-    for name, path in paths.items():
-        monkeypatch.setenv(name, str(path))
-    return paths
-
-
-def ledger(files) -> list[str]:
-    path = files["RESUME_LEDGER"]
-    return path.read_text().splitlines() if path.exists() else []
-
-
-def seen(files) -> list[dict]:
-    path = files["RESUME_SEEN"]
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
-
-def pause(framework: str, arguments: dict | None = None, thread: str = "t-1") -> str:
-    """Run the framework's agent in THIS process until it pauses on the refund; store the paused run."""
-    arguments = dict(arguments or app.REFUND_ARGUMENTS)
-    if framework == "openai-agents":
-        from ctrlrun.adapters.openai_agents import pause as pause_run
-
-        agent, tool, _ = app.openai_agent(arguments=arguments)
-        result = asyncio.run(Runner.run(agent, "refund it", run_config=RunConfig(tracing_disabled=True)))
-        paused = pause_run(result, tool, resume_with="openai-refunds")
-    elif framework == "langgraph":
-        from ctrlrun.adapters.langchain import pause as pause_run
-
-        config = {"configurable": {"thread_id": thread}}
-        result = app.langgraph_agent().invoke({"messages": [("user", "refund it")]}, config)
-        paused = pause_run(result, config, resume_with="langgraph-refunds")
-    else:
-        from ctrlrun.adapters.pydantic_ai import pause as pause_run
-
-        result = app.pydantic_agent(arguments).run_sync("refund it")
-        paused = pause_run(result, resume_with="pydantic-refunds")
-    assert paused.status == "pending" and paused.framework == framework
-    approval = store.get_approval(paused.approval_id)
-    assert approval.status == "pending" and approval.arguments == arguments
-    return paused.approval_id
-
-
-def resume_runs(tmp_path, *args: str) -> subprocess.CompletedProcess:
-    """``ctrlrun resume_runs --once`` in another OS process, on the test store."""
-    env = script_environment(tmp_path, REFUND_POLICY)
-    env.update({k: v for k, v in os.environ.items() if k.startswith("RESUME_")})
-    return subprocess.run([sys.executable, "-m", "ctrlrun", "resume_runs", "--once", *args], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=180)
-
-
-def paused_row(approval_id: str) -> PausedRun:
-    return PausedRun.objects.get(approval_id=approval_id)
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)

@@ -15,9 +15,8 @@ from django.db import connections
 import ctrlrun
 from ctrlrun import resumption, store
 from ctrlrun.models import Approval, PausedRun
-from tests.conftest import REFUND_POLICY
-from tests.integration.test_resumption import FRAMEWORKS, files, ledger, pause, paused_row, resume_runs, seen  # noqa: F401
-from tests.support import evidence_unguarded, receipts, rewrite_paused, script_environment, write_paused_state
+from tests.support import (FRAMEWORKS, REFUND_POLICY, evidence_unguarded, ledger, pause, paused_row, receipts,
+                           resume_runs, rewrite_paused, script_environment, seen, write_paused_state)
 
 pytestmark = pytest.mark.usefixtures("store_db")
 

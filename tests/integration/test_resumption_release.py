@@ -17,9 +17,8 @@ from django.core.management import CommandError, call_command
 
 from ctrlrun import resumption, store
 from ctrlrun.models import PausedRun
-from tests.conftest import REFUND_POLICY
-from tests.integration.test_resumption import files, ledger, pause, paused_row, resume_runs  # noqa: F401
-from tests.support import receipts, rewrite_paused, script_environment
+from tests.support import (REFUND_POLICY, ledger, pause, paused_row, receipts, resume_runs, rewrite_paused,
+                           script_environment)
 
 pytestmark = pytest.mark.usefixtures("store_db")
 

@@ -8,15 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import REPO, store_environment
+from tests.support import REPO, policy_text, store_environment
 
-POLICY = """\
-schema: ctrlrun.policy/v2
-actions:
-  email.send:
-    effect: "email:{msg_id}"
-    decision: allow
-"""
+POLICY = policy_text("email")  # email.send, keyed by message, allowed
 
 CALL = """
 import ctrlrun

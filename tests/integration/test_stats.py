@@ -19,7 +19,7 @@ import ctrlrun
 from ctrlrun.management.commands.stats import Command as StatsCommand
 from ctrlrun.models import Receipt
 from ctrlrun.stats import FOOTNOTE_ENFORCE, FOOTNOTE_WAITING, OBSERVE_BANNER
-from tests.conftest import REFUND_POLICY
+from tests.support import REFUND_POLICY
 from tests.support import make_ambiguous, protected_refund, receipts, run_command, store_environment
 
 pytestmark = pytest.mark.usefixtures("store_db")

@@ -69,6 +69,17 @@ def test_bad_windows(text: object) -> None:
         parse_window(text)
 
 
+def test_every_window_a_row_stores_reads_back():
+    from ctrlrun.policy.authority import MAX_WINDOW, parse_window
+
+    assert parse_window("P12000D") == parse_window(f"PT{12000 * 86400}S")
+    assert parse_window(f"PT{int(MAX_WINDOW.total_seconds())}S") == MAX_WINDOW
+    with pytest.raises(ValueError, match="hundred years"):
+        parse_window(f"PT{int(MAX_WINDOW.total_seconds()) + 1}S")
+    with pytest.raises(ValueError, match="hundred years"):
+        parse_window("P99999999999D")
+
+
 def test_window_text() -> None:
     assert window_text(86400) == "1 day"
     assert window_text(5400) == "1 hour 30 minutes"

@@ -1,25 +1,10 @@
-"""The store's value types and the messages are pure: they import without Django."""
+"""The store's value types: one definition, re-exported by the store. That they (and every other pure
+module) import without Django is tests/unit/test_pure_modules.py."""
 from __future__ import annotations
 
 import subprocess
 import sys
 import textwrap
-
-
-def test_values_and_messages_import_without_django():
-    """ctrlrun.values and ctrlrun.messages load in a fresh interpreter where importing Django fails."""
-    script = textwrap.dedent("""
-        import sys
-        sys.modules["django"] = None  # any 'import django...' now raises ImportError
-        import ctrlrun.values as values, ctrlrun.messages as messages
-        assert not [name for name in sys.modules if name == "django" and sys.modules[name] is not None]
-        call = values.Call.__dataclass_fields__
-        print(sorted(values.__all__)[0], "effect_key" in call, messages.command("reconcile"))
-    """)
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.split() [:2] == ["ApprovalView", "True"]
-    assert "'ctrlrun reconcile' (or 'python manage.py reconcile')" in done.stdout
 
 
 def test_the_store_reexports_every_value_type():
