@@ -7,7 +7,7 @@ install, and fails instead when ``CI`` is set (``.ci/run`` installs them and set
 
 Screenshots go to ``$CTRLRUN_TEST_OUTPUT/screenshots/<test>-<page>.png`` (default
 ``test-output/`` under the repository root), so a reviewer can look at the pages afterwards. The
-``Console`` itself is in ``tests/support.py``, for a test that drives another server.
+``Console`` itself is in ``tests/support/``, for a test that drives another server.
 """
 from __future__ import annotations
 

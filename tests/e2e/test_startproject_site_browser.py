@@ -1,6 +1,6 @@
 """The console in a fresh ``django-admin startproject`` site, at 1280 px in a real headless Chromium
 (issue 25, item 7): the app brings its own look to any project. The site is made from the README's
-recipe as written (tests/support.py StartprojectSite parses it), migrated, given a superuser and a
+recipe as written (tests/support/ StartprojectSite parses it), migrated, given a superuser and a
 few protected calls (one committed, one waiting for approval, one observed under ``mode: observe``),
 then served by ``runserver`` (DEBUG on, as a developer first runs it). Nothing of this repository's
 ``templates/`` is in that project: every style, the banner and the header come from ctrlrun.

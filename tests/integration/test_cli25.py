@@ -2,7 +2,7 @@
 read commands that create nothing, approvals --status waiting, reconcile/resume_runs logging, the
 delegations listing.
 
-The console script runs as real OS processes in a plain script's folder (tests/support.py's cli25_*
+The console script runs as real OS processes in a plain script's folder (tests/support/'s cli25_*
 helpers); manage.py runs against the test database through ``call_command`` or as a process.
 """
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """A fresh ``django-admin startproject`` site served under a real gunicorn (issue 25, item 8), as the
 README says to serve one's own project: its settings lines for ctrlrun and for static files (the
 whitenoise middleware, ``STATIC_ROOT``) appended as written, ``migrate``, ``collectstatic`` and
-``gunicorn mysite.wsgi`` run as the README writes them (parsed from it: tests/support.py
+``gunicorn mysite.wsgi`` run as the README writes them (parsed from it: tests/support/
 StartprojectSite), on a loopback port. A person logged in through the real login form gets the
 admin's CSS and ctrlrun's stylesheets with 200, with DEBUG on (startproject's default) and off."""
 from __future__ import annotations

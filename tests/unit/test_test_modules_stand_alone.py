@@ -1,4 +1,4 @@
-"""No test module imports another: what several share is a helper in ``tests/support.py``, a fixture in
+"""No test module imports another: what several share is a helper in ``tests/support/``, a fixture in
 a ``conftest.py`` (pytest gives it to every module below, unimported) or a policy in
 ``tests/policies/*.yaml``. A test module is any ``test_*.py`` or ``conftest.py`` under ``tests/``;
 every import is read, those inside functions too."""
@@ -56,7 +56,7 @@ def test_the_import_reader_sees_every_kind_of_import():
               "import json, ctrlrun.errors\n")
     found = {file.relative_to(REPO).as_posix() for file in imported_files(source, "tests.unit")}
     assert found == {"tests/unit/test_canonical.py", "tests/unit/test_states.py", "tests/unit/test_policy.py",
-                     "tests/e2e/conftest.py", "tests/support.py", "tests/unit/__init__.py", "ctrlrun/errors.py"}
+                     "tests/e2e/conftest.py", "tests/support/__init__.py", "tests/unit/__init__.py", "ctrlrun/errors.py"}
 
 
 def test_no_test_module_imports_another():
@@ -64,5 +64,5 @@ def test_no_test_module_imports_another():
     assert len(modules) > 50  # the walk found the suite
     offending = [f"{path.relative_to(REPO)} imports {file.relative_to(REPO)}"
                  for path in modules for file in sorted(imports_of(path)) if is_test_module(file)]
-    assert offending == [], ("move what is shared to tests/support.py (helpers), a conftest.py (fixtures) or "
+    assert offending == [], ("move what is shared to tests/support/ (helpers), a conftest.py (fixtures) or "
                              "tests/policies/ (policy texts):\n" + "\n".join(offending))

@@ -5,7 +5,7 @@ from argparse import ArgumentParser
 from typing import Any
 
 from ... import store
-from ...authority import Delegation, Grant, window_text
+from ...policy.authority import Delegation, Grant, window_text
 from ...canonical import evidence_time
 from ...display import dumps, reveal
 from ..base import CtrlrunCommand
