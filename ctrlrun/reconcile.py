@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import importlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -55,20 +54,11 @@ class Report:
 
 
 def discover(modules: Iterable[str] = ()) -> list[str]:
-    """Import the modules that register reconcile hooks; return the ones imported."""
-    from django.utils.module_loading import autodiscover_modules
+    """Import the modules that register reconcile hooks (each app's tools module, ``CTRLRUN_HOOK_MODULES``,
+    then ``modules``); return the named ones imported."""
+    from .discovery import import_modules
 
-    imported = []
-    tools = conf.tools_module()
-    if tools:
-        autodiscover_modules(tools)
-    for name in [*conf.hook_modules(), *modules]:
-        try:
-            importlib.import_module(name)
-        except (ImportError, TypeError, ValueError) as exc:  # TypeError: a relative name like '.x'
-            raise InvalidArgument(f"could not import hook module {name!r}: {exc}") from None
-        imported.append(name)
-    return imported
+    return import_modules("hook", [*conf.hook_modules(), *modules])
 
 
 def run_once(*, action: str | None = None, limit: int | None = None, control: Any = None) -> Report:

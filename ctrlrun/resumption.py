@@ -146,26 +146,9 @@ def _unknown_resumer(name: str) -> str:
 def discover(modules: Iterable[str] = ()) -> list[str]:
     """Import the modules that register resumers: each installed app's ``CTRLRUN_TOOLS_MODULE``
     (``tools.py``), then ``modules`` (``--import``); a name that does not import is a one-line error."""
-    import importlib
+    from .discovery import import_modules
 
-    from django.utils.module_loading import autodiscover_modules
-
-    from . import conf
-
-    tools = conf.tools_module()
-    if tools:  # each installed app's tools.py, where reconcile hooks are found too
-        autodiscover_modules(tools)
-    imported = []
-    for module in modules:
-        name = repr(module).encode("ascii", "backslashreplace").decode()[:300]
-        try:
-            importlib.import_module(module)
-        except (ImportError, TypeError, ValueError) as exc:
-            raise InvalidArgument(f"could not import resumer module {name}: {_one_line(exc)}") from None
-        except Exception as exc:  # noqa: BLE001 - the module itself raised while it was imported
-            raise InvalidArgument(f"could not import resumer module {name}: it raised {_one_line(exc)}") from None
-        imported.append(module)
-    return imported
+    return import_modules("resumer", modules)
 
 
 # --------------------------------------------------------------------------- pausing

@@ -550,3 +550,17 @@ def test_command_refuses_an_unimportable_module(clock):
     """--import of a module that does not exist is an error naming it."""
     with pytest.raises(CommandError, match="no_such_hooks_module"):
         reconcile_command("--import", "no_such_hooks_module")
+
+
+def test_command_refuses_a_hook_module_that_raises_in_one_line(tmp_path, monkeypatch, clock):
+    """--import of a module that raises while it is imported is one error naming the module and what it
+    raised (as resume_runs says it): never the module's traceback."""
+    (tmp_path / "raising_hooks_for_test.py").write_text("raise RuntimeError('the\\nsettings are missing')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        with pytest.raises(CommandError) as refused:
+            reconcile_command("--import", "raising_hooks_for_test")
+    finally:
+        sys.modules.pop("raising_hooks_for_test", None)
+    assert str(refused.value) == ("could not import hook module 'raising_hooks_for_test': it raised RuntimeError: "
+                                  "the settings are missing")
