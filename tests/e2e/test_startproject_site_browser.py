@@ -148,6 +148,8 @@ def test_the_console_brings_its_own_look_to_a_startproject_site(chromium, served
     banner = console.by_id("ctrlrun-observe-banner")  # the overview brings it to the front page
     assert banner.is_displayed() and colour(console, "#ctrlrun-observe-banner") == "rgb(122, 31, 31)"
     assert console.has("ctrlrun-overview")
+    header = console.driver.find_element(By.CSS_SELECTOR, "#site-name").text  # the README's index.html names it
+    assert "ctrlrun" in header and "Django administration" not in header, header
 
     console.open("/admin/ctrlrun/")
     console.shot("app-index")
