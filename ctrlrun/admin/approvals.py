@@ -16,6 +16,7 @@ from django.utils.safestring import SafeString, mark_safe
 from django.utils.timesince import timeuntil
 from django.utils.translation import gettext as _g
 from django.utils.translation import gettext_lazy as _
+from django.utils.translation import ngettext
 
 from .. import store
 from ..console import (
@@ -100,13 +101,13 @@ class ApprovalAdmin(EvidenceAdmin):
         (_("Why it needs a person"), {"fields": ("shown_reason", "cited_controls", "shown_policy")}),
         (_("The request"), {"fields": (
             "approval_id", "shown_status", "asked_by_call", "at_created_at", "at_expires_at", "shown_approver",
-            "shown_note", "at_answered_at", "at_consumed_at", "used_by_call")}),
+            "shown_note", "at_answered_at", "at_consumed_at", "used_by_call", "given_back")}),
     ]
     readonly_fields = ("shown_action", "canonical_arguments", "principal", "resource", "environment",
                        "shown_effect_key", "shown_reason", "cited_controls", "shown_policy", "shown_status",
                        "asked_by_call",
                        "at_created_at", "at_expires_at", "shown_approver", "shown_note", "at_answered_at",
-                       "at_consumed_at", "used_by_call")
+                       "at_consumed_at", "used_by_call", "given_back")
     change_form_template = "admin/ctrlrun/approval/change_form.html"
 
     at_created_at = _at("created_at", _("asked at"))
@@ -195,6 +196,16 @@ class ApprovalAdmin(EvidenceAdmin):
     @admin.display(description=_("used by the call"))
     def used_by_call(self, obj: Approval) -> SafeString:
         return call_link(self.site, obj.consumed_by, short=None)
+
+    @admin.display(description=_("given back"))
+    def given_back(self, obj: Approval) -> str:
+        """How often an attempt that provably did nothing (NotExecuted, a hook's not_executed) gave the
+        approval back (``returned``, under the row's signature; the events are APPROVAL_RETURNED)."""
+        if not obj.returned:
+            return _g("never")
+        return ngettext("given back %(n)d time: an attempt that provably did nothing used it (APPROVAL_RETURNED)",
+                        "given back %(n)d times: attempts that provably did nothing used it (APPROVAL_RETURNED)",
+                        obj.returned) % {"n": obj.returned}
 
     @admin.display(description=_("arguments"))
     def key_arguments(self, obj: Approval) -> SafeString:

@@ -1109,3 +1109,18 @@ def test_the_approval_page_links_the_effect_key_only_once_its_record_exists(refu
     assert f'href="{effect_url("refund:txn_1")}"' in page.content.decode()
     assert "no effect record yet" not in text(page)
     assert client.get(effect_url("refund:txn_1")).status_code == 200
+
+
+def test_the_approval_page_says_when_an_attempt_gave_the_approval_back(refund, remote, as_role, client):
+    """A granted request whose call raised NotExecuted is granted again: the page says it was used by an
+    attempt that did nothing and given back (once), where it would otherwise read as never used."""
+    approval_id = ask(refund)
+    store.answer_approval(approval_id, True, by="ana")
+    as_role("superuser")
+    assert "given back" not in text(client.get(approval_url(approval_id)))
+    remote.fail_with = ctrlrun.NotExecuted("connection refused")
+    with ctrlrun.context(agent="support-agent"), ctrlrun.with_approval(approval_id):
+        with pytest.raises(ctrlrun.NotExecuted):
+            refund(payment_id="txn_1", amount=APPROVED_AMOUNT)
+    page = text(client.get(approval_url(approval_id)))
+    assert "given back 1 time: an attempt that provably did nothing used it (APPROVAL_RETURNED)" in page, page
