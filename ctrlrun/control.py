@@ -26,6 +26,7 @@ from . import conf
 from .canonical import Principal
 from .errors import InvalidArgument
 from .kernel import drive
+from .kernel.plans import plan_for
 from .kernel.steps import call_steps
 from .policy import AuthorityDocument, Evaluation, Policy, load_authority, load_policy, parse_policy
 
@@ -410,8 +411,6 @@ class Control:
 
     def _steps(self, name: str, arguments: Mapping[str, Any], executor: Callable[[], Any],
                principal: Principal | str | None, options: dict[str, Any], *, asynchronous: bool) -> Any:
-        from .protect import plan_for
-
         plan = plan_for(name, options)
         if not callable(executor):
             raise InvalidArgument(f"{name}: the executor must be callable (a function of no arguments), "
@@ -487,6 +486,10 @@ def _environment() -> str | None:
     return conf.environment_override()
 
 
+#: Reconcile hooks of the default Control's actions, by action name: the process-wide registry that
+#: ``protect`` (without ``control=``) fills as modules are imported.
+PROCESS_HOOKS: dict[str, Callable[[str], Any]] = {}
+
 _default: Control | None = None
 _default_lock = threading.Lock()
 
@@ -497,10 +500,8 @@ def default_control() -> Control:
     if _default is None:
         with _default_lock:
             if _default is None:
-                from .protect import _hooks
-
                 control = Control()
-                control.hooks = _hooks  # the decorators' registry, filled at import time
+                control.hooks = PROCESS_HOOKS  # the decorators' registry, filled at import time
                 _default = control
     return _default
 

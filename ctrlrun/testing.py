@@ -69,7 +69,7 @@ def use_clock(clock: Any) -> Iterator[Any]:
 def isolated_hooks() -> Iterator[dict[str, Any]]:
     """Inside the block the default reconcile-hook registry starts empty (hooks your test registers
     by decorating functions stay its own); the registry is restored afterwards."""
-    from .protect import _hooks
+    from .control import PROCESS_HOOKS as _hooks
 
     saved = dict(_hooks)
     _hooks.clear()

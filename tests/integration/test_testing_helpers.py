@@ -96,6 +96,6 @@ def test_isolated_hooks_starts_empty_and_restores():
             assert hook_for("audit.note") is outer
         assert hook_for("audit.note") is None and hook_for("email.send") is outer
     finally:
-        from ctrlrun.protect import _hooks
+        from ctrlrun.control import PROCESS_HOOKS as _hooks
 
         _hooks.pop("email.send", None)
