@@ -5,6 +5,8 @@ on one database is never taken as stored on another.
 """
 from __future__ import annotations
 
+from django.db import IntegrityError, transaction
+
 from .. import messages
 from ..errors import EvidenceTampered
 from ..models import ChainHead, PolicyDocument
@@ -37,8 +39,15 @@ def ensure_policy(policy_hash: str, schema: str, source: str, text: str, environ
             row = PolicyDocument(hash=policy_hash, schema=schema, source=source, text=text, environment=environment,
                                  first_seen=when)
             sign_policy_document(row)
-            row.save(using=_db(), force_insert=True)
-        elif not policy_document_ok(row):  # (another text of the same hash, differing in comments, is fine)
+            try:
+                with transaction.atomic(using=_db()):  # a savepoint: losing the race leaves the phase usable
+                    row.save(using=_db(), force_insert=True)
+            except IntegrityError:
+                # Another process stored this hash first (on PostgreSQL both saw none): judge its row.
+                row = _q(PolicyDocument).filter(pk=policy_hash).first()
+                if row is None:
+                    raise
+        if not policy_document_ok(row):  # (another text of the same hash, differing in comments, is fine)
             # Stored under this policy's hash by someone else (the application's database role, before
             # the policy's first use): a page would show that text as the rules that decided.
             raise EvidenceTampered(messages.refuses_to_act(messages.policy_document_forged(policy_hash)))

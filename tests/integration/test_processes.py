@@ -1,10 +1,14 @@
 """Real OS processes racing for the same effect keys on the shared test store."""
 from __future__ import annotations
 
+import contextlib
 import json
+import subprocess
+import sys
 import time
 
 import pytest
+from django.utils import timezone
 
 from ctrlrun.models import EffectRecord, Receipt
 
@@ -80,3 +84,54 @@ def test_processes_on_distinct_keys_all_execute_once(transactional_db, tmp_path)
     assert sorted(executed) == sorted(f"w{n}-k{k}" for n in range(workers) for k in range(keys))
     report = store.verify()
     assert report.ok and report.verified == workers * keys + workers
+
+
+
+FIRST_CALL = """
+import sys, time
+import ctrlrun
+from ctrlrun.control import default_control
+
+@ctrlrun.protect("ledger.post", effect="post:{entry_id}")
+def post(entry_id: str) -> str:
+    return entry_id
+
+if sys.argv[1] == "hash":
+    print(default_control().read_policy().hash)
+else:
+    with ctrlrun.context(agent="worker-" + sys.argv[1]):
+        print(post(entry_id="first-" + sys.argv[1]))
+"""
+
+
+@pytest.mark.slow
+def test_processes_making_their_first_call_at_once_store_the_policy_once(transactional_db, tmp_path):
+    """Processes making their first call at once each find the policy not stored yet and store it: on
+    PostgreSQL every insert but one meets the winner's row (a unique violation). Held up behind another
+    transaction's insert of that hash, all of them reach the insert together; every call still runs, the
+    losers judge the winner's row, and the text is stored once."""
+    from django.db import transaction
+
+    from ctrlrun.models import PolicyDocument
+
+    env = script_environment(tmp_path, LEDGER_POLICY)
+    (tmp_path / "first.py").write_text(FIRST_CALL)
+    policy_hash = subprocess.run([sys.executable, "first.py", "hash"], cwd=tmp_path, env=env, capture_output=True,
+                                 text=True, timeout=120, check=True).stdout.strip()
+
+    class Released(Exception):
+        pass
+
+    procs = []
+    with contextlib.suppress(Released), transaction.atomic():
+        # Not committed: the workers see no row, and their inserts of this hash wait for this one.
+        PolicyDocument.objects.create(hash=policy_hash, schema="-", source="-", text="-", environment="-",
+                                      first_seen=timezone.now())
+        procs = [subprocess.Popen([sys.executable, "first.py", str(n)], cwd=tmp_path, env=env,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for n in range(4)]
+        time.sleep(3.0)  # every worker has started and waits on the insert (or, on SQLite, the write lock)
+        raise Released  # rolled back: the workers' inserts go on
+    outputs = [proc.communicate(timeout=120) for proc in procs]
+    assert [(proc.returncode, err) for proc, (_, err) in zip(procs, outputs)] == [(0, "")] * 4
+    assert sorted(out.strip() for out, _ in outputs) == sorted(f"first-{n}" for n in range(4))
+    assert PolicyDocument.objects.count() == 1
