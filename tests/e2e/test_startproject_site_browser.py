@@ -19,24 +19,12 @@ import urllib.request
 import pytest
 from selenium.webdriver.common.by import By
 
-from tests.support import Console
-from tests.support import PASSWORD, StartprojectSite
+from tests.support import PASSWORD, Console, StartprojectSite, policy_text
 
 pytestmark = pytest.mark.slow
 
-RULES = """
-actions:
-  stripe.refund:
-    effect: "refund:{payment_id}"
-    rules:
-      - when: { amount_gte: 0, amount_lte: 50000 }
-        decision: allow
-      - when: { amount_gte: 0, amount_lte: 1000000 }
-        decision: approve
-      - decision: deny
-"""
-ENFORCE = "schema: ctrlrun.policy/v3\n" + RULES
-OBSERVE = "schema: ctrlrun.policy/v3\nmode: observe\n" + RULES
+ENFORCE = policy_text("refund").replace("schema: ctrlrun.policy/v2", "schema: ctrlrun.policy/v3")
+OBSERVE = ENFORCE.replace("schema: ctrlrun.policy/v3", "schema: ctrlrun.policy/v3\nmode: observe")
 
 CALLS = f"""
 import ctrlrun

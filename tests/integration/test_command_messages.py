@@ -19,7 +19,8 @@ from django.core.management import CommandError
 import ctrlrun
 from ctrlrun.canonical import evidence_time
 from ctrlrun.models import Approval, EffectRecord, Event
-from tests.support import Hook, clean_env, hold_key, make_ambiguous, policy_text, protected_refund, run_command
+from tests.support import (CLI25_AMBIGUOUS_SCRIPT, Hook, clean_env, hold_key, make_ambiguous, policy_text, protected_refund,
+                           run_command)
 
 pytestmark = pytest.mark.usefixtures("hook_registry", "store_db")
 
@@ -214,16 +215,8 @@ def cli(folder: Path, *args: str) -> subprocess.CompletedProcess:
 def test_console_script_messages_name_ctrlrun(tmp_path):
     """Under `ctrlrun`, resolve's hint is 'ctrlrun effects', and its usage errors are one line, exit 2."""
     (tmp_path / "ctrlrun.yaml").write_text(POLICY)
-    made = subprocess.run([sys.executable, "-c", (
-        "import ctrlrun\n"
-        "@ctrlrun.protect('email.send', effect='email:{msg_id}')\n"
-        "def send(msg_id: str) -> None:\n"
-        "    raise TimeoutError('smtp timed out')\n"
-        "with ctrlrun.context(agent='mailer'):\n"
-        "    try:\n"
-        "        send(msg_id='m1')\n"
-        "    except TimeoutError:\n"
-        "        pass\n")], cwd=tmp_path, env=clean_env(), capture_output=True, text=True, timeout=120)
+    made = subprocess.run([sys.executable, "-c", CLI25_AMBIGUOUS_SCRIPT], cwd=tmp_path, env=clean_env(),
+                          capture_output=True, text=True, timeout=120)
     assert made.returncode == 0, made.stderr
 
     unknown = cli(tmp_path, "resolve", "email:nope", "--failed", "--reason", "checked")
