@@ -40,7 +40,7 @@ except ImportError as missing:  # pragma: no cover - exercised only without the 
     ) from missing
 
 import ctrlrun
-from ctrlrun import Decision
+from ctrlrun import Decision, messages
 
 __all__ = ["CtrlrunMiddleware", "guard_tool", "resume", "REFUSALS", "PAYLOAD_KIND", "pause", "config_of", "resume_run"]
 
@@ -127,7 +127,8 @@ def _payload(request: Any, tool: str, action: str, arguments: Mapping[str, Any],
         "arguments": dict(arguments),
         "tool_call_id": tool_call_id,
         "message": f"{action} needs a person's approval: answer ctrlrun request {request_id} "
-                   f"(console or 'ctrlrun approve {request_id}'), then resume with resume('{request_id}')",
+                   f"(console or {messages.command(f'approve {request_id}')}), then resume with "
+                   f"resume('{request_id}')",
     }
 
 

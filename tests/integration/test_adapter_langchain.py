@@ -133,6 +133,8 @@ def test_the_approve_band_pauses_with_the_ctrlrun_request_and_its_hash(tools, ra
     assert (payload["tool"], payload["action"], payload["arguments"]) == ("refund", "stripe.refund", arguments)
     assert json.loads(request.action_json)["arguments"] == arguments  # what the approver is shown
     assert ran == []  # never answered, never run
+    # Inside a Django project (this suite's), the request is answered with manage.py, not the script command.
+    assert f"'python manage.py approve {request.approval_id}'" in payload["message"], payload["message"]
 
 
 def test_a_call_a_person_denied_never_reaches_the_tool(tools, ran):
