@@ -10,7 +10,7 @@ from pathlib import Path
 
 from .base import script_environment
 from .machine import POSTGRES_ADMIN_URL, require_postgresql
-from .roles import ROLE_AGENT, RoleStore
+from .roles import ROLE_AGENT, ROLE_POLICY, RoleStore
 
 
 
@@ -89,16 +89,7 @@ budgets:
 
 #: Approvals given back (issue 25): a keyed refund that needs a person above 1000, no authority (so an
 #: approved refund can commit in a scratch store).
-GIVE_BACK_POLICY = """\
-schema: ctrlrun.policy/v2
-actions:
-  stripe.refund:
-    effect: "refund:{payment_id}"
-    rules:
-      - when: { amount_lte: 1000 }
-        decision: allow
-      - decision: approve
-"""
+GIVE_BACK_POLICY = "schema: ctrlrun.policy/v2\n" + ROLE_POLICY[ROLE_POLICY.index("\nactions:") + 1:]  # the same actions
 
 _SENT = '    with open(folder / "remote.log", "a") as log:\n        log.write(f"{payment_id} {amount}\\n")\n'
 assert _SENT in ROLE_AGENT
