@@ -5,7 +5,6 @@ processes (or two implementations) that see the same action compute the same has
 """
 from __future__ import annotations
 
-import datetime as dt
 import hashlib
 import json
 import re
@@ -16,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import EffectKeyError, InvalidArgument
+from .times import evidence_time
 
 __all__ = [
     "ACTION_SCHEMA",
@@ -560,14 +560,6 @@ def evidence_text(text: str) -> str:
         return text
     except UnicodeEncodeError:
         return text.encode("utf-8", "backslashreplace").decode("utf-8")
-
-
-def evidence_time(moment: dt.datetime | None) -> str | None:
-    """UTC with milliseconds and a ``Z``: ``2026-11-29T17:21:57.420Z``."""
-    if moment is None:
-        return None
-    moment = moment.astimezone(dt.timezone.utc)
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
 
 
 def strict_equal(left: Any, right: Any) -> bool:

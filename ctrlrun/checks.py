@@ -13,7 +13,7 @@ from .errors import CTRLRunError
 def check_policy(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """A malformed policy is an error naming file, line and key; a missing one a warning, and so is
     one in observe mode (ctrlrun.W002: nothing is enforced)."""
-    from .policy import load_policy
+    from .control import default_control
 
     try:
         path = conf.policy_path()
@@ -28,7 +28,7 @@ def check_policy(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMes
             )
         ]
     try:
-        policy = load_policy(path, environment=conf.environment_override(), authority=conf.authority_path())
+        policy = default_control().read_policy()
     except CTRLRunError as exc:
         return [checks.Error(str(exc), hint="fix the policy file, then run the check again", id="ctrlrun.E002")]
     if policy.observing:

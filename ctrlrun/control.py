@@ -15,9 +15,11 @@ connections, the lease-renewal thread, and the store threads of async calls.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import datetime as dt
 import inspect
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -26,6 +28,7 @@ from . import conf
 from .canonical import Principal
 from .errors import InvalidArgument
 from .kernel import drive
+from .kernel.decorator import guarded
 from .kernel.plans import plan_for
 from .kernel.steps import call_steps
 from .policy import AuthorityDocument, Evaluation, Policy, load_authority, load_policy, parse_policy
@@ -34,6 +37,8 @@ __all__ = ["Control", "default_control", "reset_default"]
 
 
 _NOTHING = contextlib.nullcontext()
+#: How often (seconds, at most) a call looks at the settings' policy files for a change.
+_RECHECK_SECONDS = 1.0
 _store: Any = None  # ctrlrun.store, once Django is ready (see Control.store)
 
 
@@ -95,6 +100,11 @@ class Control:
             if not (callable(getattr(observer, "on_event", None)) or callable(getattr(observer, "on_receipt", None))):
                 raise InvalidArgument(f"Control(observers=...): {observer!r} has neither on_event() nor on_receipt()")
         self._policy: Policy | None = policy
+        #: Whether the policy comes from settings' files (read again when they change), not given here.
+        self._from_settings = policy is None
+        self._read_key: Any = None  # the files' identity the settings' policy was read from
+        self._checked_at = 0.0  # time.monotonic() when a call last looked at the files
+        self._read_lock = threading.Lock()
         self._environment = environment
         self._authority = authority
         self._database = database
@@ -172,11 +182,25 @@ class Control:
         return float(getattr(self.approvals, "poll_interval", None) or conf.approval_poll().total_seconds())
 
     @property
+    def given_policy(self) -> Policy | None:
+        """The policy already in memory (given, or read before), without reading anything: what
+        decorating a function checks its templates against."""
+        return self._policy
+
+    @property
     def loaded_policy(self) -> Policy | None:
-        """The policy, once it is loaded and stored in this Control's database (else None)."""
+        """The policy, once it is loaded and stored in this Control's database (else None). A policy
+        from settings whose files changed since they were read (looked at once a second at most: a
+        call sees an edited file within a second) is not loaded: ``load`` reads it again."""
         policy = self._policy
         if policy is None or not self._stored or self._alias_now() not in self._stored:
             return None
+        if self._from_settings:
+            now = time.monotonic()
+            if now - self._checked_at >= _RECHECK_SECONDS:  # the files are read at most once a second
+                self._checked_at = now
+                if self._settings_key() != self._read_key:
+                    return None
         return policy
 
     def _alias_now(self) -> str:
@@ -192,8 +216,12 @@ class Control:
         return self.loaded_policy or self.load()
 
     def read_policy(self) -> Policy:
-        """The policy, read (from settings' file if none was given) without touching the store: what
-        a command or page that only reads needs (its mode, its registry)."""
+        """The policy this Control decides by, read without touching the store: what a page or a
+        command that only reads needs (its mode, its actions, its grants). This is the one reader of
+        the configured policy: a Control built from settings (the default one) reads the settings'
+        policy file and authority file again when either changed (its path or its bytes),
+        so the console, the commands and the calls of one process describe the same policy. A policy
+        that cannot be read raises its ``PolicyError``; nothing is cached then."""
         return self._read()
 
     def scope(self) -> contextlib.AbstractContextManager[None]:
@@ -235,14 +263,32 @@ class Control:
     def policy_hash(self) -> str:
         return self._read().hash
 
-    def _read(self) -> Policy:
-        """The policy, read from settings' file if none was given (nothing touches the store)."""
-        if self._policy is None:
-            from . import standalone
+    def _settings_key(self) -> Any:
+        """What identifies the settings' policy as it stands now: the paths and contents of the policy
+        file and the authority file, and the environment."""
+        from . import standalone
 
-            standalone.configure_settings()
-            self._policy = load_policy(conf.policy_path(), environment=self._environment or _environment(),
-                                       authority=self._authority or conf.authority_path())
+        standalone.configure_settings()
+        path = conf.policy_path()
+        authority = self._authority if self._authority is not None else conf.authority_path()
+        return (_file_key(path), authority if isinstance(authority, AuthorityDocument) else
+                _file_key(authority) if authority is not None else None, self._environment or _environment())
+
+    def _read(self) -> Policy:
+        """The policy: the one given, or the settings' as their files are now (nothing touches the store)."""
+        if not self._from_settings:
+            return self._policy  # type: ignore[return-value]
+        key = self._settings_key()
+        if self._policy is not None and key == self._read_key:
+            return self._policy
+        with self._read_lock:
+            if self._policy is None or key != self._read_key:
+                (path, _), authority, environment = key
+                policy = load_policy(path, environment=environment, authority=authority if authority is None or
+                                     isinstance(authority, AuthorityDocument) else authority[0])
+                if self._policy is None or policy.hash != self._policy.hash:
+                    self._stored = set()  # a new policy: its row is stored before its first decision
+                self._policy, self._read_key = policy, key
         return self._policy
 
     def load(self) -> Policy:
@@ -297,10 +343,6 @@ class Control:
         (it must be the parent's subject). ``grant`` is a ``Grant`` with ``id=""``, or one grant
         document (YAML text) without ``id``. Returns the ``Delegation``; refused with
         ``AuthorityEscalation(reason, parent_id, dimension)`` (recorded as ``DELEGATION_REJECTED``)."""
-        from .policy.authority import Grant
-        from .errors import AuthorityEscalation
-        from .policy import parse_grant
-
         if via not in ("api", "cli"):  # a hop is made by hop(); break-glass envelopes are not built
             raise InvalidArgument(f"delegate(via=...) is 'api' or 'cli', not {via!r}")
         return self._delegate(parent_id, grant, by=by, via=via)
@@ -380,10 +422,8 @@ class Control:
     # ------------------------------------------------------------------ entry points
 
     def protect(self, name: str, **options: Any) -> Callable[[Any], Any]:
-        """``ctrlrun.protect(name, ..., control=self)``."""
-        from .protect import protect
-
-        return protect(name, control=self, **options)
+        """``ctrlrun.protect(name, ..., control=self)``: the options are ``protect``'s."""
+        return guarded(plan_for(name, options), runtime=lambda: self, hooks=self.hooks, policy=self.given_policy)
 
     def evaluate(self, name: str, arguments: Mapping[str, Any]) -> Evaluation:
         """What the policy says about ``name`` with these arguments; writes nothing."""
@@ -468,6 +508,15 @@ def _arguments(name: str, arguments: Mapping[str, Any]) -> dict[str, Any]:
         if key == "data_scope":
             raise InvalidArgument(f"{name}: 'data_scope' is reserved and cannot be an argument name")
     return dict(arguments)
+
+
+def _file_key(path: Path) -> tuple[Path, str | None]:
+    """A file's path with a digest of its bytes (None when it cannot be read: loading it says why).
+    The bytes, not the modification time: two writes within one clock tick differ here too."""
+    try:
+        return path, hashlib.blake2b(path.read_bytes(), digest_size=16).hexdigest()
+    except (OSError, ValueError):
+        return path, None
 
 
 def _authority_file() -> Path | None:

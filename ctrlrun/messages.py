@@ -16,8 +16,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .canonical import evidence_time
-from .errors import StateConflict
+from .times import evidence_time
 
 __all__ = [
     "TAMPERED_HINT", "entry", "command", "approval_required", "OPEN_TRANSACTION", "store_unavailable", "unknown_alias",
@@ -220,8 +219,9 @@ def resolve_which(outcome: Any) -> str:
 # --------------------------------------------------------------------------- a row not in the state asked for
 
 
-def state_conflict(conflict: StateConflict, command_line: Callable[[str], str] | None = None) -> str:
-    """``conflict`` worded for a person; ``command_line(name)`` names a command the caller's way (the
+def state_conflict(conflict: Any, command_line: Callable[[str], str] | None = None) -> str:
+    """``conflict`` (a ``ctrlrun.errors.StateConflict``: ``errors`` imports this module, never the
+    reverse) worded for a person; ``command_line(name)`` names a command the caller's way (the
     commands pass theirs; without it no command is named)."""
     what, ident, found, facts = conflict.what, conflict.ident, conflict.found, conflict.facts
     if what == "approval":

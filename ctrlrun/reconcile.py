@@ -121,11 +121,10 @@ def ask_now(effect_key: str, *, requested_by: str | None = None) -> Line:
 
 def _policy_actions() -> tuple[list[str], str | None]:
     """The actions the policy names, and why there are none if it could not be read."""
-    from .policy import load_policy
+    from .control import default_control
 
     try:
-        return sorted(load_policy(conf.policy_path(), environment=conf.environment_override(),
-                                   authority=conf.authority_path()).actions), None
+        return sorted(default_control().read_policy().actions), None
     except (PolicyError, InvalidArgument) as exc:
         return [], f"the policy could not be read ({' '.join(str(exc).split())[:200]})"
 

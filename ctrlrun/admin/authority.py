@@ -17,7 +17,7 @@ from django.utils.safestring import SafeString
 from django.utils.translation import gettext as _g
 from django.utils.translation import gettext_lazy as _
 
-from .. import conf, store
+from .. import store
 from ..console import (
     badge, call_link, change_url, changelist_url, effect_link, link, policy_link, receipt_link, shown, when,
     when_text,
@@ -28,7 +28,6 @@ from ..models import Delegation
 from ..states import EffectState
 from ..models import BudgetLedger
 from .base import EvidenceAdmin, RevealedValuesFilter, _NumberedRows, _at, _object_key, refusal_text
-from .evidence import current_policy
 
 
 # --------------------------------------------------------------------------- grants and budgets (authority, §C5)
@@ -38,17 +37,12 @@ from .evidence import current_policy
 
 def _grants_policy() -> tuple[Any, str | None]:
     """The policy this server reads and None, or None and why it cannot be read (one sentence)."""
-    policy = current_policy()
-    if policy is not None:
-        return policy, None
-    from ..policy import load_policy
+    from ..control import default_control
 
-    try:  # only when it failed: read it again for the reason (current_policy keeps none)
-        path = conf.policy_path()
-        load_policy(path, environment=conf.environment_override(), authority=conf.authority_path())
+    try:
+        return default_control().read_policy(), None
     except (CTRLRunError, OSError, ValueError) as exc:
-        return None, " ".join(str(exc).split())
-    return None, _g("the policy file could not be read")
+        return None, " ".join(str(exc).split()) or _g("the policy file could not be read")
 
 
 def _grant_rows(grant: Any) -> list[tuple[str, SafeString]]:

@@ -3,7 +3,6 @@ policy this server reads."""
 
 from __future__ import annotations
 
-import functools
 import json
 from typing import Any
 
@@ -508,24 +507,12 @@ def _current_policy_hash() -> str | None:
 
 
 def current_policy() -> Any:
-    """The policy this server reads (a ``Policy``), or None when it cannot be read: loaded again only
-    when its file's path, modification time or size changed. Never raises: a broken or missing
-    policy must not break a page (``manage.py check`` and the protected calls say what is wrong)."""
-    try:
-        path, environment, authority = conf.policy_path(), conf.environment_override(), conf.authority_path()
-        stat = path.stat()
-        grants = authority.stat() if authority is not None else None
-    except (CTRLRunError, OSError, ValueError):
-        return None
-    return _policy_of(str(path), stat.st_mtime_ns, stat.st_size, environment,
-                      (str(authority), grants.st_mtime_ns, grants.st_size) if grants is not None else None)
-
-
-@functools.lru_cache(maxsize=8)
-def _policy_of(path: str, mtime_ns: int, size: int, environment: str | None, authority: Any = None) -> Any:
-    from ..policy import load_policy
+    """The policy this server reads (a ``Policy``: the default Control's, read again when its files
+    change), or None when it cannot be read. Never raises: a broken or missing policy must not break a
+    page (``manage.py check`` and the protected calls say what is wrong)."""
+    from ..control import default_control
 
     try:
-        return load_policy(path, environment=environment, authority=authority[0] if authority else None)
+        return default_control().read_policy()
     except (CTRLRunError, OSError, ValueError):
         return None

@@ -59,6 +59,7 @@ from ..errors import NotExecuted
 from ..states import RECONCILE_ANSWERS
 from ..values import HookAnswer
 from .context import running_attempt
+from .runtime import Runtime
 from .steps import Abandoned, Ask, Consult, Pause, Phase, Record, Run, Steps
 
 logger = logging.getLogger("ctrlrun")
@@ -131,7 +132,7 @@ class _Running:
     """Around the user's function: the transport register open (so ``ctrlrun.transport`` can tell
     a call that never connected), its attempt in the context, and its lease renewed on its store."""
 
-    def __init__(self, op: Run, control: Any) -> None:
+    def __init__(self, op: Run, control: Runtime) -> None:
         self.op, self.control = op, control
 
     def __enter__(self) -> _Running:
@@ -154,7 +155,7 @@ class _Running:
         return bool(self.stack.__exit__(*exc))
 
 
-def _phase(control: Any, op: Phase) -> Any:
+def _phase(control: Runtime, op: Phase) -> Any:
     with control.scope():
         return op.fn(*op.args, **op.kwargs)
 
@@ -162,7 +163,7 @@ def _phase(control: Any, op: Phase) -> Any:
 # --------------------------------------------------------------------------- synchronous
 
 
-def run_sync(steps: Steps, control: Any) -> Any:
+def run_sync(steps: Steps, control: Runtime) -> Any:
     """Drive ``steps`` in this thread; return the function's value or raise what the steps raise."""
     send: Any = None
     throw: BaseException | None = None
@@ -269,13 +270,13 @@ class _PhaseCancelled(Exception):
         self.future, self.cancel = future, cancel
 
 
-async def _run_phase(control: Any, op: Phase) -> Any:
+async def _run_phase(control: Runtime, op: Phase) -> Any:
     context = contextvars.copy_context()
     future = _threads.submit(lambda: context.run(_phase, control, op))
     return await _uncut(future)
 
 
-async def run_phase(control: Any, op: Phase) -> Any:
+async def run_phase(control: Runtime, op: Phase) -> Any:
     """One store operation from an event loop, on a store thread in ``control``'s scope (the
     caller's context copied in); a cancellation waits for it to finish, then is raised."""
     try:
@@ -298,7 +299,7 @@ async def _uncut(future: concurrent.futures.Future[Any]) -> Any:
         raise _PhaseCancelled(future, cancel) from None
 
 
-async def _run_function(op: Run, control: Any) -> Any:
+async def _run_function(op: Run, control: Runtime) -> Any:
     with _Running(op, control):
         if op.awaitable:
             try:
@@ -325,7 +326,7 @@ class _Raised(Exception):
         self.error = error
 
 
-async def run_async(steps: Steps, control: Any) -> Any:
+async def run_async(steps: Steps, control: Runtime) -> Any:
     """Drive ``steps`` on the running event loop, never blocking it on the database."""
     send: Any = None
     throw: BaseException | None = None

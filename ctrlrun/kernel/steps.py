@@ -66,6 +66,7 @@ from ..errors import (
 from .. import messages
 from ..states import Decision, Result
 from .context import current_principal, presented_approval
+from .runtime import Runtime
 
 logger = logging.getLogger("ctrlrun")
 
@@ -214,7 +215,7 @@ def _denial_message(name: str, reason: str) -> str:
 # --------------------------------------------------------------------------- the call
 
 
-def call_steps(control: Any, plan: Plan, bind: Callable[[], Mapping[str, Any]], invoke: Callable[[Action], Any],
+def call_steps(control: Runtime, plan: Plan, bind: Callable[[], Mapping[str, Any]], invoke: Callable[[Action], Any],
                *, awaitable: bool = False, principal: Principal | None = None) -> Steps:
     """The steps of one call of ``plan`` under ``control``; its value is the function's.
 
@@ -270,7 +271,7 @@ def call_steps(control: Any, plan: Plan, bind: Callable[[], Mapping[str, Any]], 
 class _Running:
     """The parts of one call fixed once its action is known."""
 
-    control: Any
+    control: Runtime
     plan: Plan
     policy: Any
     action: Action

@@ -62,7 +62,7 @@ def test_the_policy_effect_is_checked_when_the_policy_is_in_memory():
 def test_a_function_taking_kwargs_accepts_any_placeholder():
     """``protect`` refuses ``**kwargs`` itself (every argument must be visible to the policy), so the
     placeholder check only says so for a programmatic plan: it lets any name through."""
-    from ctrlrun.protect import check_placeholders
+    from ctrlrun.kernel.plans import check_placeholders
 
     def anything(payment_id: str, **extra: object) -> None: ...
 
