@@ -1,7 +1,8 @@
 """Observers: told what ctrlrun wrote, after it is committed, and never able to break a call.
 
 An observer is any object with ``on_event(event)`` and/or ``on_receipt(receipt)``. ``event`` is an
-``ObservedEvent`` (its chain position, time, type, action, effect key, approval, data); ``receipt``
+``ObservedEvent`` (``ctrlrun.values.EventView``: its chain position ``seq``, time, type, action, effect
+key, approval, data; ``id`` None); ``receipt``
 is the receipt document as stored (a dict, ``ctrlrun.receipt/v7``).
 
 When they run: the store hands what a phase appended to the evidence to
@@ -17,13 +18,13 @@ reach process observers and signal receivers too.
 """
 from __future__ import annotations
 
-import datetime as dt
 import logging
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass
 from typing import Any, Protocol
+
+from .values import EventView
 
 logger = logging.getLogger("ctrlrun.observers")
 
@@ -36,15 +37,8 @@ class Observer(Protocol):
     def on_receipt(self, receipt: dict[str, Any]) -> None: ...
 
 
-@dataclass(frozen=True)
-class ObservedEvent:
-    seq: int
-    ts: dt.datetime
-    type: str
-    action_id: str | None
-    effect_key: str | None
-    approval_id: str | None
-    data: dict[str, Any]
+#: What an observer is told of one event: the store's own event value (one definition).
+ObservedEvent = EventView
 
 
 _process: list[Any] = []
@@ -114,15 +108,14 @@ def _tell(observer: Any, method: str, items: Sequence[Any]) -> None:
             logger.exception("ctrlrun observer %r failed in %s", observer, method)
 
 
-def after_commit(alias: str, events: Sequence[tuple[Any, ...]], receipts: Sequence[dict[str, Any]]) -> None:
-    """Called by the store inside a phase with what it appended: (seq, ts, type, action_id,
-    effect_key, approval_id, data) per event, and the receipt documents. Delivered once the phase's
-    transaction commits; nothing at all when nobody listens."""
+def after_commit(alias: str, events: Sequence[ObservedEvent], receipts: Sequence[dict[str, Any]]) -> None:
+    """Called by the store inside a phase with what it appended: the events (with their ``seq``) and the
+    receipt documents. Delivered once the phase's transaction commits; nothing at all when nobody listens."""
     chosen = wanted()
     if chosen is None or not (events or receipts):
         return
     from django.db import transaction
 
-    observed = [ObservedEvent(*row) for row in events]
+    observed = list(events)
     documents = [dict(doc) for doc in receipts]
     transaction.on_commit(lambda: deliver(chosen, observed, documents), using=alias)

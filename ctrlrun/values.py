@@ -35,7 +35,20 @@ __all__ = [
     "Overview",
 ]
 
-EventRow = tuple  # (ts, type, action_id, effect_key, approval_id, data[, data as JSON text]): one event
+@dataclass(frozen=True, slots=True)
+class EventRow:
+    """One event as a phase appends it to the event chain (or keeps it on a running attempt's record).
+
+    ``text`` is ``data`` already encoded as the JSON that joins the chain (a stashed event, or one whose
+    text was built with its action's hash), else None and the seal encodes ``data``."""
+
+    ts: dt.datetime
+    type: str
+    action_id: str | None
+    effect_key: str | None
+    approval_id: str | None
+    data: dict[str, Any]
+    text: str | None = None
 
 
 @dataclass(frozen=True)
@@ -225,13 +238,19 @@ class EffectView:
 
 @dataclass(frozen=True)
 class EventView:
-    id: int
+    """One event as it is read: from the store (``id`` the row's; 0 for an opening event still waiting
+    on its running attempt's record), or as an observer is told of it once its phase committed (``id``
+    None: an append reads no ids back). ``seq`` is its position in the event chain (None while it waits).
+    ``ctrlrun.observers.ObservedEvent`` is this class."""
+
+    id: int | None
     ts: dt.datetime
     type: str
     action_id: str | None
     effect_key: str | None
     approval_id: str | None
     data: dict[str, Any]
+    seq: int | None = None
 
 
 @dataclass(frozen=True)

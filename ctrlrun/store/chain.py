@@ -19,7 +19,7 @@ from ..errors import CTRLRunError, EvidenceTampered
 from ..models import Event, Receipt, dumps_json
 from ..receipts import build_receipt, dump_receipt, event_document, event_hash, event_time, receipt_hash
 from ..states import Decision, EventType, Result
-from ..values import Call, Charge, EventRow, Pending
+from ..values import Call, Charge, EventRow, EventView, Pending
 from . import sql
 from .base import _clock, _cursor, _db, _iso, _q, _time_param
 from .signatures import HEAD_DOMAIN, _head_document, _head_problem, _trust_head
@@ -28,9 +28,9 @@ Built = tuple  # (events, receipts) a builder makes once the seal knows the time
 
 
 def _event(type_: EventType, call_or_id: Call | str | None, effect_key: str | None, data: dict[str, Any],
-           when: dt.datetime, approval_id: str | None = None) -> EventRow:
+           when: dt.datetime, approval_id: str | None = None, *, text: str | None = None) -> EventRow:
     action_id = call_or_id.action.action_id if isinstance(call_or_id, Call) else call_or_id
-    return (when, type_.value, action_id, effect_key, approval_id, data)
+    return EventRow(when, type_.value, action_id, effect_key, approval_id, data, text)
 
 
 @dataclass(frozen=True)
@@ -152,13 +152,15 @@ def _seal(events: Sequence[EventRow], receipts: Sequence[_ReceiptSpec], when: dt
             assert (len(events), len(receipts)) == sizes, "a builder made other than it announced"
         event_params: list[Any] = []
         listening = observers.wanted() is not None
-        observed: list[tuple[Any, ...]] = []
+        observed: list[EventView] = []
         position = event_seq - len(events)
-        for ts, type_, action_id, effect_key, approval_id, data, *known in events:
+        for event in events:
             position += 1
+            ts, type_, action_id, effect_key, approval_id = (event.ts, event.type, event.action_id, event.effect_key,
+                                                             event.approval_id)
             if listening:
-                observed.append((position, ts, type_, action_id, effect_key, approval_id, data))
-            text = known[0] if known else dumps_json(data)
+                observed.append(EventView(None, ts, type_, action_id, effect_key, approval_id, event.data, position))
+            text = event.text if event.text is not None else dumps_json(event.data)
             digest = event_hash(event_document(position, event_prev, event_time(ts), type_, action_id,
                                                effect_key, approval_id, text))
             event_params += [adapt(ts), type_, action_id, effect_key, approval_id, text, position, event_prev, digest]
@@ -202,9 +204,8 @@ def _opening_events(call: Call, when: dt.datetime, *, with_policy: bool = True) 
     # The data's text is built from the action's canonical JSON, already encoded for its hash.
     proposed_text = '{"action_hash":"%s","action":%s}' % (action.hash, action.canonical_json)
     events = [
-        (*_event(EventType.ACTION_PROPOSED, call, call.effect_key,
-                 {"action_hash": action.hash, "action": action.canonical()}, call.started_at or when),
-         proposed_text),
+        _event(EventType.ACTION_PROPOSED, call, call.effect_key,
+               {"action_hash": action.hash, "action": action.canonical()}, call.started_at or when, text=proposed_text),
     ]
     if call.authority is not None:  # authority (v3) is asked before the policy
         resolved = call.authority.get("reason") == "authority_grant"
@@ -224,8 +225,10 @@ def _stash(call: Call, attempt: int, events: Sequence[EventRow]) -> Pending:
     """The running attempt's opening events as kept on its record, with what a sweeper needs to
     write the receipt of an attempt whose worker never came back. Each event's data is encoded
     once, here, and the same text is what joins the chain."""
-    rows = tuple(event if len(event) == 7 else (*event, dumps_json(event[5])) for event in events)
-    proposed = any(event[1] == EventType.ACTION_PROPOSED.value for event in events)
+    rows = tuple(event if event.text is not None else
+                 EventRow(event.ts, event.type, event.action_id, event.effect_key, event.approval_id, event.data,
+                          dumps_json(event.data)) for event in events)
+    proposed = any(event.type == EventType.ACTION_PROPOSED.value for event in events)
     document = {
         "v": 1,
         # The action is in ACTION_PROPOSED's data when that event waits here too; else it is kept here.
@@ -241,8 +244,7 @@ def _stash(call: Call, attempt: int, events: Sequence[EventRow]) -> Pending:
                  **({"would_have": dict(call.would_have)} if call.would_have else {}),
                  **({"budget_charges": [[c.grant_id, c.metric, c.amount, c.limit, c.window_seconds]
                                         for c in call.budget_charges]} if call.budget_charges else {})},
-        "events": [[event_time(ts), type_, action_id, key, approval_id, text]
-                   for ts, type_, action_id, key, approval_id, _, text in rows],
+        "events": [[event_time(e.ts), e.type, e.action_id, e.effect_key, e.approval_id, e.text] for e in rows],
     }
     return Pending(dumps_json(document), rows)
 
@@ -250,9 +252,9 @@ def _stash(call: Call, attempt: int, events: Sequence[EventRow]) -> Pending:
 def _unstash(text: str) -> tuple[Call, int, list[EventRow]]:
     document = json.loads(text)
     info = document["call"]
-    events = [(dt.datetime.fromisoformat(ts), type_, action_id, key, approval_id, json.loads(data), data)
+    events = [EventRow(dt.datetime.fromisoformat(ts), type_, action_id, key, approval_id, json.loads(data), data)
               for ts, type_, action_id, key, approval_id, data in document["events"]]
-    canonical = info["action"] or next(e[5]["action"] for e in events if e[1] == EventType.ACTION_PROPOSED.value)
+    canonical = info["action"] or next(e.data["action"] for e in events if e.type == EventType.ACTION_PROPOSED.value)
     principal = canonical["principal"]
     action = Action(canonical["name"], canonical["arguments"], Principal(principal["agent"], principal["user"]),
                     resource=canonical["resource"], environment=canonical["environment"],

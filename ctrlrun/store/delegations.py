@@ -33,7 +33,7 @@ from ..models import Delegation as DelegationRow
 from ..policy import grant_from_json, grant_json
 from ..states import EventType
 from .base import _as_datetime, _cursor, _db, _phase, _q, _reading
-from .chain import _seal
+from .chain import _event, _seal
 from .signatures import delegation_mac, delegation_ok
 
 _ID = re.compile(r"dlg_[0-9a-f]{32}\Z")
@@ -186,7 +186,7 @@ def create_delegation(authority: Authority, parent_id: str, grant: Grant, *, age
             data: dict[str, Any] = {"reason": reason, "parent_id": parent_id}
             if dimension is not None:
                 data["dimension"] = dimension
-            _seal([(when, EventType.DELEGATION_REJECTED.value, None, None, None, data)], [], when)
+            _seal([_event(EventType.DELEGATION_REJECTED, None, None, data, when)], [], when)
             return Rejected(reason, dimension, message)
         ident = new_id("dlg_")
         row = DelegationRow(delegation_id=ident, parent_id=parent_id, depth=judged, grant_json=text,
@@ -194,9 +194,9 @@ def create_delegation(authority: Authority, parent_id: str, grant: Grant, *, age
                             created_at=when)
         row.mac = delegation_mac(ident, parent_id, judged, text, grant.agent, agent, user, via, when, None, None)
         row.save(using=_q(DelegationRow).db, force_insert=True)
-        _seal([(when, EventType.DELEGATION_CREATED.value, None, None, None, {
+        _seal([_event(EventType.DELEGATION_CREATED, None, None, {
             "delegation_id": ident, "parent_id": parent_id, "depth": judged, "created_by_agent": agent,
-            "created_by_user": user, "created_via": via, **({"action_id": action_id} if action_id else {})})],
+            "created_by_user": user, "created_via": via, **({"action_id": action_id} if action_id else {})}, when)],
               [], when)
     return Delegation(ident, parent_id, judged, replace(grant, id=ident), agent, user, via, when)
 
@@ -217,8 +217,8 @@ def revoke_delegation(delegation_id: str, revoked_by: str) -> Revoked | None:
                 revoked_at=when, revoked_by=revoked_by, mac=mac)
             values = _q(DelegationRow).filter(pk=delegation_id).values_list(*_FIELDS).first()
         if changed:
-            _seal([(when, EventType.DELEGATION_REVOKED.value, None, None, None,
-                    {"delegation_id": delegation_id, "revoked_by": revoked_by})], [], when)
+            _seal([_event(EventType.DELEGATION_REVOKED, None, None,
+                          {"delegation_id": delegation_id, "revoked_by": revoked_by}, when)], [], when)
     return Revoked(_delegation(values), bool(changed))
 
 

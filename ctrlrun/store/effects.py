@@ -537,7 +537,7 @@ def observe_begin(call: Call, lease: dt.timedelta, *, presented: str | None = No
             if lapsed and not tampered:
                 _lapse(record, when, lapsed_events, lapsed_receipts)
             error = _refusal_for(record, tampered)
-            refused = _refusal_event(call, error, when)[5]
+            refused = _refusal_event(call, error, when).data
             reservation = _problem_name(error)
         events += [_event(EventType.EFFECT_RESERVATION_REFUSED, call, key, refused, when, call.approval_id),
                    _event(EventType.EXECUTION_STARTED, call, key, {"task": call.task, "hop": call.hop}, when, call.approval_id)]

@@ -59,7 +59,7 @@ def _receipt_view(row: Receipt) -> ReceiptView:
 
 def _event_view(row: Event) -> EventView:
     return EventView(id=row.id, ts=row.ts, type=row.type, action_id=row.action_id, effect_key=row.effect_key,
-                     approval_id=row.approval_id, data=row.data)
+                     approval_id=row.approval_id, data=row.data, seq=row.seq)
 
 
 def _waiting_views(records: Any) -> list[EventView]:
@@ -70,8 +70,7 @@ def _waiting_views(records: Any) -> list[EventView]:
             _, _, waiting = _unstash(text)
         except (ValueError, KeyError, TypeError, CTRLRunError):
             continue
-        views += [EventView(0, ts, type_, action_id, key, approval_id, data)
-                  for ts, type_, action_id, key, approval_id, data, _ in waiting]
+        views += [EventView(0, e.ts, e.type, e.action_id, e.effect_key, e.approval_id, e.data) for e in waiting]
     return views
 
 

@@ -79,7 +79,7 @@ def record_reconciliation(effect_key: str, action_id: str | None, resolver: str,
                 now_is = f"{record.state} at attempt {record.attempt}" if record else "gone"
             logger.warning("reconcile answer %r for %s (attempt %s) dropped: the record is %s now", answer.outcome,
                            effect_key, attempt, now_is)
-            events[-1][5]["dropped"] = f"the record is {now_is}; this answer was about attempt {attempt}"
+            events[-1].data["dropped"] = f"the record is {now_is}; this answer was about attempt {attempt}"
             moved = "dropped"
         elif answer.outcome in ("committed", "not_executed"):
             state = S.COMMITTED if answer.outcome == "committed" else S.FAILED
