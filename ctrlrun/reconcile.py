@@ -131,21 +131,16 @@ def _policy_actions() -> tuple[list[str], str | None]:
 
 def is_known_action(action: str) -> bool:
     """Whether ``action`` is named by the policy, has a registered hook, or has an effect record."""
-    from .models import EffectRecord
-
     if action in registered_actions() or action in _policy_actions()[0]:
         return True
-    return EffectRecord.objects.using(store.alias()).filter(action=action).exists()
+    return store.action_recorded(action)
 
 
 def known_actions() -> tuple[list[str], str | None]:
     """Every action the policy names, a hook is registered for, or an effect record holds (sorted),
     and a note when the policy could not be read."""
-    from .models import EffectRecord
-
     named, note = _policy_actions()
-    recorded = EffectRecord.objects.using(store.alias()).values_list("action", flat=True).distinct()
-    return sorted({*named, *registered_actions(), *recorded}), note
+    return sorted({*named, *registered_actions(), *store.recorded_actions()}), note
 
 
 _discovered = False

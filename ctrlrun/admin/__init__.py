@@ -12,17 +12,27 @@ it; a call's page shows its action, decision (with the policy rule as written), 
 approvals, receipts and events; every id on every page is a link. URLs are built for the admin
 site serving the page (``self.admin_site.name``), so the console works on a custom AdminSite.
 
-The package, by family (each module registers its model admins when imported, base first):
+The package, by family (each module registers its model admins when imported, base first), and
+which model admin hosts each page that is not a model's list or change form:
 
-- ``base``: the page clock, how values are shown, ``EvidenceAdmin`` and the shared filters;
+- ``console``: what every page is made of (the one time format, badges, links, the rule as
+  written, event data); ``frontpage``: the front page's tiles, counts and last chain check, shown
+  on the admin index by ``{% ctrlrun_overview %}`` (hosted by no model admin). Neither registers.
+- ``base``: the page clock, ``EvidenceAdmin`` (``console_page`` renders a hosted page) and the
+  shared filters;
 - ``paused``: ``PausedRunAdmin``;
-- ``approvals``: ``ApprovalAdmin``, with the decide view (``<id>/decide/<answer>/``);
-- ``effects``: ``EffectRecordAdmin``, with the ask and resolve views;
-- ``evidence``: ``ReceiptAdmin`` (hosts the chain's Verify page, ``receipt/verify/``),
-  ``EventAdmin`` (hosts the call page, ``event/call/<action id>/``) and ``PolicyDocumentAdmin``;
-  ``current_policy()``, the policy this server reads;
-- ``authority``: ``BudgetLedgerAdmin`` (hosts the Grants and budgets page, ``budgetledger/grants/``)
-  and ``DelegationAdmin``, with the revoke view.
+- ``approvals``: ``ApprovalAdmin`` hosts the decide confirmation (``approval/<id>/decide/<answer>/``);
+- ``effects``: ``EffectRecordAdmin`` hosts the ask and resolve actions (``effectrecord/<key>/ask/``,
+  ``.../resolve/``, POST only);
+- ``evidence``: ``ReceiptAdmin`` hosts the chain's Verify page (``receipt/verify/``), ``EventAdmin``
+  the call page (``event/call/<action id>/``); ``PolicyDocumentAdmin``; ``current_policy()``, the
+  policy this server reads;
+- ``authority``: ``BudgetLedgerAdmin`` hosts the Grants and budgets page (``budgetledger/grants/``);
+  ``DelegationAdmin`` shows its list as the delegation tree and hosts the revoke confirmation
+  (``delegation/<id>/revoke/``).
+
+Every page reads through ``ctrlrun.store`` (values, never a QuerySet); only the model admins'
+own lists and change forms query the models, as Django's admin does.
 """
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
 from .. import store
-from ..console import (
+from .console import (
     badge, call_link, change_url, cited_by, controls_html, effect_link, policy_link, reason_html, shown,
     tampered_badge, when, when_text,
 )
@@ -327,9 +327,9 @@ class ApprovalAdmin(EvidenceAdmin):
         request.current_app = self.site
         _clock.value = None  # expiry is judged on the clock of this request, never a second-old one
         object_id = _object_key(object_id)
-        if self.get_object(request, object_id) is None:
-            raise Http404(_g("no approval request %(id)s") % {"id": reveal(object_id)})
         approval = store.get_approval(object_id)
+        if approval is None:
+            raise Http404(_g("no approval request %(id)s") % {"id": reveal(object_id)})
         change = change_url(self.site, "approval", object_id)
         refusal = self._answerable(request, approval)
         if refusal is not None and request.method != "POST":
@@ -349,7 +349,8 @@ class ApprovalAdmin(EvidenceAdmin):
                 self.message_user(request, reveal(refusal_text(exc)), messages.ERROR)
                 return HttpResponseRedirect(change)
             verb = "granted" if answer == "approve" else "denied"
-            self.log_change(request, Approval.objects.using(store.alias()).get(pk=object_id),
+            self.log_change(request, Approval(approval_id=result.approval_id, action=result.action,
+                                              status=result.status),
                             f"{verb} {object_id}" + (f": {note}" if note else ""))
             self.message_user(request, self._answered_message(result, verb), messages.SUCCESS)
             return HttpResponseRedirect(change)

@@ -18,21 +18,23 @@ from django.utils.translation import gettext as _g
 from django.utils.translation import gettext_lazy as _
 
 from .. import store
-from ..console import (
+from .console import (
     badge, call_link, change_url, changelist_url, effect_link, link, policy_link, receipt_link, shown, when,
     when_text,
 )
 from ..display import dumps, reveal
 from ..errors import CTRLRunError
-from ..models import Delegation
+from ..models import BudgetLedger, Delegation
+from ..report import amount_text, budget_cap, budget_document
 from ..states import EffectState
-from ..models import BudgetLedger
 from .base import EvidenceAdmin, RevealedValuesFilter, _NumberedRows, _at, _object_key, refusal_text
 
 
 # --------------------------------------------------------------------------- grants and budgets (authority, §C5)
 # Kept in one block (with its templates under admin/ctrlrun/grants/) beside the rest of the console.
 
+#: How many calls the page lists per budget (the newest first); the rest are counted.
+CALLS_SHOWN = 50
 
 
 def _grants_policy() -> tuple[Any, str | None]:
@@ -71,19 +73,17 @@ def _grant_rows(grant: Any) -> list[tuple[str, SafeString]]:
     ]
 
 
-def _call_row(site: str, call: dict[str, Any], currency: str | None = None) -> dict[str, Any]:
-    from ..budget_report import amount_text
-
-    state = call["state"]
+def _call_row(site: str, call: store.BudgetCall, currency: str | None = None) -> dict[str, Any]:
+    state = call.state
     return {
-        "at": when(call["consumed_at"]),
-        "amount": amount_text(call["amount"], currency),
+        "at": when(call.consumed_at),
+        "amount": amount_text(call.amount, currency),
         "state": badge(state),
         "standing": _g("spent") if state == EffectState.COMMITTED else _g("holds"),
-        "effect": effect_link(site, call["effect_key"]),
-        "attempt": call["attempt"],
-        "call": call_link(site, call["action_id"]) if call["action_id"] else shown(None),
-        "receipt": receipt_link(site, call["receipt_id"]) if call["receipt_id"] else format_html(
+        "effect": effect_link(site, call.effect_key),
+        "attempt": call.attempt,
+        "call": call_link(site, call.action_id) if call.action_id else shown(None),
+        "receipt": receipt_link(site, call.receipt_id) if call.receipt_id else format_html(
             "<em>{}</em>", _g("none yet")),
     }
 
@@ -91,11 +91,9 @@ def _call_row(site: str, call: dict[str, Any], currency: str | None = None) -> d
 def _budget_boxes(site: str, grant: Any, now: dt.datetime) -> list[dict[str, Any]]:
     """Each budget of ``grant`` (a policy grant, or a delegation's) as the page shows it: its cap, what is
     used (holds included), held and left in the window ending ``now``, and the calls that used it."""
-    from ..budget_report import CALLS_SHOWN, amount_text, budget_calls, budget_cap, budget_document
-
     boxes = []
     for budget, numbers in zip(grant.budgets or (), budget_document(grant, now)["budgets"]):
-        calls, total = budget_calls(grant.id, numbers["metric"], numbers["window_seconds"], now)
+        calls, total = store.budget_calls(grant.id, numbers["metric"], numbers["window_seconds"], now, CALLS_SHOWN)
         used = numbers["consumed"]  # holds included
         left = max(numbers["limit"] - used, 0)
         boxes.append({
@@ -238,8 +236,6 @@ def _narrows(grant: Any) -> list[str]:
         parts.append(f"{_g('expires')} {when_text(grant.expires_at)}")
     if grant.tasks is not None:
         parts.append(f"{_g('tasks')} {', '.join(grant.tasks)}")
-    from ..budget_report import budget_cap
-
     for budget in grant.budgets or ():  # written as the Grants page and inspect --grant write it
         parts.append(f"{_g('budget')} {budget.metric}: {budget_cap(budget)}")
     if grant.delegable:
@@ -355,8 +351,9 @@ class DelegationAdmin(EvidenceAdmin):
             except CTRLRunError as exc:
                 self.message_user(request, reveal(refusal_text(exc)), messages.ERROR)
                 return HttpResponseRedirect(tree)
-            self.log_change(request, Delegation.objects.using(store.alias()).get(pk=object_id),
-                            f"revoked {object_id}")
+            revoked = done.delegation if done is not None else row  # the row as the revoke left it
+            self.log_change(request, Delegation(delegation_id=revoked.id, parent_id=revoked.parent_id,
+                                                revoked_at=revoked.revoked_at), f"revoked {object_id}")
             if done is not None and done.changed:
                 self.message_user(request, _g("Revoked %(id)s: it and every delegation beneath it are denied from "
                                               "the next evaluation.") % {"id": object_id}, messages.SUCCESS)

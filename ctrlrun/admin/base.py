@@ -24,7 +24,7 @@ from django.utils.translation import gettext as _g
 from django.utils.translation import gettext_lazy as _
 
 from .. import conf, store
-from ..console import badge, call_link, data_rows, receipt_link, shown, when
+from .console import badge, call_link, data_rows, receipt_link, shown, when
 from ..display import dumps_html, hidden_fields, reveal
 from ..errors import CTRLRunError, StateConflict
 from ..messages import state_conflict
@@ -240,7 +240,10 @@ class EvidenceAdmin(admin.ModelAdmin):
             **self.admin_site.each_context(request), **self.console_context, "opts": self.model._meta, **context})
 
     def log_change(self, request: HttpRequest, obj: Model, message: Any) -> LogEntry:
-        """As the admin's own, with the object's name and the message escaped (the front page lists them)."""
+        """As the admin's own, with the object's name and the message escaped (the front page lists them).
+
+        ``obj`` names the row by its key and ``str()``: after a store phase, an unsaved row built from
+        what the phase returned (the row as it left it), never the row read again."""
         return LogEntry.objects.create(
             user_id=request.user.pk, content_type_id=get_content_type_for_model(obj).pk, object_id=str(obj.pk),
             object_repr=reveal(str(obj))[:200], action_flag=CHANGE,

@@ -20,7 +20,7 @@ from django.utils.translation import ngettext
 
 from .. import reconcile, store
 from ..canonical import idempotency_token_for
-from ..console import badge, call_link, change_url, shown, tampered_badge, when, when_text
+from .console import badge, call_link, change_url, shown, tampered_badge, when, when_text
 from ..display import has_hidden, hidden_fields, is_blank, reveal, warning
 from ..errors import CTRLRunError
 from ..models import EffectRecord
@@ -277,19 +277,20 @@ class EffectRecordAdmin(EvidenceAdmin):
             })
         return super().change_view(request, object_id, form_url, context)
 
-    def _effect_or_404(self, request: HttpRequest, object_id: str) -> tuple[str, str]:
+    def _effect_or_404(self, request: HttpRequest, object_id: str) -> tuple[str, str, store.EffectView]:
         if not self.has_resolve_permission(request):
             raise PermissionDenied(_g("resolving effects needs the ctrlrun.resolve_effect permission"))
         if request.method != "POST":
             raise PermissionDenied(_g("this action only accepts a form submission"))
         request.current_app = self.site
         key = _object_key(object_id)
-        if self.get_object(request, key) is None:
+        effect = store.get_effect(key)
+        if effect is None:
             raise Http404(_g("no effect %(key)s") % {"key": reveal(key)})
-        return key, change_url(self.site, "effectrecord", key)
+        return key, change_url(self.site, "effectrecord", key), effect
 
     def ask_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
-        key, change = self._effect_or_404(request, object_id)
+        key, change, effect = self._effect_or_404(request, object_id)
         reconcile.ensure_discovered()
         try:
             line = reconcile.ask_now(key, requested_by=request.user.get_username())
@@ -303,11 +304,17 @@ class EffectRecordAdmin(EvidenceAdmin):
                                                  "below.") % {"key": key, "action": line.action}), level)
             return HttpResponseRedirect(change)
         self.message_user(request, reveal(f"asked the remote about {key}: {line.outcome} ({line.detail})"), level)
-        self.log_change(request, self.get_object(request, key), f"asked the remote: {line.outcome}")
+        # Where the answer left the record: moved to committed or failed, else still ambiguous (ask_now
+        # asked an ambiguous one). Only a record that moved meanwhile, or an error, says nothing of it.
+        state = {"committed": "committed", "failed": "failed", "unknown": "ambiguous"}.get(line.outcome)
+        if state is None:
+            effect = store.get_effect(key) or effect
+            state = str(effect.state)
+        self.log_change(request, _row(effect, state), f"asked the remote: {line.outcome}")
         return HttpResponseRedirect(change)
 
     def resolve_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
-        key, change = self._effect_or_404(request, object_id)
+        key, change, _effect = self._effect_or_404(request, object_id)
         form = ResolveForm(request.POST)
         if not form.is_valid():
             problems = "; ".join(f"{field}: {' '.join(errors)}" for field, errors in form.errors.items())
@@ -315,13 +322,18 @@ class EffectRecordAdmin(EvidenceAdmin):
             return HttpResponseRedirect(change)
         outcome, reason, attempt = (form.cleaned_data[f] for f in ("outcome", "reason", "attempt"))
         try:
-            store.resolve(key, outcome, by=request.user.get_username(), reason=reason, attempt=attempt)
+            resolved = store.resolve(key, outcome, by=request.user.get_username(), reason=reason, attempt=attempt)
         except CTRLRunError as exc:
             self.message_user(request, reveal(f"not resolved: {refusal_text(exc)}"), messages.ERROR)
             return HttpResponseRedirect(change)
-        self.log_change(request, self.get_object(request, key), f"resolved {outcome} (attempt {attempt}): {reason}")
+        self.log_change(request, _row(resolved, str(resolved.state)), f"resolved {outcome} (attempt {attempt}): {reason}")
         after = (_g("a retry is now permitted") if outcome == "failed"
                  else _g("a retry will be refused as a duplicate"))
         self.message_user(request, reveal(f"Effect {key} resolved {outcome} by {request.user.get_username()}; {after}"),
                           messages.SUCCESS)
         return HttpResponseRedirect(change)
+
+
+def _row(effect: store.EffectView, state: str) -> EffectRecord:
+    """An unsaved record naming ``effect`` in ``state``, for the change log (``log_change``)."""
+    return EffectRecord(effect_key=effect.effect_key, state=state, attempt=effect.attempt)

@@ -10,7 +10,6 @@ from django.contrib import admin, messages
 from django.contrib.admin.options import IncorrectLookupParameters
 from django.core.exceptions import PermissionDenied
 from django.db import DatabaseError, transaction
-from django.db.models import OuterRef, Q, Subquery
 from django.http import Http404, HttpRequest, HttpResponse
 from django.urls import path, reverse
 from django.utils.html import format_html
@@ -19,13 +18,13 @@ from django.utils.translation import gettext as _g
 from django.utils.translation import gettext_lazy as _
 
 from .. import conf, store
-from ..console import (
+from .console import (
     approval_link, badge, call_link, changelist_url, controls_html, effect_link, link, policy_link, reason_html,
     receipt_link, shown, tampered_badge, when,
 )
 from ..display import dumps, reveal, reveal_html
 from ..errors import CTRLRunError
-from ..models import Approval, EffectRecord, Event, PolicyDocument, Receipt
+from ..models import Event, PolicyDocument, Receipt
 from ..receipts import INDEXED_COLUMNS, row_problem
 from ..report import chain_lines
 from ..states import EMITTED_EVENT_TYPES, EffectState, EventType, effective_approval_status
@@ -78,9 +77,19 @@ class ControlFilter(admin.SimpleListFilter):
         if value is None:
             return queryset
         try:
-            return store.citing_control(queryset, value)
+            condition, params = store.citing_control(value)
         except CTRLRunError as exc:
             raise IncorrectLookupParameters(str(exc)) from None
+        return queryset.extra(where=[condition], params=params)
+
+
+def _with_effect_states(rows: Any) -> None:
+    """Each receipt row given ``effect_state``: its key's effect record's state now, None when no
+    record holds it (or it names no key); one store read for a page's rows."""
+    rows = list(rows)
+    states = store.effect_states(row.effect_key for row in rows)
+    for row in rows:
+        row.effect_state = states.get(row.effect_key) if row.effect_key else None
 
 
 def _since(result: str, effect_state: str | None) -> str | None:
@@ -121,17 +130,22 @@ class ReceiptAdmin(EvidenceAdmin):
         """Searching by control reads every document as JSON: on PostgreSQL one that is not (a row altered
         outside ctrlrun) fails the query, which is said in one line, not a 500."""
         if ControlFilter.parameter_name not in request.GET:
-            return super().get_changelist_instance(request)
-        try:
-            with transaction.atomic(using=store.alias()):
-                return super().get_changelist_instance(request)
-        except DatabaseError as exc:
-            self.message_user(request, reveal(str(store.unreadable_documents(exc))), messages.ERROR)
-            raise IncorrectLookupParameters("unreadable receipt documents") from None
+            changelist = super().get_changelist_instance(request)
+        else:
+            try:
+                with transaction.atomic(using=store.alias()):
+                    changelist = super().get_changelist_instance(request)
+            except DatabaseError as exc:
+                self.message_user(request, reveal(str(store.unreadable_documents(exc))), messages.ERROR)
+                raise IncorrectLookupParameters("unreadable receipt documents") from None
+        _with_effect_states(changelist.result_list)
+        return changelist
 
-    def get_queryset(self, request: HttpRequest) -> Any:
-        effect = EffectRecord.objects.filter(pk=OuterRef("effect_key")).values("state")[:1]
-        return super().get_queryset(request).annotate(effect_state=Subquery(effect))
+    def get_object(self, request: HttpRequest, object_id: str, from_field: str | None = None) -> Any:
+        obj = super().get_object(request, object_id, from_field)
+        if obj is not None:
+            _with_effect_states([obj])
+        return obj
 
     @staticmethod
     def _doc(obj: Receipt) -> dict[str, Any]:
@@ -156,7 +170,7 @@ class ReceiptAdmin(EvidenceAdmin):
     def shown_key(self, obj: Receipt) -> SafeString:
         if not obj.effect_key:
             return shown(None)
-        # Rows come from get_queryset, which reads each key's record state beside it.
+        # Each row carries its key's record state (read for the page's rows: _with_effect_states).
         if hasattr(obj, "effect_state") and obj.effect_state is None:  # refused before taking the key
             return format_html('<span title="{}">{}</span>', _g("no effect record: the call never took this key"),
                                shown(obj.effect_key))
@@ -266,8 +280,7 @@ class ReceiptAdmin(EvidenceAdmin):
     def previous(self, obj: Receipt) -> SafeString:
         if not obj.seq or obj.seq <= 1:
             return format_html("{}", _g("none: the first receipt (its previous hash is the genesis hash)"))
-        before = Receipt.objects.using(store.alias()).filter(seq=obj.seq - 1).values_list(
-            "receipt_id", flat=True).first()
+        before = store.receipt_id_at(obj.seq - 1)
         if before is None:
             return format_html("<strong>{}</strong>", _g("missing: no receipt holds seq %(seq)d") % {"seq": obj.seq - 1})
         return format_html("{} {}", obj.seq - 1, receipt_link(self.site, before, short=None))
@@ -304,7 +317,7 @@ class ReceiptAdmin(EvidenceAdmin):
         the last intact check), recorded, and its report."""
         if not self.has_view_permission(request):
             raise PermissionDenied("reading receipts needs the view permission")
-        from ..frontpage import chain_status
+        from .frontpage import chain_status
 
         report = None
         if request.method == "POST":
@@ -421,10 +434,8 @@ class EventAdmin(EvidenceAdmin):
         policy_hash = next((r.doc.get("policy_hash") for r in receipts if _readable(r)), None)
         name = (proposed or {}).get("name") or (receipts[0].action if receipts else "")
         keys = sorted({e.effect_key for e in events if e.effect_key} | {r.effect_key for r in receipts if r.effect_key})
-        alias = store.alias()
-        states = dict(EffectRecord.objects.using(alias).filter(pk__in=keys).values_list("effect_key", "state"))
-        approvals = list(Approval.objects.using(alias).filter(Q(action_id=action_id) | Q(consumed_by=action_id))
-                         .order_by("created_at"))
+        states = store.effect_states(keys)
+        approvals = store.approvals_of_call(action_id)
         if policy_hash is None:  # a call that asked for a person and wrote no receipt: its request names it
             policy_hash = next((a.policy_hash for a in approvals if a.action_id == action_id and a.policy_hash), None)
         now = _now()

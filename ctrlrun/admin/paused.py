@@ -12,7 +12,7 @@ from django.utils.translation import gettext as _g
 from django.utils.translation import gettext_lazy as _
 
 from .. import store
-from ..console import approval_link, badge, change_url, link, shown, tampered_badge, when
+from .console import approval_link, badge, change_url, link, shown, tampered_badge, when
 from ..display import reveal, reveal_html
 from ..models import PausedRun
 from ..states import effective_approval_status
@@ -33,11 +33,10 @@ def _paused_badge(status: str) -> SafeString:
 
 def _paused_run_line(site: str, approval_id: str) -> SafeString | None:
     """On an approval's page: the paused agent run waiting for (or resumed after) this answer."""
-    row = PausedRun.objects.using(store.alias()).filter(approval_id=approval_id).only(
-        "id", "framework", "status").first()
+    row = store.paused_run_brief(approval_id)
     if row is None:
         return None
-    run = link(change_url(site, "pausedrun", row.pk), _g("paused run %(id)s") % {"id": row.pk})
+    run = link(change_url(site, "pausedrun", row.id), _g("paused run %(id)s") % {"id": row.id})
     if row.status == PausedRun.PENDING:
         return format_html(_g("A paused {} run waits for this answer: {} ({})."), shown(row.framework), run,
                            _paused_badge(row.status))

@@ -14,6 +14,7 @@ the work lives in one module per concern:
 - ``budgets``     the budget ledger: charged with a reservation, released when an attempt fails
 - ``evidence``    reads, chain verification, recorded checks, the overview
 - ``paused``      paused runs of agent frameworks (``ctrlrun.resumption``): stored, claimed once
+- ``reports``     small reads behind what the console's pages and the commands claim
 - ``delegations`` grants handed down at runtime (authority, §C3): created or refused, revoked once
 
 Its value types live in ``ctrlrun.values`` (no Django); its wording in ``ctrlrun.messages``.
@@ -84,11 +85,12 @@ from ..values import (
     Refused,
     Reserved,
 )
-from . import (approvals, base, budgets, chain, delegations, effects, evidence, paused, policies, resolutions,
-               signatures, sql)
+from . import (approvals, base, budgets, chain, delegations, effects, evidence, paused, policies, reports,
+               resolutions, signatures, sql)
 from .approvals import (
     answer_approval,
     approvals_for_hash,
+    approvals_of_call,
     expire_if_due,
     get_approval,
     list_approvals,
@@ -148,6 +150,17 @@ from .delegations import (
     list_delegations,
     revoke_delegation,
 )
+from .reports import (
+    BudgetCall,
+    PausedRunBrief,
+    action_recorded,
+    budget_calls,
+    effect_states,
+    paused_run_brief,
+    policy_stored,
+    receipt_id_at,
+    recorded_actions,
+)
 from .policies import ensure_policy, forget_known_policies, policy_document, policy_document_forged
 from .signatures import paused_ok as paused_run_ok
 from .signatures import policy_document_ok
@@ -190,6 +203,7 @@ __all__ = [
     "budget_usage", "ledger_rows", "charges_of",
     # approvals
     "request_approval", "answer_approval", "expire_if_due", "get_approval", "list_approvals", "approvals_for_hash",
+    "approvals_of_call",
     # paused runs of agent frameworks (ctrlrun.resumption): mutable, not evidence
     "save_paused_run", "get_paused_run", "paused_run_for", "list_paused_runs", "ready_paused_runs",
     "claim_paused_run", "finish_paused_run", "release_paused_run",
@@ -202,10 +216,13 @@ __all__ = [
     "receipts_for_action", "receipts_for_effect", "receipt_documents_since", "verify", "verify_incremental",
     "record_check", "run_check",
     "last_check", "head_position", "overview", "PROGRESS_EVERY",
+    # small reads for the pages and commands (values, never a QuerySet)
+    "BudgetCall", "PausedRunBrief", "budget_calls", "effect_states", "recorded_actions", "action_recorded",
+    "receipt_id_at", "policy_stored", "paused_run_brief",
     # signatures (the migrations re-sign rows with these)
     "HEAD_DOMAIN", "EFFECT_DOMAIN", "APPROVAL_DOMAIN", "CHECK_DOMAIN", "approval_signature_ok", "effect_signature_ok",
     "TAMPERED_HINT",
     # the modules, for tests and tools that reach one concern
-    "approvals", "base", "budgets", "chain", "delegations", "effects", "evidence", "paused", "policies", "resolutions",
-    "signatures", "sql",
+    "approvals", "base", "budgets", "chain", "delegations", "effects", "evidence", "paused", "policies", "reports",
+    "resolutions", "signatures", "sql",
 ]

@@ -14,6 +14,8 @@ import logging
 from dataclasses import replace
 from typing import Any
 
+from django.db.models import Q
+
 from .. import messages
 from ..canonical import evidence_text, evidence_time, new_id
 from ..errors import ActionDenied, ApprovalMismatch, CTRLRunError, InvalidArgument, StateConflict
@@ -148,6 +150,13 @@ def list_approvals(status: str | None = None) -> list[ApprovalView]:
 
 def approvals_for_hash(action_hash: str) -> list[ApprovalView]:
     return [_approval_view(r) for r in _q(Approval).filter(action_hash=action_hash).order_by("created_at")]
+
+
+def approvals_of_call(action_id: str) -> list[ApprovalView]:
+    """The requests one call (an action id) asked for or used, oldest first."""
+    with _reading():
+        rows = list(_q(Approval).filter(Q(action_id=action_id) | Q(consumed_by=action_id)).order_by("created_at"))
+    return [_approval_view(r) for r in rows]
 
 
 def _check_presented(call: Call, presented: str, when: dt.datetime,

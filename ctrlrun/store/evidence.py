@@ -113,10 +113,12 @@ def check_control_id(control: str) -> str:
     return control
 
 
-def citing_control(query: Any, control: str) -> Any:
-    """``query`` (receipts) narrowed to the receipts whose ``controls`` list holds ``control`` exactly."""
+def citing_control(control: str) -> tuple[str, list[str]]:
+    """The SQL condition on ctrlrun's receipts table, and its parameters, that holds for the receipts
+    whose ``controls`` list holds ``control`` exactly, on the store's database: the console's list
+    filter narrows its rows with it (``.extra(where=[sql], params=params)``), in the database."""
     check_control_id(control)
-    return query.extra(where=[_citing_sql(connections[query.db])], params=[control])
+    return _citing_sql(connections[_db()]), [control]
 
 
 def unreadable_documents(exc: DatabaseError) -> CTRLRunError:
@@ -130,7 +132,8 @@ def list_receipts(last: int | None = None, control: str | None = None) -> list[R
     """The receipts in chain order (the ``last`` N of them); with ``control``, only those citing it."""
     query = _q(Receipt).all()
     if control is not None:
-        query = citing_control(query, control)
+        condition, params = citing_control(control)
+        query = query.extra(where=[condition], params=params)
     query = query.order_by("-seq") if last else query.order_by("seq")
     try:
         with transaction.atomic(using=query.db):

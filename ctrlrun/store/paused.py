@@ -20,6 +20,7 @@ from django.db.models import Q
 from ..errors import InvalidArgument
 from ..models import Approval, PausedRun
 from ..states import ApprovalStatus
+from ..times import when_text
 from ..values import PausedRunView
 from .base import _clock, _phase, _q, _reading
 from .signatures import paused_mac, paused_ok
@@ -106,10 +107,6 @@ def finish_paused_run(paused_id: int, *, error: str | None = None,
     return get_paused_run(paused_id)
 
 
-def _when_text(moment: dt.datetime | None) -> str:
-    return moment.astimezone(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC") if moment else "-"
-
-
 def _seconds(delta: dt.timedelta) -> str:
     seconds = delta.total_seconds()
     return f"{seconds:g} seconds" if seconds < 120 else f"{seconds / 60:.0f} minutes"
@@ -133,10 +130,10 @@ def release_paused_run(approval_id: str, *, by: str, reason: str | None, older_t
         age = now - claimed_at if claimed_at is not None else None
         if age is not None and age <= older_than:
             raise InvalidArgument(
-                f"the run paused on {approval_id} was claimed by {row.claimed_by} at {_when_text(claimed_at)}, "
+                f"the run paused on {approval_id} was claimed by {row.claimed_by} at {when_text(claimed_at)}, "
                 f"{_seconds(max(age, dt.timedelta(0)))} ago: a claim is released only once it is older than "
                 f"{_seconds(older_than)} (CTRLRUN_RESUME_RELEASE_AFTER_SECONDS); its process may still be running")
-        claim = f"{row.claimed_by or '?'} at {_when_text(claimed_at)}"[:300]
+        claim = f"{row.claimed_by or '?'} at {when_text(claimed_at)}"[:300]
         moved = _q(PausedRun).filter(pk=row.pk, status=PausedRun.RESUMING, claimed_by=row.claimed_by,
                                      claimed_at=claimed_at).update(
             status=PausedRun.PENDING, released_by=by[:200], released_at=now, release_reason=reason,

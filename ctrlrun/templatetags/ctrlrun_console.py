@@ -14,7 +14,7 @@ register = template.Library()
 def ctrlrun_overview(context: Any) -> dict[str, Any]:
     """The tiles and the day's counts; with the observe-mode banner on top, for a project whose
     ``base_site.html`` does not show it (the banner appears once a page, whoever shows it first)."""
-    from ..frontpage import overview_context
+    from ..admin.frontpage import overview_context
 
     return {**overview_context(), "request": context.get("request")}
 
@@ -50,7 +50,7 @@ def ctrlrun_stylesheet() -> Any:
 @register.filter
 def console_time(moment: Any) -> Any:
     """A time in the console's one format (``2026-12-01 07:53:12 UTC``, exact time on hover)."""
-    from ..console import when
+    from ..admin.console import when
 
     return when(moment)
 
@@ -73,7 +73,7 @@ def ctrlrun_observe_banner(context: Any) -> dict[str, Any]:
         return {"observing": False}
     if request is not None:
         request._ctrlrun_banner_shown = True
-    from ..console import change_url
+    from ..admin.console import change_url
 
     return {"observing": True, "policy_url": change_url("admin", "policydocument", policy.hash)
             if _stored(policy.hash) else None,
@@ -83,9 +83,8 @@ def ctrlrun_observe_banner(context: Any) -> dict[str, Any]:
 def _stored(policy_hash: str) -> bool:
     """Whether the store holds the policy (it does once a call was decided under it): the page to link to."""
     from .. import store
-    from ..models import PolicyDocument
 
     try:
-        return PolicyDocument.objects.using(store.alias()).filter(pk=policy_hash).exists()
+        return store.policy_stored(policy_hash)
     except Exception:  # noqa: BLE001 - the banner never breaks a page (a store not migrated yet, say)
         return False

@@ -816,7 +816,7 @@ def test_index_shows_the_last_24_hours_as_stats_counts_them(refund, remote, as_r
 
 def test_index_stats_table_counts_a_bounded_number(refund, as_role, client, monkeypatch):
     """Each page load counts at most STATS_LIMIT of the window's most recent receipts, and says so."""
-    from ctrlrun import frontpage
+    from ctrlrun.admin import frontpage
 
     monkeypatch.setattr(frontpage, "STATS_LIMIT", 3)
     for n in range(5):

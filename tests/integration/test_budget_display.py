@@ -65,7 +65,7 @@ def test_budget_and_constraint_refusals_record_the_same_decision():
 
 
 def test_one_function_writes_a_limit_and_its_window():
-    from ctrlrun.budget_report import amount_text, limit_text
+    from ctrlrun.report import amount_text, limit_text
 
     assert limit_text(500000, 86400) == "500,000 per day"
     assert limit_text(20, 3600) == "20 per hour"

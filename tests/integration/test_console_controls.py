@@ -24,7 +24,7 @@ from django.urls import reverse
 
 import ctrlrun
 from ctrlrun import store
-from ctrlrun.console import controls_html
+from ctrlrun.admin.console import controls_html
 from ctrlrun.models import PolicyDocument, Receipt
 from tests.support import (BANNER, CONTROLS_POLICY, LONG_TITLE, OBSERVE_POLICY, REPO, evidence_unguarded, make_user,
                            note, receipts, run_command, send_email, store_environment)

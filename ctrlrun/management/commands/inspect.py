@@ -6,8 +6,7 @@ from typing import Any
 from ... import report, store
 from ...canonical import evidence_time
 from ...display import dumps, hidden_fields, reveal, warning
-from ...budget_report import SCHEMA as BUDGET_SCHEMA
-from ...budget_report import budget_document, budget_lines
+from ...report import BUDGET_SCHEMA, budget_document, budget_lines
 from ...errors import CTRLRunError
 from ...messages import reason_gloss
 from ..base import CtrlrunCommand, Error

@@ -96,7 +96,7 @@ class Command(CtrlrunCommand):
 
     def _release(self, approval_id: str, by: str | None, reason: str | None) -> None:
         from ... import store
-        from ...console import when_text
+        from ...times import when_text
 
         if by is None or not by.strip():
             raise Error("--release needs --by NAME: who releases the run is recorded", returncode=2)

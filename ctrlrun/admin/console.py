@@ -19,9 +19,10 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString, mark_safe
 from django.utils.translation import gettext as _g
 
-from .canonical import evidence_time
-from .display import dumps_html, reveal, reveal_html
-from .errors import CTRLRunError
+from ..canonical import evidence_time
+from ..display import dumps_html, reveal, reveal_html
+from ..errors import CTRLRunError
+from ..times import when_text
 
 # --------------------------------------------------------------------------- text and time
 
@@ -32,13 +33,6 @@ def shown(text: str | None, *, multiline: bool = False, empty: str = "-") -> Saf
         return format_html("{}", empty)
     html = reveal_html(str(text), multiline=multiline)
     return mark_safe(html.replace("\n", "<br>") if multiline else html)
-
-
-def when_text(moment: dt.datetime | None) -> str:
-    """The console's one time format: UTC to the second, with the zone (``2026-12-01 07:53:12 UTC``)."""
-    if moment is None:
-        return "-"
-    return moment.astimezone(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def when(moment: dt.datetime | None) -> SafeString:
@@ -148,7 +142,7 @@ def policy_link(site: str, policy_hash: str | None) -> SafeString:
 
 @functools.lru_cache(maxsize=32)
 def _parsed(policy_hash: str, text: str, source: str, environment: str) -> Any:
-    from .policy import parse_policy
+    from ..policy import parse_policy
 
     return parse_policy(text, source, environment=environment)
 

@@ -14,9 +14,9 @@ from typing import Any
 from django.utils import timezone
 from django.utils.timesince import timesince
 
-from . import conf, stats, store
-from .display import reveal
-from .errors import CTRLRunError
+from .. import conf, stats, store
+from ..display import reveal
+from ..errors import CTRLRunError
 
 #: The front page's window of receipts: bounded, so the table costs one indexed range read.
 STATS_WINDOW = dt.timedelta(hours=24)
@@ -59,7 +59,7 @@ def recent_stats(now: dt.datetime) -> dict[str, Any]:
     """The last 24 hours as ``stats`` counts them (``ctrlrun.stats``, the same function), for a small
     table: ``document``, its ``rows`` (indent, label, count; reasons with hidden characters shown),
     and ``problem`` when the policy did not load (then the counts are enforce mode's)."""
-    from .control import default_control
+    from ..control import default_control
 
     problem = None
     try:
