@@ -190,12 +190,14 @@ class StateConflict(CTRLRunError):
 
 
 class IllegalTransition(CTRLRunError, AssertionError):
-    """A bug: code asked to move an effect record along an edge the state table does not have.
+    """A bug: code asked to move an effect record (or an approval) along an edge its table does not have.
 
-    Raised before anything is written (``states.TRANSITIONS`` is checked on every state write);
-    the database's triggers refuse the same edges for anyone who writes around ctrlrun.
+    Raised before anything is written (``states.TRANSITIONS``, ``states.APPROVAL_TRANSITIONS`` are
+    checked on every state write); the database's triggers refuse the same edges for anyone who
+    writes around ctrlrun.
     """
 
-    def __init__(self, source: str, target: str):
-        self.source, self.target = source, target
-        super().__init__(f"an effect record cannot move {source} -> {target}: the state table has no such edge")
+    def __init__(self, source: str, target: str, what: str = "effect record"):
+        self.source, self.target, self.what = source, target, what
+        table = "state" if what == "effect record" else what
+        super().__init__(f"an {what} cannot move {source} -> {target}: the {table} table has no such edge")

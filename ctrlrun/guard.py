@@ -38,7 +38,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .states import INITIAL_STATE, RENEWALS, TRANSITIONS, EffectState as S
+from .states import (APPROVAL_GIVE_BACKS, APPROVAL_INITIAL, APPROVAL_TRANSITIONS, INITIAL_STATE, RENEWALS, TRANSITIONS,
+                     EffectState as S)
 
 __all__ = ["install", "remove", "APPEND_ONLY_MESSAGE"]
 
@@ -54,8 +55,8 @@ _UNIQUE = {"ctrlrun_receipt": ("receipt_id", "seq"), "ctrlrun_event": ("id", "se
 #: What the person deciding read; an approval keeps it for life.
 _APPROVAL_FIXED = ("approval_id", "action", "action_id", "action_hash", "action_json", "agent", "user",
                    "effect_key", "policy_hash", "decision_reason", "created_at", "expires_at")
-_APPROVAL_EDGES = (("pending", "granted"), ("pending", "denied"), ("pending", "expired"),
-                   ("granted", "consumed"), ("granted", "expired"))
+#: The approval table's edges that keep the ``returned`` count (all but the give-backs).
+_APPROVAL_EDGES = [edge for edge in APPROVAL_TRANSITIONS if edge not in APPROVAL_GIVE_BACKS]
 
 
 def _edges(edges: Any) -> str:
@@ -91,8 +92,18 @@ def _same(column: str, distinct: str) -> str:
 
 #: The column counting give-backs (0017); an install part-way through the migrations has none yet.
 APPROVAL_RETURNED = "ctrlrun_approval.returned"
-APPROVAL_MESSAGE = ("ctrlrun approvals move pending -> granted/denied/expired, granted -> consumed/expired, "
-                    "consumed -> granted (given back, its returned count up by one), and keep what the human read")
+
+
+def _approval_moves() -> str:
+    """The approval table in words, by source: ``pending -> granted/denied/expired, ...``."""
+    by_source: dict[str, list[str]] = {}
+    for source, target in APPROVAL_TRANSITIONS:
+        by_source.setdefault(source.value, []).append(target.value)
+    return ", ".join(f"{source} -> {'/'.join(targets)}" for source, targets in by_source.items())
+
+
+APPROVAL_MESSAGE = (f"ctrlrun approvals move {_approval_moves()} (given back, its returned count up by one), "
+                    "and keep what the human read")
 
 
 def _approval_allowed(same: str, returned: bool = True) -> str:
@@ -100,7 +111,7 @@ def _approval_allowed(same: str, returned: bool = True) -> str:
     edges = _edges(_APPROVAL_EDGES).format(column="status")
     if not returned:
         return f"{fixed} AND {edges}"
-    given_back = (_edges([("consumed", "granted")]).format(column="status")
+    given_back = (_edges(APPROVAL_GIVE_BACKS).format(column="status")
                   + ' AND NEW."returned" = OLD."returned" + 1')
     return f'{fixed} AND (({edges} AND NEW."returned" = OLD."returned") OR ({given_back}))'
 
@@ -184,7 +195,7 @@ def _sqlite_statements(present: Any = None) -> list[tuple[str, str]]:
     approval = "ctrlrun_approval"
     fresh = ' OR NEW."returned" <> 0' if _has_returned(present) else ""
     add(f"{approval}_no_replace", "BEFORE INSERT", approval, "an approval request is created once, pending",
-        condition=f'NEW."status" <> \'pending\'{fresh} OR EXISTS (SELECT 1 FROM "{approval}" WHERE '
+        condition=f'NEW."status" <> \'{APPROVAL_INITIAL.value}\'{fresh} OR EXISTS (SELECT 1 FROM "{approval}" WHERE '
                   f'"approval_id" = NEW."approval_id")')
     add(f"{approval}_no_delete", "BEFORE DELETE", approval, "ctrlrun approvals are never deleted")
     add(f"{approval}_state_table", "BEFORE UPDATE", approval, APPROVAL_MESSAGE,
@@ -261,7 +272,7 @@ def _postgresql_statements(present: Any = None) -> list[str]:
         ])),
         _pg_function("ctrlrun_guard_approval", "\n".join([
             "IF TG_OP IN ('DELETE', 'TRUNCATE') THEN " + _pg_raise("ctrlrun approvals are never deleted") + " END IF;",
-            "IF TG_OP = 'INSERT' THEN IF NEW.status <> 'pending'"
+            f"IF TG_OP = 'INSERT' THEN IF NEW.status <> '{APPROVAL_INITIAL.value}'"
             + (" OR NEW.returned <> 0" if _has_returned(present) else "") + " THEN "
             + _pg_raise("an approval request is created pending") + " END IF; RETURN NEW; END IF;",
             f"IF NOT ({_approval_allowed('IS NOT DISTINCT FROM', _has_returned(present))}) THEN "

@@ -21,6 +21,10 @@ __all__ = [
     "RENEWALS",
     "INITIAL_STATE",
     "can_move",
+    "APPROVAL_TRANSITIONS",
+    "APPROVAL_GIVE_BACKS",
+    "APPROVAL_INITIAL",
+    "can_move_approval",
     "HOLDING_STATES",
     "lease_lapsed",
     "held_lapsed",
@@ -147,6 +151,30 @@ INITIAL_STATE = _S.EXECUTING
 def can_move(source: EffectState, target: EffectState) -> bool:
     """Whether the state table allows ``source -> target``."""
     return (source, target) in TRANSITIONS
+
+
+_A = ApprovalStatus
+#: Every move of an approval's status, and what causes it; nothing else is possible: the store
+#: writes a status only through ``store.approvals._move_approval``, which checks this table first,
+#: and the guard's approval trigger (``ctrlrun.guard``) is built from it.
+APPROVAL_TRANSITIONS: dict[tuple[ApprovalStatus, ApprovalStatus], str] = {
+    (_A.PENDING, _A.GRANTED): "a person granted it",
+    (_A.PENDING, _A.DENIED): "a person denied it",
+    (_A.PENDING, _A.EXPIRED): "it lapsed unanswered",
+    (_A.GRANTED, _A.CONSUMED): "the call it names took its effect key",
+    (_A.GRANTED, _A.EXPIRED): "it lapsed unused",
+    (_A.CONSUMED, _A.GRANTED): "the attempt that used it provably did nothing: given back (returned + 1)",
+}
+#: The edges that give an approval back: its signed ``returned`` count goes up by exactly one (every
+#: other edge keeps it).
+APPROVAL_GIVE_BACKS: frozenset[tuple[ApprovalStatus, ApprovalStatus]] = frozenset({(_A.CONSUMED, _A.GRANTED)})
+#: The status a request is created in.
+APPROVAL_INITIAL = _A.PENDING
+
+
+def can_move_approval(source: ApprovalStatus, target: ApprovalStatus) -> bool:
+    """Whether the approval table allows ``source -> target``."""
+    return (source, target) in APPROVAL_TRANSITIONS
 
 
 # The rules that read a row's times against the store's clock, written once for the store and the

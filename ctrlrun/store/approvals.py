@@ -18,10 +18,10 @@ from django.db.models import Q
 
 from .. import messages
 from ..canonical import evidence_text, evidence_time, new_id
-from ..errors import ActionDenied, ApprovalMismatch, CTRLRunError, InvalidArgument, StateConflict
+from ..errors import ActionDenied, ApprovalMismatch, CTRLRunError, IllegalTransition, InvalidArgument, StateConflict
 from ..identity import same_person
 from ..models import Approval
-from ..states import ApprovalStatus, Decision, EventType, Result, approval_lapsed
+from ..states import ApprovalStatus, Decision, EventType, Result, approval_lapsed, can_move_approval
 from ..values import ApprovalView, Call, EventRow, Refused
 from .base import _db, _phase, _q, _reading
 from .chain import _event, _opening_events, _ReceiptSpec, _seal, _started
@@ -64,10 +64,21 @@ def _save_approval(row: Approval, fields: list[str]) -> None:
     row.save(update_fields=[*fields, "mac"])
 
 
+def _move_approval(row: Approval, target: ApprovalStatus, **changes: Any) -> None:
+    """THE status write: move ``row`` to ``target`` after checking the edge is in the approval table
+    (``states.APPROVAL_TRANSITIONS``), with the columns in ``changes``; signed and saved."""
+    source = ApprovalStatus(row.status)
+    if not can_move_approval(source, target):
+        raise IllegalTransition(source.value, target.value, what="approval")
+    row.status = target
+    for name, value in changes.items():
+        setattr(row, name, value)
+    _save_approval(row, ["status", *changes])
+
+
 def _expire(row: Approval, when: dt.datetime, events: list[EventRow], call: Call | None = None) -> None:
     """Mark ``row`` expired; the event belongs to ``call`` when a call presenting it found it lapsed."""
-    row.status = ApprovalStatus.EXPIRED
-    _save_approval(row, ["status"])
+    _move_approval(row, ApprovalStatus.EXPIRED)
     owner, key = (call, call.effect_key) if call is not None else (row.action_id, row.effect_key)
     events.append(_event(EventType.APPROVAL_EXPIRED, owner, key, {}, when, row.approval_id))
 
@@ -100,11 +111,8 @@ def answer_approval(approval_id: str, grant: bool, *, by: str, note: str | None 
         else:
             if row.user is not None and same_person(row.user, by):
                 raise InvalidArgument(messages.own_request(row.action, row.user, by))
-            row.status = ApprovalStatus.GRANTED if grant else ApprovalStatus.DENIED
-            row.approver = by
-            row.note = note
-            row.answered_at = when
-            _save_approval(row, ["status", "approver", "note", "answered_at"])
+            _move_approval(row, ApprovalStatus.GRANTED if grant else ApprovalStatus.DENIED, approver=by,
+                           note=note, answered_at=when)
             data: dict[str, Any] = {"approver": by}
             if grant:
                 data["action_hash"] = row.action_hash
@@ -224,10 +232,7 @@ def _consumption_event(row: Approval, call: Call, when: dt.datetime, *, required
 
 
 def _mark_consumed(row: Approval, call: Call, when: dt.datetime) -> None:
-    row.status = ApprovalStatus.CONSUMED
-    row.consumed_at = when
-    row.consumed_by = call.action.action_id
-    _save_approval(row, ["status", "consumed_at", "consumed_by"])
+    _move_approval(row, ApprovalStatus.CONSUMED, consumed_at=when, consumed_by=call.action.action_id)
 
 
 def _give_back(approval_id: str | None, effect_key: str, action_id: str, attempt: int, when: dt.datetime,
@@ -247,9 +252,7 @@ def _give_back(approval_id: str | None, effect_key: str, action_id: str, attempt
         logger.info("approval %s is not given back after attempt %s of %s failed: it expired at %s", row.approval_id,
                     attempt, effect_key, evidence_time(row.expires_at))
         return []
-    row.status, row.consumed_at, row.consumed_by = ApprovalStatus.GRANTED, None, None
-    row.returned += 1
-    _save_approval(row, ["status", "consumed_at", "consumed_by", "returned"])
+    _move_approval(row, ApprovalStatus.GRANTED, consumed_at=None, consumed_by=None, returned=row.returned + 1)
     return [_event(EventType.APPROVAL_RETURNED, action_id, effect_key, {"attempt": attempt, "action_id": action_id,
                                                                          **why}, when, row.approval_id)]
 

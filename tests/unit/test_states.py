@@ -182,3 +182,16 @@ def test_a_waiting_or_granted_request_past_its_expiry_is_expired_in_effect():
     assert _states.effective_approval_status("granted", _LATER, _NOW) == "granted"
     assert _states.effective_approval_status("consumed", _PAST, _NOW) == "consumed"
     assert _states.effective_approval_status("denied", _PAST, _NOW) == "denied"
+
+
+def test_the_approval_table_is_the_six_moves_the_store_makes() -> None:
+    """pending -> granted | denied | expired, granted -> consumed | expired, and the one give-back
+    (consumed -> granted); a request starts pending; expired, denied are final."""
+    from ctrlrun.states import (APPROVAL_GIVE_BACKS, APPROVAL_INITIAL, APPROVAL_TRANSITIONS, ApprovalStatus as A,
+                                can_move_approval)
+
+    assert set(APPROVAL_TRANSITIONS) == {(A.PENDING, A.GRANTED), (A.PENDING, A.DENIED), (A.PENDING, A.EXPIRED),
+                                         (A.GRANTED, A.CONSUMED), (A.GRANTED, A.EXPIRED), (A.CONSUMED, A.GRANTED)}
+    assert all(isinstance(cause, str) and cause for cause in APPROVAL_TRANSITIONS.values())
+    assert APPROVAL_GIVE_BACKS == {(A.CONSUMED, A.GRANTED)} and APPROVAL_INITIAL is A.PENDING
+    assert not any(can_move_approval(final, target) for final in (A.DENIED, A.EXPIRED) for target in A)
