@@ -17,6 +17,7 @@ import datetime as dt
 import heapq
 import itertools
 import logging
+import math
 import os
 import threading
 import time
@@ -39,6 +40,9 @@ RETRY_SECONDS = 1.0
 #: The heap of due renewals is rebuilt without finished calls when it holds more than this many
 #: times the calls in flight (plus a little): amortised O(1) per call, memory bounded by those in flight.
 COMPACT_FACTOR, COMPACT_SLACK = 4, 256
+#: With nothing held, the thread waits this long before it closes its connections (and, with
+#: nothing due at all, ends).
+IDLE_SECONDS = 60.0
 
 
 @dataclass(eq=False)
@@ -63,6 +67,10 @@ class _Heartbeat:
         self._due: list[tuple[float, int, Held]] = []
         self._live = 0  # entries of _due not stopped
         self._thread: threading.Thread | None = None
+        #: When the thread's current wait ends (monotonic); -inf while it is not waiting, since it
+        #: then reads the heap before it waits again. A new entry due later needs no wake.
+        self._wait_ends = -math.inf
+        self.wakes = 0  # notifications sent to the thread (a counter for the tests and the bench)
 
     def hold(self, call: Any, attempt: int, lease: dt.timedelta,
              scope: Callable[[], AbstractContextManager[Any]] | None = None) -> Held:
@@ -74,13 +82,18 @@ class _Heartbeat:
                 # than when each comes due, so memory follows the calls in flight, not the call rate.
                 self._due = [entry for entry in self._due if not entry[2].stopped]
                 heapq.heapify(self._due)
-            first = not self._due or time.monotonic() + interval < self._due[0][0]
-            heapq.heappush(self._due, (time.monotonic() + interval, held.order, held))
+            due = time.monotonic() + interval
+            heapq.heappush(self._due, (due, held.order, held))
             self._live += 1
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="ctrlrun-heartbeat", daemon=True)
+                self._wait_ends = -math.inf
                 self._thread.start()
-            elif first:
+            elif due < self._wait_ends:
+                # The thread would wake too late for this renewal. Otherwise it wakes first anyway
+                # and reads the heap: the default lease's renewal (100 s) outlasts the idle wait (60 s).
+                self._wait_ends = -math.inf
+                self.wakes += 1
                 self._wake.notify()
         return held
 
@@ -98,7 +111,7 @@ class _Heartbeat:
                 while self._due and self._due[0][2].stopped:
                     heapq.heappop(self._due)
                 if not self._due:
-                    if not self._wake.wait(timeout=60):
+                    if not self._wait(IDLE_SECONDS):
                         return None
                     continue
                 due, _, held = self._due[0]
@@ -106,7 +119,15 @@ class _Heartbeat:
                 if delay <= 0:
                     heapq.heappop(self._due)
                     return held
-                self._wake.wait(timeout=delay)
+                self._wait(delay)
+
+    def _wait(self, seconds: float) -> bool:
+        """Wait on the condition (held) for at most ``seconds``; False when the time ran out."""
+        self._wait_ends = time.monotonic() + seconds
+        try:
+            return self._wake.wait(timeout=seconds)
+        finally:
+            self._wait_ends = -math.inf
 
     def _schedule(self, held: Held, delay: float) -> None:
         with self._wake:

@@ -7,6 +7,7 @@ pending events, until its first renewal would have come due (a third of a lease 
 from __future__ import annotations
 
 import datetime as dt
+import threading
 
 from ctrlrun import heartbeat
 
@@ -35,3 +36,31 @@ def test_release_is_idempotent() -> None:
     beat.release(held)
     beat.release(held)
     assert beat._live == 0 and held.stopped and held.call is None
+
+
+def _until_waiting(beat: heartbeat._Heartbeat) -> float:
+    """Block until the thread sits in its wait; return when that wait ends (monotonic)."""
+    for _ in range(10_000):
+        with beat._wake:
+            if beat._wait_ends > -float("inf"):
+                return beat._wait_ends
+        threading.Event().wait(0.001)
+    raise AssertionError("the heartbeat thread never waited")
+
+
+def test_a_renewal_due_after_the_current_wait_does_not_wake_the_thread() -> None:
+    """The idle thread waits 60 s and the default lease's renewal is due in 100 s: a call does not
+    wake it. A renewal due before the thread's wait ends does (else the lease could lapse)."""
+    beat = heartbeat._Heartbeat()
+    beat.release(beat.hold(_Call(), 1, dt.timedelta(minutes=5)))  # starts the thread: no wake needed
+    assert beat.wakes == 0
+    _until_waiting(beat)  # on that entry, due in 100 s
+    short = beat.hold(_Call(), 1, dt.timedelta(seconds=30))  # due in 10 s: before the wait ends
+    assert beat.wakes == 1
+    beat.release(short)
+    ends = _until_waiting(beat)  # idle (60 s), or on the short entry if it woke before its release
+    for _ in range(1_000):  # the hot path: every call holds and releases under the default lease
+        held = beat.hold(_Call(), 1, dt.timedelta(minutes=5))
+        assert held.interval == 100.0 and max(entry[0] for entry in beat._due) > ends
+        beat.release(held)
+    assert beat.wakes == 1
