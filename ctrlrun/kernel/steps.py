@@ -38,6 +38,7 @@ from __future__ import annotations
 import datetime as dt
 import inspect
 import logging
+import weakref
 from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -154,13 +155,16 @@ class Plan:
     hop: Template | None = None
 
 
-_warned: set[tuple[str, str, int]] = set()
+_warned: set[tuple[str, str]] = set()
+# Per Control, keyed weakly: an id() would outlive its Control and silence the next one at that address.
+_warned_by_scope: weakref.WeakKeyDictionary[Any, set[tuple[str, str]]] = weakref.WeakKeyDictionary()
 
 
 def _warn_once(kind: str, name: str, message: str, *args: Any, scope: Any = None) -> None:
     """Log ``message`` once per (kind, action) - and per Control when ``scope`` is one."""
-    if (kind, name, id(scope)) not in _warned:
-        _warned.add((kind, name, id(scope)))
+    seen = _warned if scope is None else _warned_by_scope.setdefault(scope, set())
+    if (kind, name) not in seen:
+        seen.add((kind, name))
         logger.warning(message, *args)
 
 

@@ -399,6 +399,20 @@ def test_ceiling_without_an_effect_key_warns_once_per_control(drive, caplog):
     assert len(remote.calls) == 6  # no key: nothing to count, every call runs
 
 
+def test_a_new_control_at_a_dead_controls_address_still_warns(drive, caplog):
+    """The once-per-Control memory must die with its Control: CPython hands a freed address to the next object."""
+    remote, addresses = Remote(), set()
+    with caplog.at_level(logging.WARNING, logger="ctrlrun"):
+        for _ in range(40):
+            control = Control(policy=parse_policy(ENFORCE))
+            addresses.add(id(control))
+            drive(control, "audit.note", {"text": "x"}, remote.act("unkeyed"))
+            del control
+    warnings = [r for r in caplog.records if "max_attempts" in r.getMessage()]
+    assert len(addresses) < 40, "no address was reused, so this run proves nothing"
+    assert len(warnings) == 40
+
+
 def test_observed_receipts_are_readable_by_every_reader(observe, drive):
     """receipts --json prints the observe-mode fields; the chain verifies."""
     from tests.support import run_command
