@@ -89,7 +89,7 @@ def _child(backend: str, receipts: int, loads: int, skip_full: bool) -> dict:
     template = json.loads(Receipt.objects.get(seq=1).document)
     head = ChainHead.objects.get(pk=1)
     prev, started = head.hash, time.perf_counter()
-    adapt = store._time_param(connection)
+    adapt = store.base.time_param(connection)
     import datetime as dt
 
     base = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
@@ -111,7 +111,7 @@ def _child(backend: str, receipts: int, loads: int, skip_full: bool) -> dict:
             chunk = []
     head = ChainHead.objects.get(pk=1)
     with transaction.atomic(), connection.cursor() as cursor:
-        mac = signing.sign(store.HEAD_DOMAIN, store._head_document(receipts, prev, head.event_seq, head.event_hash,
+        mac = signing.sign(store.HEAD_DOMAIN, store.signatures.head_document(receipts, prev, head.event_seq, head.event_hash,
                                                                    signing.key_id()))
         cursor.execute('UPDATE "ctrlrun_chainhead" SET "seq" = %s, "hash" = %s, "mac" = %s, "key_id" = %s '
                        'WHERE "id" = 1', [receipts, prev, mac, signing.key_id()])

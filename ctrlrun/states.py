@@ -123,7 +123,7 @@ HOLDING_STATES: frozenset[EffectState] = frozenset({EffectState.RESERVED, Effect
 
 _S = EffectState
 #: Every move the store makes on an effect record, and what causes it; nothing else is possible:
-#: every state write of the store goes through ``store.effects._move``, which checks this table
+#: every state write of the store goes through ``store.effects.move_effect``, which checks this table
 #: first, and ``tests/integration/test_transitions.py`` drives each edge.
 #: A reservation takes the key and starts the run in one transaction, so the store never leaves
 #: a record ``reserved`` (the state exists in the vocabulary, for the reference's readers).

@@ -22,7 +22,8 @@ def _event_hash(seq, prev_hash, ts, type_, action_id, effect_key, approval_id, d
 def chain_and_sign(apps, schema_editor):
     import datetime as dt
 
-    from ctrlrun import guard, signing, store
+    from ctrlrun import guard, signing
+    from ctrlrun.store import signatures as sig
 
     connection = schema_editor.connection
     alias = connection.alias
@@ -42,16 +43,16 @@ def chain_and_sign(apps, schema_editor):
         previous = digest
     for approval in apps.get_model("ctrlrun", "Approval").objects.using(alias).iterator():
         # v1: what an approval was signed over then (0017 moves the rows to v2).
-        approval.mac = signing.sign(store.APPROVAL_DOMAIN_V1, store._approval_document_v1(approval))
+        approval.mac = signing.sign(sig.APPROVAL_DOMAIN_V1, sig.approval_document_v1(approval))
         approval.save(update_fields=["mac"])
     for record in apps.get_model("ctrlrun", "EffectRecord").objects.using(alias).iterator():
-        record.mac = store._effect_mac(record.effect_key, record.action, record.state, record.action_id, record.attempt,
+        record.mac = sig.effect_mac(record.effect_key, record.action, record.state, record.action_id, record.attempt,
                                        record.lease_expires_at, record.resolved_by, record.pending)
         record.save(update_fields=["mac"])
     ChainHead = apps.get_model("ctrlrun", "ChainHead")
     head, _ = ChainHead.objects.using(alias).get_or_create(id=1, defaults={"seq": 0, "hash": GENESIS_HASH})
     head.event_seq, head.event_hash, head.key_id = seq, previous, signing.key_id()
-    head.mac = signing.sign(store.HEAD_DOMAIN, store._head_document(head.seq, head.hash, seq, previous, head.key_id))
+    head.mac = signing.sign(sig.HEAD_DOMAIN, sig.head_document(head.seq, head.hash, seq, previous, head.key_id))
     head.save()
     guard.install(connection)
 

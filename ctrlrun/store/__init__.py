@@ -6,10 +6,10 @@ the work lives in one module per concern:
 - ``base``        which database (``using()``), the clock, a phase, a read, the raw hot-path cursor
 - ``sql``         every statement an allowed call makes, named
 - ``signatures``  the MACs over effect records, approvals, the chain head and recorded checks
-- ``chain``       appending events and receipts to their hash chains (``_seal``)
+- ``chain``       appending events and receipts to their hash chains (``seal``)
 - ``policies``    policy documents, stored once
 - ``approvals``   requests, answers, expiry, use
-- ``effects``     reserve, lease, outcome: every state write (``_move``)
+- ``effects``     reserve, lease, outcome: every state write (``move_effect``)
 - ``resolutions`` an AMBIGUOUS effect's ends: a hook's answer, a person's resolve, the sweep
 - ``budgets``     the budget ledger: charged with a reservation, released when an attempt fails
 - ``evidence``    reads, chain verification, recorded checks, the overview
@@ -18,6 +18,14 @@ the work lives in one module per concern:
 - ``delegations`` grants handed down at runtime (authority, §C3): created or refused, revoked once
 
 Its value types live in ``ctrlrun.values`` (no Django); its wording in ``ctrlrun.messages``.
+
+Two surfaces. What this façade exports (``__all__``) is the store's interface to the rest of
+ctrlrun: the Control, the kernel, the console and the commands import nothing else. A name
+without an underscore in one of the modules above is the package's *inside* interface: its
+siblings use it (``effects`` reserves through ``approvals.take_presented``, ``chain.seal``,
+``signatures.effect_mac`` ...), and so may the migrations, which re-sign rows with the signature
+documents of their moment (``signatures.approval_document_v1``), and the tests and benches that
+reach one concern. An underscore name never leaves its module (``tests/unit/test_layers.py``).
 
 Design
 ------
@@ -97,7 +105,7 @@ from .approvals import (
     request_approval,
 )
 from .budgets import budget_usage, charges_of, ledger_rows
-from .base import _db, _phase, _time_param, alias, now, using
+from .base import alias, now, using
 from .effects import (
     LEASE_LAPSED_ERROR,
     begin_unkeyed,
@@ -166,22 +174,12 @@ from .signatures import paused_ok as paused_run_ok
 from .signatures import policy_document_ok
 from .signatures import (
     APPROVAL_DOMAIN,
-    APPROVAL_DOMAIN_V1,
     CHECK_DOMAIN,
     EFFECT_DOMAIN,
     HEAD_DOMAIN,
-    _approval_document,
-    _approval_document_v1,
-    _effect_mac,
-    _head_document,
     approval_signature_ok,
     effect_signature_ok,
 )
-
-#: Private names older code reaches through the façade: the migrations re-sign rows with the
-#: signature documents, a bench writes raw times, a test counts phases.
-_PRIVATE = (_db, _phase, _time_param, _approval_document, _approval_document_v1, APPROVAL_DOMAIN_V1, _effect_mac,
-            _head_document)
 
 __all__ = [
     # values (ctrlrun.values)

@@ -4,7 +4,7 @@ A request is bound to the action's hash; only a pending, unexpired request ctrlr
 can be answered, and only a granted one for exactly this call is used (in the reservation's
 transaction, so a refused reservation leaves it granted). An attempt that provably did nothing
 (its record moved to ``failed`` by ``NotExecuted`` or a hook's ``not_executed``) gives the approval
-it used back (``_give_back``), in the transaction that moves the record.
+it used back (``give_back``), in the transaction that moves the record.
 """
 from __future__ import annotations
 
@@ -23,9 +23,9 @@ from ..identity import same_person
 from ..models import Approval
 from ..states import ApprovalStatus, Decision, EventType, Result, approval_lapsed, can_move_approval
 from ..values import ApprovalView, Call, EventRow, Refused
-from .base import _db, _phase, _q, _reading
-from .chain import _event, _opening_events, _ReceiptSpec, _seal, _started
-from .signatures import _approval_ok, _sign_approval
+from .base import alias, write_phase, objects, reading
+from .chain import event_row, opening_events, ReceiptSpec, seal, started_call
+from .signatures import approval_ok, sign_approval
 
 logger = logging.getLogger("ctrlrun.store")
 PENDING = ApprovalStatus.PENDING.value
@@ -34,13 +34,13 @@ _APPROVAL_FIELDS = [f for f in ApprovalView.__dataclass_fields__ if f != "signat
 
 
 def _approval_view(row: Approval) -> ApprovalView:
-    return ApprovalView(**{f: getattr(row, f) for f in _APPROVAL_FIELDS}, signature_ok=_approval_ok(row))
+    return ApprovalView(**{f: getattr(row, f) for f in _APPROVAL_FIELDS}, signature_ok=approval_ok(row))
 
 
 def request_approval(call: Call, ttl: dt.timedelta) -> ApprovalView:
     """An ``approve`` decision with nothing presented: a pending request bound to the action hash."""
-    with _phase() as when:
-        call = _started(call, when)
+    with write_phase() as when:
+        call = started_call(call, when)
         action = call.action
         row = Approval(
             approval_id=new_id("apr_"), status=ApprovalStatus.PENDING, action=action.name,
@@ -49,18 +49,18 @@ def request_approval(call: Call, ttl: dt.timedelta) -> ApprovalView:
             agent=action.principal.agent, user=action.principal.user, effect_key=call.effect_key,
             policy_hash=call.policy_hash, decision_reason=call.reason, created_at=when, expires_at=when + ttl,
         )
-        _sign_approval(row)
-        row.save(using=_db(), force_insert=True)
-        events = _opening_events(call, when)
-        events.append(_event(EventType.APPROVAL_REQUESTED, call, call.effect_key,
+        sign_approval(row)
+        row.save(using=alias(), force_insert=True)
+        events = opening_events(call, when)
+        events.append(event_row(EventType.APPROVAL_REQUESTED, call, call.effect_key,
                              {"action_hash": action.hash, "expires_at": evidence_time(row.expires_at)}, when,
                              row.approval_id))
-        _seal(events, [], when)
+        seal(events, [], when)
     return _approval_view(row)
 
 
 def _save_approval(row: Approval, fields: list[str]) -> None:
-    _sign_approval(row)
+    sign_approval(row)
     row.save(update_fields=[*fields, "mac"])
 
 
@@ -80,7 +80,7 @@ def _expire(row: Approval, when: dt.datetime, events: list[EventRow], call: Call
     """Mark ``row`` expired; the event belongs to ``call`` when a call presenting it found it lapsed."""
     _move_approval(row, ApprovalStatus.EXPIRED)
     owner, key = (call, call.effect_key) if call is not None else (row.action_id, row.effect_key)
-    events.append(_event(EventType.APPROVAL_EXPIRED, owner, key, {}, when, row.approval_id))
+    events.append(event_row(EventType.APPROVAL_EXPIRED, owner, key, {}, when, row.approval_id))
 
 
 def answer_approval(approval_id: str, grant: bool, *, by: str, note: str | None = None) -> ApprovalView:
@@ -95,18 +95,18 @@ def answer_approval(approval_id: str, grant: bool, *, by: str, note: str | None 
     by = evidence_text(by.strip())
     note = evidence_text(note) if note else None
     expired: ApprovalView | None = None
-    with _phase() as when:
-        row = _q(Approval).select_for_update().filter(pk=approval_id).first()
+    with write_phase() as when:
+        row = objects(Approval).select_for_update().filter(pk=approval_id).first()
         if row is None:
             raise StateConflict("approval", approval_id, PENDING, "missing")
-        if not _approval_ok(row):
+        if not approval_ok(row):
             raise StateConflict("approval", approval_id, PENDING, "tampered")
         if row.status != ApprovalStatus.PENDING:
             raise StateConflict("approval", approval_id, PENDING, str(row.status), approver=row.approver)
         if approval_lapsed(row.status, row.expires_at, when):
             events: list[EventRow] = []
             _expire(row, when, events)
-            _seal(events, [], when)
+            seal(events, [], when)
             expired = _approval_view(row)
         else:
             if row.user is not None and same_person(row.user, by):
@@ -119,7 +119,7 @@ def answer_approval(approval_id: str, grant: bool, *, by: str, note: str | None 
             if note:
                 data["note"] = note
             kind = EventType.APPROVAL_GRANTED if grant else EventType.APPROVAL_DENIED
-            _seal([_event(kind, row.action_id, row.effect_key, data, when, row.approval_id)], [], when)
+            seal([event_row(kind, row.action_id, row.effect_key, data, when, row.approval_id)], [], when)
     if expired is not None:
         raise StateConflict("approval", approval_id, PENDING, "expired", expires_at=expired.expires_at,
                             just_expired=True)
@@ -128,26 +128,26 @@ def answer_approval(approval_id: str, grant: bool, *, by: str, note: str | None 
 
 def expire_if_due(approval_id: str) -> ApprovalView | None:
     """Mark a pending or granted request expired if its time is up (``wait=True`` giving up)."""
-    with _phase() as when:
-        row = _q(Approval).select_for_update().filter(pk=approval_id).first()
+    with write_phase() as when:
+        row = objects(Approval).select_for_update().filter(pk=approval_id).first()
         if row is None:
             return None
-        if approval_lapsed(row.status, row.expires_at, when) and _approval_ok(row):
+        if approval_lapsed(row.status, row.expires_at, when) and approval_ok(row):
             events: list[EventRow] = []
             _expire(row, when, events)
-            _seal(events, [], when)
+            seal(events, [], when)
     return _approval_view(row)
 
 
 def get_approval(approval_id: str) -> ApprovalView | None:
-    with _reading():
-        row = _q(Approval).filter(pk=approval_id).first()
+    with reading():
+        row = objects(Approval).filter(pk=approval_id).first()
         return _approval_view(row) if row else None
 
 
 def list_approvals(status: str | None = None) -> list[ApprovalView]:
     """Pending first (oldest first), then the rest, newest first."""
-    query = _q(Approval).all()
+    query = objects(Approval).all()
     if status:
         query = query.filter(status=status)
     rows = list(query.order_by("created_at"))
@@ -157,23 +157,23 @@ def list_approvals(status: str | None = None) -> list[ApprovalView]:
 
 
 def approvals_for_hash(action_hash: str) -> list[ApprovalView]:
-    return [_approval_view(r) for r in _q(Approval).filter(action_hash=action_hash).order_by("created_at")]
+    return [_approval_view(r) for r in objects(Approval).filter(action_hash=action_hash).order_by("created_at")]
 
 
 def approvals_of_call(action_id: str) -> list[ApprovalView]:
     """The requests one call (an action id) asked for or used, oldest first."""
-    with _reading():
-        rows = list(_q(Approval).filter(Q(action_id=action_id) | Q(consumed_by=action_id)).order_by("created_at"))
+    with reading():
+        rows = list(objects(Approval).filter(Q(action_id=action_id) | Q(consumed_by=action_id)).order_by("created_at"))
     return [_approval_view(r) for r in rows]
 
 
-def _check_presented(call: Call, presented: str, when: dt.datetime,
+def check_presented(call: Call, presented: str, when: dt.datetime,
                      events: list[EventRow]) -> tuple[Call, Approval | None, CTRLRunError | None]:
     """The presented approval of an ``approve`` call, checked in §8.4's order and locked: the call
     stamped with it, the row if it may be used, else why not (nothing sealed; a lapsed one is
     marked expired, its event added to ``events``)."""
-    row = _q(Approval).select_for_update().filter(pk=presented).first()
-    genuine = row is not None and _approval_ok(row)
+    row = objects(Approval).select_for_update().filter(pk=presented).first()
+    genuine = row is not None and approval_ok(row)
     call = replace(call, approval_id=presented, approver=row.approver if genuine else None)
     error: CTRLRunError | None = None
     if row is None:
@@ -196,7 +196,7 @@ def _check_presented(call: Call, presented: str, when: dt.datetime,
     return call, (row if error is None else None), error
 
 
-def _take_presented(call: Call, presented: str | None, when: dt.datetime,
+def take_presented(call: Call, presented: str | None, when: dt.datetime,
                     events: list[EventRow]) -> tuple[Call, Approval | None, Refused | None]:
     """Check a presented approval for an ``approve`` decision, in §8.4's order.
 
@@ -209,58 +209,58 @@ def _take_presented(call: Call, presented: str | None, when: dt.datetime,
         if presented is not None and call.decision is Decision.DENY:
             call = replace(call, approval_id=presented)
         return call, None, None
-    call, row, error = _check_presented(call, presented, when, events)
+    call, row, error = check_presented(call, presented, when, events)
     if error is None:
         return call, row, None
     if isinstance(error, ActionDenied):
-        events.append(_event(EventType.APPROVAL_DENIED, call, call.effect_key, {"approver": call.approver}, when,
+        events.append(event_row(EventType.APPROVAL_DENIED, call, call.effect_key, {"approver": call.approver}, when,
                              presented))
-        events.append(_event(EventType.ACTION_DENIED, call, call.effect_key, {"reason": "approval_denied"}, when))
-        _seal(events, [_ReceiptSpec(call, Result.DENIED, str(error), None, "approval_denied")], when)
+        events.append(event_row(EventType.ACTION_DENIED, call, call.effect_key, {"reason": "approval_denied"}, when))
+        seal(events, [ReceiptSpec(call, Result.DENIED, str(error), None, "approval_denied")], when)
     else:
-        events.append(_event(EventType.APPROVAL_INVALIDATED, call, call.effect_key,
+        events.append(event_row(EventType.APPROVAL_INVALIDATED, call, call.effect_key,
                              {"reason": error.reason, "action_hash": call.action.hash}, when, presented))
-        _seal(events, [_ReceiptSpec(call, Result.BLOCKED, str(error), None)], when)
+        seal(events, [ReceiptSpec(call, Result.BLOCKED, str(error), None)], when)
     return call, None, Refused(error, None, True, call)
 
 
-def _consumption_event(row: Approval, call: Call, when: dt.datetime, *, required: bool) -> EventRow:
+def consumption_event(row: Approval, call: Call, when: dt.datetime, *, required: bool) -> EventRow:
     data: dict[str, Any] = {"approver": row.approver}
     if not required:
         data["required"] = False
-    return _event(EventType.APPROVAL_CONSUMED, call, call.effect_key, data, when, row.approval_id)
+    return event_row(EventType.APPROVAL_CONSUMED, call, call.effect_key, data, when, row.approval_id)
 
 
-def _mark_consumed(row: Approval, call: Call, when: dt.datetime) -> None:
+def mark_consumed(row: Approval, call: Call, when: dt.datetime) -> None:
     _move_approval(row, ApprovalStatus.CONSUMED, consumed_at=when, consumed_by=call.action.action_id)
 
 
-def _give_back(approval_id: str | None, effect_key: str, action_id: str, attempt: int, when: dt.datetime,
+def give_back(approval_id: str | None, effect_key: str, action_id: str, attempt: int, when: dt.datetime,
                why: dict[str, Any]) -> list[EventRow]:
     """Give back the approval that attempt ``attempt`` (call ``action_id``) of ``effect_key`` used, now
     that its record is ``failed`` at that attempt (the caller moved it, in this transaction): consumed
     -> granted, ``returned`` up by one, for the same action hash, until it expires. Only a genuine
     row consumed by this very call, for this key, unexpired, is given back; else nothing. The
     APPROVAL_RETURNED event to seal, or none. ``approval_id`` None: the one this call consumed."""
-    query = _q(Approval).select_for_update()
+    query = objects(Approval).select_for_update()
     row = (query.filter(pk=approval_id) if approval_id is not None else
            query.filter(consumed_by=action_id, status=ApprovalStatus.CONSUMED)).first()
     if (row is None or row.status != ApprovalStatus.CONSUMED or row.consumed_by != action_id
-            or row.effect_key != effect_key or not _approval_ok(row)):
+            or row.effect_key != effect_key or not approval_ok(row)):
         return []
     if row.expires_at <= when:
         logger.info("approval %s is not given back after attempt %s of %s failed: it expired at %s", row.approval_id,
                     attempt, effect_key, evidence_time(row.expires_at))
         return []
     _move_approval(row, ApprovalStatus.GRANTED, consumed_at=None, consumed_by=None, returned=row.returned + 1)
-    return [_event(EventType.APPROVAL_RETURNED, action_id, effect_key, {"attempt": attempt, "action_id": action_id,
+    return [event_row(EventType.APPROVAL_RETURNED, action_id, effect_key, {"attempt": attempt, "action_id": action_id,
                                                                          **why}, when, row.approval_id)]
 
 
-def _matching_approval(call: Call, presented: str, when: dt.datetime) -> tuple[Approval | None, Call]:
+def matching_approval(call: Call, presented: str, when: dt.datetime) -> tuple[Approval | None, Call]:
     """An approval presented on an allowed call is used up only if it is for exactly this call."""
-    row = _q(Approval).select_for_update().filter(pk=presented).first()
-    if (row is None or not _approval_ok(row) or row.action_hash != call.action.hash
+    row = objects(Approval).select_for_update().filter(pk=presented).first()
+    if (row is None or not approval_ok(row) or row.action_hash != call.action.hash
             or row.status != ApprovalStatus.GRANTED or approval_lapsed(row.status, row.expires_at, when)):
         logger.info("approval %s presented on allowed call %s was not used (it does not match or is not granted)",
                     presented, call.action.action_id)

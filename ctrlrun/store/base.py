@@ -1,8 +1,8 @@
 """The store's plumbing: which database, the clock, one phase, one read, the raw hot-path cursor.
 
-Every other module of the store reaches the database through these: ``_db()`` is the one place
-the alias is read (``using()`` overrides it for a block), ``_phase`` the one way a write
-transaction opens, ``_reading`` the one way a read outside a phase maps database trouble.
+Every other module of the store reaches the database through these: ``alias()`` is the one place
+the alias is read (``using()`` overrides it for a block), ``write_phase`` the one way a write
+transaction opens, ``reading`` the one way a read outside a phase maps database trouble.
 """
 from __future__ import annotations
 
@@ -27,14 +27,10 @@ from . import sql
 _alias: contextvars.ContextVar[str | None] = contextvars.ContextVar("ctrlrun_store_alias", default=None)
 
 
-def _db() -> str:
-    """The database alias every store statement runs on: the ONE place it is read."""
-    return _alias.get() or conf.database_alias()
-
-
 def alias() -> str:
-    """Which ``DATABASES`` entry the store uses here and now (``using()``'s, else the configured one)."""
-    return _db()
+    """Which ``DATABASES`` entry every store statement runs on, here and now (``using()``'s, else the
+    configured one): the ONE place it is read."""
+    return _alias.get() or conf.database_alias()
 
 
 @contextlib.contextmanager
@@ -50,8 +46,8 @@ def using(name: str) -> Iterator[str]:
         _alias.reset(token)
 
 
-def _q(model: Any) -> Any:
-    return model.objects.db_manager(_db())
+def objects(model: Any) -> Any:
+    return model.objects.db_manager(alias())
 
 
 class _Statements:
@@ -59,7 +55,7 @@ class _Statements:
 
     Django's cursor wrapper (parameter conversion, debug hooks, a new wrapper per statement) cost more
     than the statements themselves (profiled: ~20 µs each on SQLite). The transaction stays Django's
-    (``atomic``), and driver errors still become Django's (``wrap_database_errors``), so ``_phase``
+    (``atomic``), and driver errors still become Django's (``wrap_database_errors``), so ``write_phase``
     maps them as before. When something watches the connection's statements (an ``execute_wrapper``,
     ``DEBUG``'s query log) they go through Django's cursor, so the watcher sees every one.
     """
@@ -67,7 +63,7 @@ class _Statements:
     _sqlite_sql: dict[str, str] = {}
 
     def __init__(self) -> None:
-        self.connection = connections[_db()]
+        self.connection = connections[alias()]
         self.watched = bool(self.connection.execute_wrappers) or self.connection.queries_logged
         self.sqlite = self.connection.vendor == "sqlite"
 
@@ -108,16 +104,16 @@ class _Statements:
         return self.cursor.rowcount
 
 
-_cursor = _Statements
+statements = _Statements
 
 
-def _clock() -> dt.datetime:
+def read_clock() -> dt.datetime:
     """The store's clock: a test clock if one is set, else the database server's (PostgreSQL), else
     this host's (SQLite: every process of one store runs on the one host that holds its file)."""
     if conf.clock_overridden():
         return conf.now()
-    if connections[_db()].vendor == "postgresql":
-        with _cursor() as cursor:
+    if connections[alias()].vendor == "postgresql":
+        with statements() as cursor:
             return cursor.execute(sql.CLOCK).fetchone()[0]
     return conf.now()
 
@@ -125,20 +121,20 @@ def _clock() -> dt.datetime:
 def _unavailable(exc: DjangoDatabaseError, what: str) -> StoreUnavailable:
     # A dropped connection stays broken until closed; close it now so that the next call
     # reconnects (Django would only do this at the end of a web request).
-    connections[_db()].close_if_unusable_or_obsolete()
+    connections[alias()].close_if_unusable_or_obsolete()
     detail = " ".join(str(exc).split())  # drivers' messages span lines; an error is one line
     return StoreUnavailable(messages.store_unavailable(what, type(exc).__name__, detail))
 
 
 @contextlib.contextmanager
-def _phase(*, clock: bool = True) -> Iterator[Any]:
+def write_phase(*, clock: bool = True) -> Iterator[Any]:
     """One short, durable transaction, yielding the store's time for everything it writes;
     database trouble becomes ``StoreUnavailable``. ``clock=False`` yields None instead of reading
     PostgreSQL's clock up front: the phase's first statement brings it (a round trip saved)."""
     try:
-        with transaction.atomic(using=_db(), durable=True):
-            if clock or conf.clock_overridden() or connections[_db()].vendor != "postgresql":
-                yield _clock()
+        with transaction.atomic(using=alias(), durable=True):
+            if clock or conf.clock_overridden() or connections[alias()].vendor != "postgresql":
+                yield read_clock()
             else:
                 yield None
     except RuntimeError as exc:
@@ -150,7 +146,7 @@ def _phase(*, clock: bool = True) -> Iterator[Any]:
 
 
 @contextlib.contextmanager
-def _reading() -> Iterator[None]:
+def reading() -> Iterator[None]:
     """A read outside any phase; database trouble becomes ``StoreUnavailable``."""
     try:
         yield
@@ -160,19 +156,19 @@ def _reading() -> Iterator[None]:
 
 def now() -> dt.datetime:
     """The store's clock, read now (what leases and expiries are compared with)."""
-    with _reading():
-        return _clock()
+    with reading():
+        return read_clock()
 
 
-def _iso(moment: dt.datetime | None) -> str | None:
+def iso_text(moment: dt.datetime | None) -> str | None:
     return None if moment is None else event_time(moment)
 
 
-def _digest(text: str | None) -> str | None:
+def text_digest(text: str | None) -> str | None:
     return None if text is None else hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def _as_datetime(value: Any, connection: Any) -> dt.datetime | None:
+def as_datetime(value: Any, connection: Any) -> dt.datetime | None:
     """A timestamp column read by raw SQL, as the ORM would read it (SQLite hands back text in the
     connection's time zone)."""
     if value is None or isinstance(value, dt.datetime) and value.tzinfo is not None:
@@ -182,7 +178,7 @@ def _as_datetime(value: Any, connection: Any) -> dt.datetime | None:
     return timezone.make_aware(value, connection.timezone) if value.tzinfo is None else value
 
 
-def _time_param(connection: Any) -> Any:
+def time_param(connection: Any) -> Any:
     """How a datetime goes into raw SQL for this connection: Django's adaptation, or (SQLite in UTC, the
     common case) the same text made without its per-call settings lookups."""
     if connection.vendor == "sqlite" and connection.timezone_name == "UTC":

@@ -32,7 +32,7 @@ from ..errors import InvalidArgument
 from ..models import BudgetLedger, EffectRecord
 from ..states import EffectState
 from ..values import Charge
-from .base import _as_datetime, _clock, _cursor, _db, _q, _reading, _time_param
+from .base import as_datetime, read_clock, statements, alias, objects, reading, time_param
 from .signatures import ledger_mac
 
 TABLE = BudgetLedger._meta.db_table
@@ -70,10 +70,10 @@ def distinct(charges: Iterable[Charge]) -> list[Charge]:
 
 
 def _lock(charges: Sequence[Charge]) -> None:
-    if connections[_db()].vendor != "postgresql":
+    if connections[alias()].vendor != "postgresql":
         return  # SQLite: the write transaction itself is exclusive (BEGIN IMMEDIATE)
     pairs = sorted({(c.grant_id, c.metric) for c in charges})
-    with _cursor() as cursor:
+    with statements() as cursor:
         for grant_id, metric in pairs:
             cursor.execute("SELECT pg_advisory_xact_lock(%s)", [lock_key(grant_id, metric)]).fetchone()
 
@@ -89,8 +89,8 @@ def exhausted(charges: Sequence[Charge], when: dt.datetime, *, lock: bool = True
     locks first (a reservation), which are held until the phase ends."""
     if lock:
         _lock(charges)
-    adapt = _time_param(connections[_db()])
-    with _cursor() as cursor:
+    adapt = time_param(connections[alias()])
+    with statements() as cursor:
         for charge in charges:
             spent = _spent(cursor, adapt, charge, when)
             if spent + charge.amount > charge.limit:
@@ -103,12 +103,12 @@ def charge(charges: Sequence[Charge], effect_key: str, attempt: int, when: dt.da
     rows = distinct(charges)
     if not rows:
         return
-    stamp = _time_param(connections[_db()])(when)
+    stamp = time_param(connections[alias()])(when)
     params: list[Any] = []
     for row in rows:
         params += [row.grant_id, row.metric, row.amount, effect_key, attempt, stamp, None,
                    ledger_mac(row.grant_id, row.metric, row.amount, effect_key, attempt, when, None)]
-    with _cursor() as cursor:
+    with statements() as cursor:
         cursor.execute(_INSERT + ",".join(["(%s,%s,%s,%s,%s,%s,%s,%s)"] * len(rows)), params)
 
 
@@ -116,13 +116,13 @@ def release(effect_key: str, attempt: int, when: dt.datetime) -> int:
     """Give back an attempt's charges (it ended failed): inside the phase that moves its record to
     ``failed`` (the database allows a release only then), each row signed again with its release.
     How many."""
-    connection = connections[_db()]
-    stamp = _time_param(connection)(when)
+    connection = connections[alias()]
+    stamp = time_param(connection)(when)
     released = 0
-    with _cursor() as cursor:
+    with statements() as cursor:
         held = cursor.execute(_HELD, [effect_key, attempt]).fetchall()
         for ident, grant_id, metric, amount, consumed_at in held:
-            mac = ledger_mac(grant_id, metric, amount, effect_key, attempt, _as_datetime(consumed_at, connection), when)
+            mac = ledger_mac(grant_id, metric, amount, effect_key, attempt, as_datetime(consumed_at, connection), when)
             released += cursor.execute(_RELEASE, [stamp, mac, ident]).rowcount
     return released
 
@@ -132,7 +132,7 @@ def release(effect_key: str, attempt: int, when: dt.datetime) -> int:
 
 def _states(keys: Iterable[str]) -> dict[str, tuple[str, int]]:
     return {key: (state, attempt) for key, state, attempt in
-            _q(EffectRecord).filter(pk__in=set(keys)).values_list("effect_key", "state", "attempt")}
+            objects(EffectRecord).filter(pk__in=set(keys)).values_list("effect_key", "state", "attempt")}
 
 
 def _row_state(row: BudgetLedger, states: dict[str, tuple[str, int]]) -> str:
@@ -155,9 +155,9 @@ def budget_usage(grant_id: str, metric: str, window_seconds: int,
     Released charges (their attempt failed) count in neither."""
     if not isinstance(window_seconds, int) or isinstance(window_seconds, bool) or window_seconds <= 0:
         raise InvalidArgument(f"a budget's window is a positive number of seconds, got {window_seconds!r}")
-    with _reading():
-        now = now or _clock()
-        rows = list(_q(BudgetLedger).filter(
+    with reading():
+        now = now or read_clock()
+        rows = list(objects(BudgetLedger).filter(
             grant_id=grant_id, metric=metric, released_at__isnull=True,
             consumed_at__gt=now - dt.timedelta(seconds=window_seconds), consumed_at__lte=now,
         ).order_by("consumed_at", "id"))
@@ -176,15 +176,15 @@ def budget_usage(grant_id: str, metric: str, window_seconds: int,
 
 def ledger_rows() -> int:
     """How many rows the budget ledger holds (released ones included): ``stats``'s ``ledger_rows``."""
-    with _reading():
-        return _q(BudgetLedger).count()
+    with reading():
+        return objects(BudgetLedger).count()
 
 
 def charges_of(effect_key: str, attempt: int) -> list[tuple[str, str, int, str]]:
     """The charges one attempt made, as (grant_id, metric, amount, standing), in the order written:
     ``spent`` (the attempt committed), ``holds`` (running or ambiguous) or ``released`` (it failed)."""
-    with _reading():
-        rows = list(_q(BudgetLedger).filter(effect_key=effect_key, attempt=attempt).order_by("id"))
+    with reading():
+        rows = list(objects(BudgetLedger).filter(effect_key=effect_key, attempt=attempt).order_by("id"))
         states = _states([effect_key]) if rows else {}
     out = []
     for row in rows:

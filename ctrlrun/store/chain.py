@@ -1,7 +1,7 @@
 """Appending to the evidence: events and receipts on their two hash chains, under the signed head.
 
-``_seal`` is the one writer of evidence (it locks the head last in its phase). A running attempt's
-opening events wait on its effect record (``_stash``) until its outcome, or its sweep, seals them.
+``seal`` is the one writer of evidence (it locks the head last in its phase). A running attempt's
+opening events wait on its effect record (``stash``) until its outcome, or its sweep, seals them.
 """
 from __future__ import annotations
 
@@ -21,20 +21,20 @@ from ..receipts import build_receipt, dump_receipt, event_document, event_hash, 
 from ..states import Decision, EventType, Result
 from ..values import Call, Charge, EventRow, EventView, Pending
 from . import sql
-from .base import _clock, _cursor, _db, _iso, _q, _time_param
-from .signatures import HEAD_DOMAIN, _head_document, _head_problem, _trust_head
+from .base import read_clock, statements, alias, iso_text, objects, time_param
+from .signatures import HEAD_DOMAIN, head_document, head_problem, trust_head
 
 Built = tuple  # (events, receipts) a builder makes once the seal knows the time
 
 
-def _event(type_: EventType, call_or_id: Call | str | None, effect_key: str | None, data: dict[str, Any],
+def event_row(type_: EventType, call_or_id: Call | str | None, effect_key: str | None, data: dict[str, Any],
            when: dt.datetime, approval_id: str | None = None, *, text: str | None = None) -> EventRow:
     action_id = call_or_id.action.action_id if isinstance(call_or_id, Call) else call_or_id
     return EventRow(when, type_.value, action_id, effect_key, approval_id, data, text)
 
 
 @dataclass(frozen=True)
-class _ReceiptSpec:
+class ReceiptSpec:
     call: Call
     result: Result
     error: str | None
@@ -57,7 +57,7 @@ class _ReceiptSpec:
         return self.result.value if self.would_have is None else Result.OBSERVED.value
 
 
-def _receipt_doc(spec: _ReceiptSpec, when: dt.datetime) -> dict[str, Any]:
+def _receipt_doc(spec: ReceiptSpec, when: dt.datetime) -> dict[str, Any]:
     call, action = spec.call, spec.call.action
     return build_receipt(
         receipt_id=new_id("ctr_"),
@@ -91,7 +91,7 @@ def _receipt_doc(spec: _ReceiptSpec, when: dt.datetime) -> dict[str, Any]:
     )
 
 
-def _receipt_charges(spec: _ReceiptSpec) -> list[dict[str, Any]]:
+def _receipt_charges(spec: ReceiptSpec) -> list[dict[str, Any]]:
     """The receipt's ``budget_charges``: what the call's taken key charged (one per ledger row); a
     refused call (denied, blocked) charged nothing."""
     if not spec.call.budget_charges or spec.result in (Result.DENIED, Result.BLOCKED):
@@ -112,13 +112,13 @@ def _take_head(cursor: Any, receipts: int, events: int, *, clock: bool = False) 
         # its UPDATE then takes the next seq after the winner's.
         created = cursor.execute(sql.HEAD_CREATE, [GENESIS_HASH, GENESIS_HASH]).fetchone()
         # A head this writer had to make, over evidence already there, would hide a deletion.
-        if created is not None and (_q(Receipt).exists() or _q(Event).exists()):
+        if created is not None and (objects(Receipt).exists() or objects(Event).exists()):
             raise EvidenceTampered(messages.head_missing_restore())
         head = cursor.execute(statement, [receipts, events]).fetchone()
     return head
 
 
-def _seal(events: Sequence[EventRow], receipts: Sequence[_ReceiptSpec], when: dt.datetime | None, *,
+def seal(events: Sequence[EventRow], receipts: Sequence[ReceiptSpec], when: dt.datetime | None, *,
           build: Any = None, sizes: tuple[int, int] = (0, 0)) -> list[dict[str, Any]]:
     """Append ``events`` and ``receipts`` to their chains. Must run inside a phase; locks the head last.
 
@@ -128,7 +128,7 @@ def _seal(events: Sequence[EventRow], receipts: Sequence[_ReceiptSpec], when: dt
     makes the ``sizes`` = (events, receipts) it appends. On PostgreSQL the events, the receipts and the
     head's move are one statement, so the head stays locked for two round trips in all.
     """
-    connection = connections[_db()]
+    connection = connections[alias()]
     postgres = connection.vendor == "postgresql"
     if build is None:
         if not events and not receipts:
@@ -136,13 +136,13 @@ def _seal(events: Sequence[EventRow], receipts: Sequence[_ReceiptSpec], when: dt
         sizes = (len(events), len(receipts))
     database_clock = when is None and postgres and not conf.clock_overridden()
     if when is None and not database_clock:
-        when = _clock()
+        when = read_clock()
     docs = [] if build is not None else [_receipt_doc(spec, when) for spec in receipts]  # before the lock
-    adapt = _time_param(connection)
-    with _cursor() as cursor:
+    adapt = time_param(connection)
+    with statements() as cursor:
         head = _take_head(cursor, sizes[1], sizes[0], clock=database_clock)
         seq, prev, event_seq, event_prev, mac, key_id = head[:6]
-        problem = _head_problem(seq - sizes[1], prev, event_seq - sizes[0], event_prev, mac, key_id)
+        problem = head_problem(seq - sizes[1], prev, event_seq - sizes[0], event_prev, mac, key_id)
         if problem is not None:
             raise EvidenceTampered(messages.refuses_to_add(problem))
         if build is not None:
@@ -176,7 +176,7 @@ def _seal(events: Sequence[EventRow], receipts: Sequence[_ReceiptSpec], when: dt
                                spec.receipt_decision, spec.receipt_result, spec.call.effect_key, adapt(when),
                                dump_receipt(doc), prev, digest]
             prev = digest
-        head_mac = signing.sign(HEAD_DOMAIN, _head_document(seq, prev, event_seq, event_prev, signing.key_id()))
+        head_mac = signing.sign(HEAD_DOMAIN, head_document(seq, prev, event_seq, event_prev, signing.key_id()))
         head_params = [prev, event_prev, head_mac, signing.key_id()]
         event_sql = sql.EVENT_INSERT + ",".join(["(%s,%s,%s,%s,%s,%s,%s,%s,%s)"] * len(events))
         receipt_sql = sql.RECEIPT_INSERT + ",".join(["(%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)"] * len(docs))
@@ -191,37 +191,37 @@ def _seal(events: Sequence[EventRow], receipts: Sequence[_ReceiptSpec], when: dt
             if docs:
                 cursor.execute(receipt_sql, receipt_params)
             cursor.execute(sql.HEAD_MOVE, head_params)
-    _trust_head(seq, prev, event_seq, event_prev, head_mac, signing.key_id())
+    trust_head(seq, prev, event_seq, event_prev, head_mac, signing.key_id())
     if listening:
-        observers.after_commit(_db(), observed, docs)  # delivered once this phase commits
+        observers.after_commit(alias(), observed, docs)  # delivered once this phase commits
     return docs
 
 
-def _opening_events(call: Call, when: dt.datetime, *, with_policy: bool = True) -> list[EventRow]:
+def opening_events(call: Call, when: dt.datetime, *, with_policy: bool = True) -> list[EventRow]:
     """ACTION_PROPOSED, the authority's answer (with an ``authority:`` section), POLICY_EVALUATED
     (unless ``with_policy`` is False: the call was refused before the policy was asked)."""
     action = call.action
     # The data's text is built from the action's canonical JSON, already encoded for its hash.
     proposed_text = '{"action_hash":"%s","action":%s}' % (action.hash, action.canonical_json)
     events = [
-        _event(EventType.ACTION_PROPOSED, call, call.effect_key,
+        event_row(EventType.ACTION_PROPOSED, call, call.effect_key,
                {"action_hash": action.hash, "action": action.canonical()}, call.started_at or when, text=proposed_text),
     ]
     if call.authority is not None:  # authority (v3) is asked before the policy
         resolved = call.authority.get("reason") == "authority_grant"
-        events.append(_event(EventType.AUTHORITY_RESOLVED if resolved else EventType.AUTHORITY_DENIED, call,
+        events.append(event_row(EventType.AUTHORITY_RESOLVED if resolved else EventType.AUTHORITY_DENIED, call,
                              call.effect_key, dict(call.authority), when))
     if with_policy:
-        events.append(_event(EventType.POLICY_EVALUATED, call, call.effect_key,
+        events.append(event_row(EventType.POLICY_EVALUATED, call, call.effect_key,
                              {"decision": call.decision.value, "reason": call.reason}, when))
     return events
 
 
-def _started(call: Call, when: dt.datetime) -> Call:
+def started_call(call: Call, when: dt.datetime) -> Call:
     return call if call.started_at is not None else replace(call, started_at=when)
 
 
-def _stash(call: Call, attempt: int, events: Sequence[EventRow]) -> Pending:
+def stash(call: Call, attempt: int, events: Sequence[EventRow]) -> Pending:
     """The running attempt's opening events as kept on its record, with what a sweeper needs to
     write the receipt of an attempt whose worker never came back. Each event's data is encoded
     once, here, and the same text is what joins the chain."""
@@ -235,7 +235,7 @@ def _stash(call: Call, attempt: int, events: Sequence[EventRow]) -> Pending:
         "call": {"action": None if proposed else call.action.canonical(), "action_id": call.action.action_id,
                  "decision": call.decision.value, "reason": call.reason, "policy_hash": call.policy_hash,
                  "approval_id": call.approval_id, "approver": call.approver,
-                 "started_at": _iso(call.started_at), "effect_key": call.effect_key, "attempt": attempt,
+                 "started_at": iso_text(call.started_at), "effect_key": call.effect_key, "attempt": attempt,
                  "controls": list(call.controls), "policy_version": call.policy_version,
                  **({"authority": dict(call.authority)} if call.authority else {}),
                  **({"task": call.task} if call.task else {}),
@@ -249,7 +249,7 @@ def _stash(call: Call, attempt: int, events: Sequence[EventRow]) -> Pending:
     return Pending(dumps_json(document), rows)
 
 
-def _unstash(text: str) -> tuple[Call, int, list[EventRow]]:
+def unstash(text: str) -> tuple[Call, int, list[EventRow]]:
     document = json.loads(text)
     info = document["call"]
     events = [EventRow(dt.datetime.fromisoformat(ts), type_, action_id, key, approval_id, json.loads(data), data)
@@ -269,9 +269,9 @@ def _unstash(text: str) -> tuple[Call, int, list[EventRow]]:
     return call, info["attempt"], events
 
 
-def _call_from_events(action_id: str, effect_key: str) -> Call | None:
+def call_from_events(action_id: str, effect_key: str) -> Call | None:
     """A record written before opening events were kept on it: rebuild its call from its events."""
-    found = {e.type: e.data for e in _q(Event).filter(action_id=action_id, type__in=[
+    found = {e.type: e.data for e in objects(Event).filter(action_id=action_id, type__in=[
         EventType.ACTION_PROPOSED, EventType.POLICY_EVALUATED]).order_by("-id")}
     proposed, evaluated = found.get(EventType.ACTION_PROPOSED.value), found.get(EventType.POLICY_EVALUATED.value)
     if not proposed or not evaluated or not isinstance(proposed.get("action"), dict):

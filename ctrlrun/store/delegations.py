@@ -3,7 +3,7 @@
 A delegation is created, or refused, in one phase: the live rows are read, the request is judged
 (``Authority.delegation_refusal``, pure) and the row and its ``DELEGATION_CREATED`` event, or the
 ``DELEGATION_REJECTED`` event, are written in that same transaction, on the events' chain
-(``_seal``). A revoke is one conditional UPDATE (``revoked_at IS NULL``) and its
+(``seal``). A revoke is one conditional UPDATE (``revoked_at IS NULL``) and its
 ``DELEGATION_REVOKED`` event, in one phase: only the first revoke of a row changes it; the
 database refuses any other change (``ctrlrun.guard``).
 
@@ -32,8 +32,8 @@ from ..errors import InvalidArgument
 from ..models import Delegation as DelegationRow
 from ..policy import grant_from_json, grant_json
 from ..states import EventType
-from .base import _as_datetime, _cursor, _db, _phase, _q, _reading
-from .chain import _event, _seal
+from .base import as_datetime, statements, alias, write_phase, objects, reading
+from .chain import event_row, seal
 from .signatures import delegation_mac, delegation_ok
 
 _ID = re.compile(r"dlg_[0-9a-f]{32}\Z")
@@ -97,14 +97,14 @@ def _delegation(values: tuple[Any, ...]) -> Delegation:
 
 
 def _all() -> list[Delegation]:
-    return [_delegation(values) for values in _q(DelegationRow).order_by("created_at", "delegation_id")
+    return [_delegation(values) for values in objects(DelegationRow).order_by("created_at", "delegation_id")
             .values_list(*_FIELDS)]
 
 
 def list_delegations() -> list[Delegation]:
     """Every delegation row (revoked ones too): the console's tree and the commands that list them.
     A call never reads this (``delegations_for``)."""
-    with _reading():
+    with reading():
         return _all()
 
 
@@ -114,14 +114,14 @@ _COLUMNS = ", ".join(f'"d"."{c}"' for c in _FIELDS)
 
 def _select(sql: str, params: list[Any]) -> list[Delegation]:
     """Delegations by raw SQL (``_COLUMNS`` first), their times read as the ORM reads them."""
-    connection = connections[_db()]
-    with _cursor() as cursor:
+    connection = connections[alias()]
+    with statements() as cursor:
         rows = cursor.execute(sql, params).fetchall()
     out = []
     for row in rows:
         values = list(row)
         for index in (8, 9):  # created_at, revoked_at
-            values[index] = _as_datetime(values[index], connection)
+            values[index] = as_datetime(values[index], connection)
         out.append(_delegation(tuple(values)))
     return out
 
@@ -147,7 +147,7 @@ def _beneath(ident: str) -> list[Delegation]:
 def delegations_for(agent: str, hop: str | None = None) -> list[Delegation]:
     """What can apply to one call: the delegations to ``agent``, the ``hop`` it presents, and all their
     ancestors (one indexed statement)."""
-    with _reading():
+    with reading():
         if hop is not None:
             return _with_ancestors('("d"."agent" = %s OR "d"."delegation_id" = %s)', [agent, hop])
         return _with_ancestors('"d"."agent" = %s', [agent])
@@ -156,13 +156,13 @@ def delegations_for(agent: str, hop: str | None = None) -> list[Delegation]:
 def delegation_chain(ident: str) -> list[Delegation]:
     """One delegation (or none, for a grant id) and its ancestors: what judging a new delegation from
     ``ident`` needs."""
-    with _reading():
+    with reading():
         return _with_ancestors('"d"."delegation_id" = %s', [ident])
 
 
 def get_delegation(delegation_id: str) -> Delegation | None:
-    with _reading():
-        values = _q(DelegationRow).filter(pk=delegation_id).values_list(*_FIELDS).first()
+    with reading():
+        values = objects(DelegationRow).filter(pk=delegation_id).values_list(*_FIELDS).first()
         return _delegation(values) if values else None
 
 
@@ -178,7 +178,7 @@ def create_delegation(authority: Authority, parent_id: str, grant: Grant, *, age
         raise InvalidArgument(f"this grant cannot be stored as a delegation: {exc}") from None
     if grant_json(again) != text:
         raise InvalidArgument("this grant cannot be stored as a delegation: it does not read back as itself")
-    with _phase() as when:
+    with write_phase() as when:
         rows = _with_ancestors('"d"."delegation_id" = %s', [parent_id])
         judged = authority.delegation_refusal(parent_id, grant, agent, user, now=when, delegations=rows)
         if not isinstance(judged, int):
@@ -186,15 +186,15 @@ def create_delegation(authority: Authority, parent_id: str, grant: Grant, *, age
             data: dict[str, Any] = {"reason": reason, "parent_id": parent_id}
             if dimension is not None:
                 data["dimension"] = dimension
-            _seal([_event(EventType.DELEGATION_REJECTED, None, None, data, when)], [], when)
+            seal([event_row(EventType.DELEGATION_REJECTED, None, None, data, when)], [], when)
             return Rejected(reason, dimension, message)
         ident = new_id("dlg_")
         row = DelegationRow(delegation_id=ident, parent_id=parent_id, depth=judged, grant_json=text,
                             agent=grant.agent, created_by_agent=agent, created_by_user=user, created_via=via,
                             created_at=when)
         row.mac = delegation_mac(ident, parent_id, judged, text, grant.agent, agent, user, via, when, None, None)
-        row.save(using=_q(DelegationRow).db, force_insert=True)
-        _seal([_event(EventType.DELEGATION_CREATED, None, None, {
+        row.save(using=objects(DelegationRow).db, force_insert=True)
+        seal([event_row(EventType.DELEGATION_CREATED, None, None, {
             "delegation_id": ident, "parent_id": parent_id, "depth": judged, "created_by_agent": agent,
             "created_by_user": user, "created_via": via, **({"action_id": action_id} if action_id else {})}, when)],
               [], when)
@@ -206,18 +206,18 @@ def revoke_delegation(delegation_id: str, revoked_by: str) -> Revoked | None:
     already revoked row is left as it is (``changed`` False), with no second event."""
     if not isinstance(revoked_by, str) or not revoked_by.strip():
         raise InvalidArgument("a revoke names who revokes (revoked_by)")
-    with _phase() as when:
-        values = _q(DelegationRow).filter(pk=delegation_id).values_list(*_FIELDS).first()
+    with write_phase() as when:
+        values = objects(DelegationRow).filter(pk=delegation_id).values_list(*_FIELDS).first()
         if values is None:
             return None
         changed = 0
         if values[9] is None:  # re-signed with its revocation, in the UPDATE that checks it is the first
             mac = delegation_mac(*values[:9], when, revoked_by)
-            changed = _q(DelegationRow).filter(pk=delegation_id, revoked_at__isnull=True).update(
+            changed = objects(DelegationRow).filter(pk=delegation_id, revoked_at__isnull=True).update(
                 revoked_at=when, revoked_by=revoked_by, mac=mac)
-            values = _q(DelegationRow).filter(pk=delegation_id).values_list(*_FIELDS).first()
+            values = objects(DelegationRow).filter(pk=delegation_id).values_list(*_FIELDS).first()
         if changed:
-            _seal([_event(EventType.DELEGATION_REVOKED, None, None,
+            seal([event_row(EventType.DELEGATION_REVOKED, None, None,
                           {"delegation_id": delegation_id, "revoked_by": revoked_by}, when)], [], when)
     return Revoked(_delegation(values), bool(changed))
 
@@ -225,7 +225,7 @@ def revoke_delegation(delegation_id: str, revoked_by: str) -> Revoked | None:
 def delegations_beneath(delegation_id: str, rows: list[Delegation] | None = None) -> list[Delegation]:
     """Every delegation below ``delegation_id`` (or below the grant of that id), in creation order."""
     if rows is None:
-        with _reading():
+        with reading():
             rows = _beneath(delegation_id)
     below: set[str] = {delegation_id}
     found: list[Delegation] = []
@@ -247,11 +247,11 @@ def revoked_beneath(call_delegations: tuple[str, ...]) -> str | None:
     and then seen: a call either takes its key before the revoke commits, or is refused after it."""
     if not call_delegations:
         return None
-    connection = connections[_db()]
+    connection = connections[alias()]
     table = connection.ops.quote_name(DelegationRow._meta.db_table)
     marks = ", ".join(["%s"] * len(call_delegations))
     suffix = " FOR SHARE" if connection.vendor == "postgresql" else ""
-    with _cursor() as cursor:
+    with statements() as cursor:
         rows = cursor.execute(f'SELECT "delegation_id", "revoked_at" FROM {table} WHERE "delegation_id" IN ({marks})'
                               f' ORDER BY "delegation_id"{suffix}', list(call_delegations)).fetchall()
     found = {ident: revoked for ident, revoked in rows}

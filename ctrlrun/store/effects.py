@@ -1,6 +1,6 @@
 """Effect records: reserve a key, renew its lease, record the outcome, sweep, reconcile, resolve.
 
-Every write of a record's state goes through ``_move``, which checks the edge against
+Every write of a record's state goes through ``move_effect``, which checks the edge against
 ``states.TRANSITIONS`` before the statement runs (a frozenset-cheap lookup) and fills the
 statement's target and source states: the table is what the code does, and the database's
 triggers (``ctrlrun.guard``, built from the same table) refuse every other edge.
@@ -26,22 +26,22 @@ from ..models import Approval, ChainHead, EffectRecord, Event, Receipt
 from ..states import HOLDING_STATES, INITIAL_STATE, TRANSITIONS, Decision, EffectState, EventType, Result, held_lapsed
 from ..values import Call, EventRow, Observation, OutcomeWrite, Pending, Refused, Reserved
 from . import budgets, sql
-from .approvals import (_check_presented, _consumption_event, _give_back, _mark_consumed, _matching_approval,
-                        _take_presented)
-from .base import _as_datetime, _clock, _cursor, _db, _phase, _q, _time_param
+from .approvals import (check_presented, consumption_event, give_back, mark_consumed, matching_approval,
+                        take_presented)
+from .base import as_datetime, read_clock, statements, alias, write_phase, objects, time_param
 from .chain import (
     Built,
-    _call_from_events,
-    _event,
-    _opening_events,
-    _ReceiptSpec,
-    _seal,
-    _started,
-    _stash,
-    _unstash,
+    call_from_events,
+    event_row,
+    opening_events,
+    ReceiptSpec,
+    seal,
+    started_call,
+    stash,
+    unstash,
 )
 from .delegations import revoked_beneath
-from .signatures import _effect_mac, _effect_ok, _head_problem
+from .signatures import effect_mac, effect_ok, head_problem
 
 logger = logging.getLogger("ctrlrun.store")
 S = EffectState
@@ -50,7 +50,7 @@ AMBIGUOUS = S.AMBIGUOUS.value
 LEASE_LAPSED_ERROR = "lease expired: the worker holding this effect never finished"
 
 
-def _move(cursor: Any, statement: str, source: EffectState, target: EffectState, params: Sequence[Any]) -> Any:
+def move_effect(cursor: Any, statement: str, source: EffectState, target: EffectState, params: Sequence[Any]) -> Any:
     """THE state write: run ``statement`` (from ``sql``: target state first, source state last, none for an
     insert from ``new``) moving a record ``source -> target``, after checking the edge is in the state table."""
     if (source, target) not in TRANSITIONS:
@@ -68,14 +68,14 @@ def record_denial(call: Call, data: dict[str, Any], *, with_policy: bool = True)
     """A call refused before any effect: opening events, ACTION_DENIED, a ``denied`` receipt."""
 
     def build(when: dt.datetime) -> Built:
-        denied = _started(call, when)
-        events = _opening_events(denied, when, with_policy=with_policy)
-        events.append(_event(EventType.ACTION_DENIED, denied, denied.effect_key, data, when, denied.approval_id))
+        denied = started_call(call, when)
+        events = opening_events(denied, when, with_policy=with_policy)
+        events.append(event_row(EventType.ACTION_DENIED, denied, denied.effect_key, data, when, denied.approval_id))
         refused = Decision.DENY if data["reason"] in BUDGET_REFUSALS else None  # the policy allowed; a budget refused
-        return events, [_ReceiptSpec(denied, Result.DENIED, data.get("error"), None, data["reason"], decision=refused)]
+        return events, [ReceiptSpec(denied, Result.DENIED, data.get("error"), None, data["reason"], decision=refused)]
 
-    with _phase(clock=False) as when:
-        _seal((), (), when, build=build, sizes=(2 + bool(with_policy) + (call.authority is not None), 1))
+    with write_phase(clock=False) as when:
+        seal((), (), when, build=build, sizes=(2 + bool(with_policy) + (call.authority is not None), 1))
 
 
 def _revoked_refusal(call: Call, when: dt.datetime, events: list[EventRow]) -> Refused | None:
@@ -87,9 +87,9 @@ def _revoked_refusal(call: Call, when: dt.datetime, events: list[EventRow]) -> R
     error = AuthorityDenied(f"{call.action.name} denied: authority_revoked (delegation {revoked!r} was revoked "
                             f"while the call was being decided)", reason="authority_revoked",
                             grant_id=call.authority_grant_id, delegation_id=revoked, action_id=call.action.action_id)
-    events.append(_event(EventType.ACTION_DENIED, call, call.effect_key,
+    events.append(event_row(EventType.ACTION_DENIED, call, call.effect_key,
                          {"reason": "authority_revoked", "delegation_id": revoked}, when, call.approval_id))
-    _seal(events, [_ReceiptSpec(call, Result.DENIED, None, None, "authority_revoked")], when)
+    seal(events, [ReceiptSpec(call, Result.DENIED, None, None, "authority_revoked")], when)
     return Refused(error, None, True, call)
 
 
@@ -100,17 +100,17 @@ def begin_unkeyed(call: Call, presented: str | None = None) -> Reserved | Refuse
     """
     if call.budget_charges:
         raise InvalidArgument(messages.budget_needs_key(call.action.name))
-    with _phase() as when:
-        call = _started(call, when)
-        events = _opening_events(call, when)
+    with write_phase() as when:
+        call = started_call(call, when)
+        events = opening_events(call, when)
         refusal = _revoked_refusal(call, when, events)
         if refusal is not None:
             return refusal
-        call, approval, refusal = _take_presented(call, presented, when, events)
+        call, approval, refusal = take_presented(call, presented, when, events)
         if refusal is not None:
             return refusal
         if approval is None and presented is not None and call.decision is Decision.ALLOW:
-            approval, call = _matching_approval(call, presented, when)
+            approval, call = matching_approval(call, presented, when)
         _start_unkeyed(call, approval, events, when)
     return Reserved(1, when, call)
 
@@ -118,11 +118,11 @@ def begin_unkeyed(call: Call, presented: str | None = None) -> Reserved | Refuse
 def _start_unkeyed(call: Call, approval: Approval | None, events: list[EventRow], when: dt.datetime) -> None:
     """An unkeyed call starts: the approval it uses (if any) consumed, its events sealed with EXECUTION_STARTED."""
     if approval is not None:
-        events.append(_consumption_event(approval, call, when, required=call.decision is Decision.APPROVE))
-        _mark_consumed(approval, call, when)
-    events.append(_event(EventType.EXECUTION_STARTED, call, None, {"task": call.task, "hop": call.hop}, when,
+        events.append(consumption_event(approval, call, when, required=call.decision is Decision.APPROVE))
+        mark_consumed(approval, call, when)
+    events.append(event_row(EventType.EXECUTION_STARTED, call, None, {"task": call.task, "hop": call.hop}, when,
                          call.approval_id))
-    _seal(events, [], when)
+    seal(events, [], when)
 
 
 # --------------------------------------------------------------------------- reservation
@@ -159,24 +159,24 @@ class _Peek:
     mac: str | None
 
 
-def _peek(effect_key: str, *, lock: bool = True) -> _Peek | None:
-    connection = connections[_db()]
+def peek(effect_key: str, *, lock: bool = True) -> _Peek | None:
+    connection = connections[alias()]
     suffix = " FOR UPDATE" if lock and connection.features.has_select_for_update else ""  # SQLite: IMMEDIATE
-    with _cursor() as cursor:
+    with statements() as cursor:
         row = cursor.execute(sql.PEEK + suffix, [effect_key]).fetchone()
     if row is None:
         return None
     action, state, action_id, attempt, lease, error, resolved_by, pending, mac = row
-    return _Peek(effect_key, action, state, action_id, attempt, _as_datetime(lease, connection), error, resolved_by,
+    return _Peek(effect_key, action, state, action_id, attempt, as_datetime(lease, connection), error, resolved_by,
                  pending, mac)
 
 
 def _open_reservation(effect_key: str, when: dt.datetime | None) -> tuple[dt.datetime, _Peek | None]:
     """The store's time and the key's record (locked), after making sure the chain head is ctrlrun's
     own: one statement. A call must not act when its evidence could not be kept."""
-    connection = connections[_db()]
+    connection = connections[alias()]
     postgres = connection.vendor == "postgresql"
-    with _cursor() as cursor:
+    with statements() as cursor:
         row = cursor.execute(sql.OPEN_POSTGRESQL if postgres else sql.OPEN_SQLITE, [effect_key]).fetchone()
         # No head, but evidence: either it was removed, or (a brand-new store's first writers) another
         # writer's head and evidence committed after this statement's snapshot, PostgreSQL reading
@@ -184,8 +184,8 @@ def _open_reservation(effect_key: str, when: dt.datetime | None) -> tuple[dt.dat
         # evidence seen means its head is there too; the statement is then read again, head and all.
         # Evidence is looked for once: asked again below, it could appear in between (another first
         # writer committing) and be taken for a removed head.
-        evidence = row[1 if postgres else 0] is None and (_q(Receipt).exists() or _q(Event).exists())
-        if evidence and _q(ChainHead).filter(pk=1).exists():
+        evidence = row[1 if postgres else 0] is None and (objects(Receipt).exists() or objects(Event).exists())
+        if evidence and objects(ChainHead).filter(pk=1).exists():
             row = cursor.execute(sql.OPEN_POSTGRESQL if postgres else sql.OPEN_SQLITE, [effect_key]).fetchone()
     if postgres:
         now_, row = row[0], row[1:]
@@ -193,7 +193,7 @@ def _open_reservation(effect_key: str, when: dt.datetime | None) -> tuple[dt.dat
     assert when is not None
     head, beyond, found = row[:6], row[6], row[7:]
     if head[0] is not None:
-        problem = _head_problem(*head) or (messages.BEYOND_HEAD if beyond else None)
+        problem = head_problem(*head) or (messages.BEYOND_HEAD if beyond else None)
     elif evidence:  # a store emptied on purpose (a flush) has no head
         problem = messages.HEAD_MISSING
     else:
@@ -203,7 +203,7 @@ def _open_reservation(effect_key: str, when: dt.datetime | None) -> tuple[dt.dat
     if found[0] is None:
         return when, None
     action, state, action_id, attempt, lease, error, resolved_by, pending, mac = found
-    return when, _Peek(effect_key, action, state, action_id, attempt, _as_datetime(lease, connection), error,
+    return when, _Peek(effect_key, action, state, action_id, attempt, as_datetime(lease, connection), error,
                        resolved_by, pending, mac)
 
 
@@ -212,7 +212,7 @@ def _rewound(record: _Peek) -> bool:
     """Whether the event chain shows this failed record is out of date: a later attempt was reserved, or
     the key was committed. A row put back from before (its signature is genuine) must not license a
     retry; this is read only before a retry renews a failed record, which is rare."""
-    with _cursor() as cursor:
+    with statements() as cursor:
         rows = cursor.execute(sql.LATER_HISTORY, [record.effect_key]).fetchall()
     for type_, text in rows:
         try:
@@ -226,26 +226,26 @@ def _rewound(record: _Peek) -> bool:
     return False
 
 
-def _lapse(record: _Peek, when: dt.datetime, events: list[EventRow], receipts: list[_ReceiptSpec]) -> None:
+def lapse(record: _Peek, when: dt.datetime, events: list[EventRow], receipts: list[ReceiptSpec]) -> None:
     """A held record whose lease ran out: nobody knows what its worker did. Mark it ambiguous, and
     write what the worker could not: its opening events, its ambiguous event and its receipt."""
-    with _cursor() as cursor:
-        _move(cursor, sql.EFFECT_LAPSE, S.EXECUTING, S.AMBIGUOUS, [
-            LEASE_LAPSED_ERROR, _time_param(connections[_db()])(when),
-            _effect_mac(record.effect_key, record.action, S.AMBIGUOUS, record.action_id, record.attempt, None, None,
+    with statements() as cursor:
+        move_effect(cursor, sql.EFFECT_LAPSE, S.EXECUTING, S.AMBIGUOUS, [
+            LEASE_LAPSED_ERROR, time_param(connections[alias()])(when),
+            effect_mac(record.effect_key, record.action, S.AMBIGUOUS, record.action_id, record.attempt, None, None,
                         None),
             record.effect_key])
     dead: Call | None = None
     if record.pending:
-        dead, _, waiting = _unstash(record.pending)
+        dead, _, waiting = unstash(record.pending)
         events += waiting
     else:
-        dead = _call_from_events(record.action_id, record.effect_key)
-    events.append(_event(EventType.EXECUTION_AMBIGUOUS, record.action_id, record.effect_key,
+        dead = call_from_events(record.action_id, record.effect_key)
+    events.append(event_row(EventType.EXECUTION_AMBIGUOUS, record.action_id, record.effect_key,
                          {"error": LEASE_LAPSED_ERROR, "reason": "lease_expired"}, when,
                          dead.approval_id if dead else None))
     if dead is not None:
-        receipts.append(_ReceiptSpec(dead, Result.AMBIGUOUS, LEASE_LAPSED_ERROR, record.attempt,
+        receipts.append(ReceiptSpec(dead, Result.AMBIGUOUS, LEASE_LAPSED_ERROR, record.attempt,
                                      would_have=dict(dead.would_have) if dead.would_have else None))
     else:
         logger.warning("effect %s (attempt %s) was swept, but its call could not be rebuilt from the evidence: no "
@@ -259,25 +259,25 @@ def _insert_fresh(call: Call, when: dt.datetime, lease_until: dt.datetime, pendi
     ``ON CONFLICT DO NOTHING`` makes losing the race an answer, not an error: on PostgreSQL a
     concurrent insert of the same key waits for the other transaction and then does nothing.
     """
-    adapt = _time_param(connections[_db()])
+    adapt = time_param(connections[alias()])
     stamp = adapt(when)
     key, action_id = call.effect_key, call.action.action_id
-    with _cursor() as cursor:
-        _move(cursor, sql.EFFECT_INSERT, S.NEW, INITIAL_STATE, [
+    with statements() as cursor:
+        move_effect(cursor, sql.EFFECT_INSERT, S.NEW, INITIAL_STATE, [
             key, call.action.name, action_id, adapt(lease_until), stamp, stamp, pending.text,
-            _effect_mac(key, call.action.name, INITIAL_STATE, action_id, 1, lease_until, None, pending.text)])
+            effect_mac(key, call.action.name, INITIAL_STATE, action_id, 1, lease_until, None, pending.text)])
         return cursor.fetchone() is not None
 
 
 def _renew(record: _Peek, call: Call, attempt: int, when: dt.datetime, lease_until: dt.datetime,
            pending: Pending) -> None:
     """failed -> executing: the only automatic retry hands the key to this call at ``attempt``."""
-    adapt = _time_param(connections[_db()])
+    adapt = time_param(connections[alias()])
     key, action_id = call.effect_key, call.action.action_id
-    with _cursor() as cursor:
-        _move(cursor, sql.EFFECT_RENEW, S.FAILED, S.EXECUTING, [
+    with statements() as cursor:
+        move_effect(cursor, sql.EFFECT_RENEW, S.FAILED, S.EXECUTING, [
             call.action.name, action_id, attempt, adapt(lease_until), adapt(when), pending.text,
-            _effect_mac(key, call.action.name, S.EXECUTING, action_id, attempt, lease_until, None, pending.text),
+            effect_mac(key, call.action.name, S.EXECUTING, action_id, attempt, lease_until, None, pending.text),
             key, record.attempt])
 
 
@@ -285,11 +285,11 @@ def _taking_events(call: Call, attempt: int, when: dt.datetime, lease_until: dt.
                    approval: Approval | None) -> list[EventRow]:
     events = []
     if approval is not None:
-        events.append(_consumption_event(approval, call, when, required=call.decision is Decision.APPROVE))
+        events.append(consumption_event(approval, call, when, required=call.decision is Decision.APPROVE))
     events += [
-        _event(EventType.EFFECT_RESERVED, call, call.effect_key,
+        event_row(EventType.EFFECT_RESERVED, call, call.effect_key,
                {"attempt": attempt, "lease_expires_at": evidence_time(lease_until)}, when, call.approval_id),
-        _event(EventType.EXECUTION_STARTED, call, call.effect_key, {"task": call.task, "hop": call.hop}, when,
+        event_row(EventType.EXECUTION_STARTED, call, call.effect_key, {"task": call.task, "hop": call.hop}, when,
                call.approval_id),
     ]
     return events
@@ -308,10 +308,10 @@ def _ceiling_refusal(call: Call, record: _Peek, max_attempts: int, when: dt.date
     attempt = record.attempt + 1
     error = ActionDenied(messages.attempt_ceiling(call.action.name, call.effect_key, attempt, max_attempts),
                          reason="attempt_ceiling", action_id=call.action.action_id)
-    events.append(_event(EventType.EFFECT_RESERVATION_REFUSED, call, call.effect_key,
+    events.append(event_row(EventType.EFFECT_RESERVATION_REFUSED, call, call.effect_key,
                          {"reason": "attempt_ceiling", "attempt": attempt, "max_attempts": max_attempts}, when,
                          call.approval_id))
-    _seal(events, [_ReceiptSpec(call, Result.BLOCKED, str(error), attempt)], when)
+    seal(events, [ReceiptSpec(call, Result.BLOCKED, str(error), attempt)], when)
     return Refused(error, attempt, True, call)
 
 
@@ -327,10 +327,10 @@ def _budget_refusal(call: Call, when: dt.datetime, events: list[EventRow]) -> Re
     error = ActionDenied(messages.budget_exhausted(charge.metric, charge.grant_id, charge.window_seconds, spent,
                                                    charge.limit, charge.amount),
                          reason="budget_exhausted", action_id=call.action.action_id)
-    events.append(_event(EventType.ACTION_DENIED, denied, denied.effect_key,
+    events.append(event_row(EventType.ACTION_DENIED, denied, denied.effect_key,
                          {"reason": "budget_exhausted", "grant_id": charge.grant_id, "metric": charge.metric,
                           "window": charge.window_seconds}, when, denied.approval_id))
-    _seal(events, [_ReceiptSpec(denied, Result.DENIED, str(error), None, "budget_exhausted",
+    seal(events, [ReceiptSpec(denied, Result.DENIED, str(error), None, "budget_exhausted",
                                 decision=Decision.DENY)], when)
     return Refused(error, None, True, denied)
 
@@ -338,13 +338,13 @@ def _budget_refusal(call: Call, when: dt.datetime, events: list[EventRow]) -> Re
 def check_ceiling(call: Call, max_attempts: int) -> Refused | None:
     """The attempt ceiling's fast path, before an approval is asked for (§B6): a refusal (its evidence
     written) when the key's next attempt would pass ``max_attempts``, else None and nothing written."""
-    with _phase() as when:
-        record = _peek(call.effect_key, lock=False)
+    with write_phase() as when:
+        record = peek(call.effect_key, lock=False)
         if not _over_ceiling(record, max_attempts):
             return None
         assert record is not None
-        call = _started(call, when)
-        return _ceiling_refusal(call, record, max_attempts, when, _opening_events(call, when))
+        call = started_call(call, when)
+        return _ceiling_refusal(call, record, max_attempts, when, opening_events(call, when))
 
 
 def reserve(call: Call, lease: dt.timedelta, *, opening: bool, hold_ambiguous: bool,
@@ -368,12 +368,12 @@ def reserve(call: Call, lease: dt.timedelta, *, opening: bool, hold_ambiguous: b
     refuses the call (``ActionDenied(reason="budget_exhausted")``), nothing taken, the approval not
     used. A refused call comes back without charges.
     """
-    with _phase(clock=False) as when:
+    with write_phase(clock=False) as when:
         # One statement: the key's record (locked), the chain head (checked: nothing acts on a forged
         # one) and, on PostgreSQL, the database's time, which the lease is computed from.
         when, record = _open_reservation(call.effect_key, when)
-        call = _started(call, when)
-        events = _opening_events(call, when) if opening else []
+        call = started_call(call, when)
+        events = opening_events(call, when) if opening else []
         revoked = _revoked_refusal(call, when, events)  # authority (2) before the ceiling (4)
         if revoked is not None:
             return revoked
@@ -382,31 +382,31 @@ def reserve(call: Call, lease: dt.timedelta, *, opening: bool, hold_ambiguous: b
             uncharged = replace(call, budget_charges=())
             return _ceiling_refusal(replace(uncharged, approval_id=presented) if presented else uncharged, record,
                                     max_attempts, when, events)
-        call, approval, refusal = _take_presented(call, presented, when, events)
+        call, approval, refusal = take_presented(call, presented, when, events)
         if refusal is not None:
             return replace(refusal, call=replace(refusal.call, budget_charges=()))
         taker = call
         if approval is None and presented is not None and call.decision is Decision.ALLOW:
-            approval, taker = _matching_approval(call, presented, when)
+            approval, taker = matching_approval(call, presented, when)
         lease_until = when + lease
         if record is None:
             if call.budget_charges:
                 refused = _budget_refusal(call, when, events)
                 if refused is not None:
                     return refused
-            pending = _stash(taker, 1, [*events, *_taking_events(taker, 1, when, lease_until, approval)])
+            pending = stash(taker, 1, [*events, *_taking_events(taker, 1, when, lease_until, approval)])
             if _insert_fresh(taker, when, lease_until, pending):
                 budgets.charge(taker.budget_charges, taker.effect_key, 1, when)
                 if approval is not None:
-                    _mark_consumed(approval, taker, when)
+                    mark_consumed(approval, taker, when)
                 return Reserved(1, lease_until, replace(taker, pending=pending))
             # A concurrent first reservation won (on PostgreSQL the insert waited for it to commit).
-            record = _peek(call.effect_key)
+            record = peek(call.effect_key)
         assert record is not None  # the insert found it, and a record is never deleted
         tampered = False
         lapsed = held_lapsed(record.state, record.lease_expires_at, when)
         if record.state == S.FAILED or lapsed:
-            tampered = not _effect_ok(record) or (record.state == S.FAILED and _rewound(record))
+            tampered = not effect_ok(record) or (record.state == S.FAILED and _rewound(record))
         if record.state == S.FAILED and not tampered:
             attempt = record.attempt + 1
             if max_attempts is not None and attempt > max_attempts:  # lost a race to the last attempt
@@ -415,26 +415,26 @@ def reserve(call: Call, lease: dt.timedelta, *, opening: bool, hold_ambiguous: b
                 refused = _budget_refusal(call, when, events)
                 if refused is not None:
                     return refused
-            pending = _stash(taker, attempt, [*events, *_taking_events(taker, attempt, when, lease_until, approval)])
+            pending = stash(taker, attempt, [*events, *_taking_events(taker, attempt, when, lease_until, approval)])
             _renew(record, taker, attempt, when, lease_until, pending)
             budgets.charge(taker.budget_charges, taker.effect_key, attempt, when)
             if approval is not None:
-                _mark_consumed(approval, taker, when)
+                mark_consumed(approval, taker, when)
             return Reserved(attempt, lease_until, replace(taker, pending=pending))
         lapsed_events: list[EventRow] = []
-        lapsed_receipts: list[_ReceiptSpec] = []
+        lapsed_receipts: list[ReceiptSpec] = []
         if lapsed and not tampered:
-            _lapse(record, when, lapsed_events, lapsed_receipts)  # kept even though this attempt is refused
+            lapse(record, when, lapsed_events, lapsed_receipts)  # kept even though this attempt is refused
         error = _refusal_for(record, tampered)
         call = replace(call, budget_charges=())  # refused: nothing charged
         if tampered:
             logger.error("effect %s: its record does not carry ctrlrun's signature; refusing to retry or sweep it",
                          call.effect_key)
         if isinstance(error, AmbiguousEffect) and hold_ambiguous and not tampered:
-            _seal([*lapsed_events, *events], lapsed_receipts, when)
+            seal([*lapsed_events, *events], lapsed_receipts, when)
             return Refused(error, record.attempt, False, call)
-        _seal([*lapsed_events, *events, _refusal_event(call, error, when)],
-              [*lapsed_receipts, _ReceiptSpec(call, Result.BLOCKED, str(error), record.attempt)], when)
+        seal([*lapsed_events, *events, _refusal_event(call, error, when)],
+              [*lapsed_receipts, ReceiptSpec(call, Result.BLOCKED, str(error), record.attempt)], when)
         return Refused(error, record.attempt, True, call)
 
 
@@ -443,15 +443,15 @@ def _refusal_event(call: Call, error: CTRLRunError, when: dt.datetime) -> EventR
         data = {"reason": "duplicate", "state": error.state}
     else:
         data = {"reason": "ambiguous"}
-    return _event(EventType.EFFECT_RESERVATION_REFUSED, call, call.effect_key, data, when, call.approval_id)
+    return event_row(EventType.EFFECT_RESERVATION_REFUSED, call, call.effect_key, data, when, call.approval_id)
 
 
 def record_refusal(refused: Refused) -> None:
     """Write the evidence of a refusal that ``reserve`` held back."""
-    with _phase() as when:
+    with write_phase() as when:
         call = refused.call
-        _seal([_refusal_event(call, refused.error, when)],
-              [_ReceiptSpec(call, Result.BLOCKED, str(refused.error), refused.attempt or 1)], when)
+        seal([_refusal_event(call, refused.error, when)],
+              [ReceiptSpec(call, Result.BLOCKED, str(refused.error), refused.attempt or 1)], when)
 
 
 def _problem_name(error: CTRLRunError) -> str:
@@ -478,20 +478,20 @@ def observe_begin(call: Call, lease: dt.timedelta, *, presented: str | None = No
     charge that does not fit is reported (``budget_exhausted``); none is written to the ledger.
     """
     key = call.effect_key
-    with _phase(clock=False) as when:
+    with write_phase(clock=False) as when:
         record = None
         if key is not None:
             when, record = _open_reservation(key, when)
-        when = when or _clock()
-        charges, call = call.budget_charges, replace(_started(call, when), budget_charges=())
-        events = _opening_events(call, when, with_policy=with_policy)
+        when = when or read_clock()
+        charges, call = call.budget_charges, replace(started_call(call, when), budget_charges=())
+        events = opening_events(call, when, with_policy=with_policy)
         approval, problem = None, None
         if presented is not None:
             if call.decision is Decision.APPROVE:
-                call, approval, error = _check_presented(call, presented, when, events)
+                call, approval, error = check_presented(call, presented, when, events)
                 problem = getattr(error, "reason", None) if error is not None else None
             elif call.decision is Decision.ALLOW:
-                approval, call = _matching_approval(call, presented, when)
+                approval, call = matching_approval(call, presented, when)
             else:
                 call = replace(call, approval_id=presented)
         if key is None:
@@ -500,7 +500,7 @@ def observe_begin(call: Call, lease: dt.timedelta, *, presented: str | None = No
         lease_until = when + lease
         attempt = 1 if record is None else record.attempt + 1
         taking = record is None or (record.state == S.FAILED and not _over_ceiling(record, max_attempts)
-                                    and _effect_ok(record) and not _rewound(record))
+                                    and effect_ok(record) and not _rewound(record))
         # Budgets are read as enforcement would (when the key would be taken), but nothing is charged:
         # observe mode writes no ledger rows.
         budget = taking and bool(charges) and budgets.exhausted(charges, when, lock=False) is not None
@@ -509,39 +509,40 @@ def observe_begin(call: Call, lease: dt.timedelta, *, presented: str | None = No
             call = replace(call, would_have=Observation(call, attempt, True, approval_problem=problem,
                                                         budget_exhausted=budget).would_have(
                 presented is not None, budget_problem=budget_problem, scope_problem=scope_problem))
-            pending = _stash(call, attempt, [*events, *_taking_events(call, attempt, when, lease_until, approval)])
+            pending = stash(call, attempt, [*events, *_taking_events(call, attempt, when, lease_until, approval)])
             if record is None:
                 taking = _insert_fresh(call, when, lease_until, pending)
                 if not taking:  # a concurrent first reservation won
-                    record = _peek(key)
+                    record = peek(key)
             else:
                 _renew(record, call, attempt, when, lease_until, pending)
             if taking:
                 if approval is not None:
-                    _mark_consumed(approval, call, when)
+                    mark_consumed(approval, call, when)
                 return Observation(replace(call, pending=pending), attempt, True, approval_problem=problem,
                                    budget_exhausted=budget)
         assert record is not None
         ceiling = _over_ceiling(record, max_attempts)
         lapsed_events: list[EventRow] = []
-        lapsed_receipts: list[_ReceiptSpec] = []
+        lapsed_receipts: list[ReceiptSpec] = []
         # As ``reserve`` reads it: the signature matters only where a retry or a sweep would act on the
         # row (failed, or held past its lease); a committed or live-held key is refused as such.
         lapsed = held_lapsed(record.state, record.lease_expires_at, when)
         tampered = (record.state == S.FAILED or lapsed) and (
-            not _effect_ok(record) or (record.state == S.FAILED and _rewound(record)))
+            not effect_ok(record) or (record.state == S.FAILED and _rewound(record)))
         if ceiling:
             refused = {"reason": "attempt_ceiling", "attempt": record.attempt + 1, "max_attempts": max_attempts}
             reservation = None
         else:
             if lapsed and not tampered:
-                _lapse(record, when, lapsed_events, lapsed_receipts)
+                lapse(record, when, lapsed_events, lapsed_receipts)
             error = _refusal_for(record, tampered)
             refused = _refusal_event(call, error, when).data
             reservation = _problem_name(error)
-        events += [_event(EventType.EFFECT_RESERVATION_REFUSED, call, key, refused, when, call.approval_id),
-                   _event(EventType.EXECUTION_STARTED, call, key, {"task": call.task, "hop": call.hop}, when, call.approval_id)]
-        _seal([*lapsed_events, *events], lapsed_receipts, when)
+        events += [event_row(EventType.EFFECT_RESERVATION_REFUSED, call, key, refused, when, call.approval_id),
+                   event_row(EventType.EXECUTION_STARTED, call, key, {"task": call.task, "hop": call.hop}, when,
+                             call.approval_id)]
+        seal([*lapsed_events, *events], lapsed_receipts, when)
         return Observation(call, record.attempt + 1 if ceiling else record.attempt, False, ceiling=ceiling,
                            approval_problem=problem, reservation_problem=reservation)
 
@@ -553,17 +554,17 @@ def renew_lease(call: Call, attempt: int, lease: dt.timedelta) -> bool:
     key = call.effect_key
     assert key is not None
     text = call.pending.text if call.pending else None
-    with _phase() as when:
+    with write_phase() as when:
         until = when + lease
-        stamp = _time_param(connections[_db()])(until)
-        with _cursor() as cursor:
-            _move(cursor, sql.LEASE_RENEW, S.EXECUTING, S.EXECUTING, [
+        stamp = time_param(connections[alias()])(until)
+        with statements() as cursor:
+            move_effect(cursor, sql.LEASE_RENEW, S.EXECUTING, S.EXECUTING, [
                 stamp,
-                _effect_mac(key, call.action.name, S.EXECUTING, call.action.action_id, attempt, until, None, text),
+                effect_mac(key, call.action.name, S.EXECUTING, call.action.action_id, attempt, until, None, text),
                 key, call.action.action_id, attempt, stamp])
             if cursor.rowcount == 1:
                 return True
-        record = _peek(key)
+        record = peek(key)
         return (record is not None and record.state == S.EXECUTING and record.action_id == call.action.action_id
                 and record.attempt == attempt)
 
@@ -598,47 +599,47 @@ def record_outcome(call: Call, attempt: int | None, result: Result, *, error: st
     data = {} if result is Result.COMMITTED else {"error": error}
 
     def outcome(when: dt.datetime) -> EventRow:
-        return _event(_EVENT_FOR[result], call, key, data, when, call.approval_id)
+        return event_row(_EVENT_FOR[result], call, key, data, when, call.approval_id)
 
-    def receipts() -> list[_ReceiptSpec]:
-        return [_ReceiptSpec(call, result, error, attempt, would_have=would_have)] if write_receipt else []
+    def receipts() -> list[ReceiptSpec]:
+        return [ReceiptSpec(call, result, error, attempt, would_have=would_have)] if write_receipt else []
 
-    with _phase(clock=False) as when:
+    with write_phase(clock=False) as when:
         if key is None or not held:
-            _seal((), (), when, build=lambda at: ([outcome(at)], receipts()), sizes=(1, len(receipts())))
+            seal((), (), when, build=lambda at: ([outcome(at)], receipts()), sizes=(1, len(receipts())))
             return OutcomeWrite(True)
         state = _STATE_FOR[result]
         fields = [error, _jsonable_result(value) if result is Result.COMMITTED else None]
-        holder = [_effect_mac(key, call.action.name, state, call.action.action_id, attempt, None, None, None), key,
+        holder = [effect_mac(key, call.action.name, state, call.action.action_id, attempt, None, None, None), key,
                   call.action.action_id, attempt]
-        with _cursor() as cursor:
+        with statements() as cursor:
             # One conditional UPDATE both checks that this attempt still holds the row and moves it.
             for held in ((S.EXECUTING,) if result is not Result.AMBIGUOUS else (S.EXECUTING, S.AMBIGUOUS)):
                 # Swept while it ran, and now it knows it hit an exception: that is recorded too
                 # (ambiguous, idempotently); whoever swept it already wrote its opening events.
                 if when is None:
-                    row = _move(cursor, sql.OUTCOME_UPDATE_NOW, held, state, [*fields, *holder]).fetchone()
+                    row = move_effect(cursor, sql.OUTCOME_UPDATE_NOW, held, state, [*fields, *holder]).fetchone()
                     moved, at = row is not None, row[0] if row is not None else None
                 else:
-                    _move(cursor, sql.OUTCOME_UPDATE_AT, held, state,
-                          [*fields, _time_param(cursor.connection)(when), *holder])
+                    move_effect(cursor, sql.OUTCOME_UPDATE_AT, held, state,
+                          [*fields, time_param(cursor.connection)(when), *holder])
                     moved, at = cursor.rowcount == 1, when
                 if moved:
                     returned: list[EventRow] = []
                     if state is S.FAILED:  # NotExecuted: the attempt's budget charges and approval are given back
                         budgets.release(key, attempt, at)
                         if call.approval_id is not None:
-                            returned = _give_back(call.approval_id, key, call.action.action_id, attempt, at,
+                            returned = give_back(call.approval_id, key, call.action.action_id, attempt, at,
                                                   {"reason": "not_executed", "error": error})
                     waiting = call.pending.events if call.pending and held is S.EXECUTING else ()
-                    _seal([*waiting, outcome(at), *returned], receipts(), at)
+                    seal([*waiting, outcome(at), *returned], receipts(), at)
                     return OutcomeWrite(True)
-        when = when or _clock()
-        record = _q(EffectRecord).filter(pk=key).first()
+        when = when or read_clock()
+        record = objects(EffectRecord).filter(pk=key).first()
         refusal = _outcome_refusal(key, record)
         why = messages.outcome_refused(result.value, error, str(refusal))
-        _seal([_event(EventType.EXECUTION_AMBIGUOUS, call, key, {"error": why}, when, call.approval_id)],
-              [_ReceiptSpec(call, Result.AMBIGUOUS, why, attempt, would_have=would_have)], when)
+        seal([event_row(EventType.EXECUTION_AMBIGUOUS, call, key, {"error": why}, when, call.approval_id)],
+              [ReceiptSpec(call, Result.AMBIGUOUS, why, attempt, would_have=would_have)], when)
         return OutcomeWrite(False, refusal)
 
 

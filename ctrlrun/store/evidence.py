@@ -32,21 +32,21 @@ from ..receipts import (
 )
 from ..states import HOLDING_STATES, ApprovalStatus, EffectState
 from ..values import ChainCheckView, EffectView, EventView, Overview, ReceiptView
-from .base import _as_datetime, _clock, _cursor, _db, _phase, _q, _reading, now
-from .chain import _unstash
+from .base import as_datetime, read_clock, statements, alias, write_phase, objects, reading, now
+from .chain import unstash
 from .integrity import delegation_events, row_breaks
-from .signatures import CHECK_DOMAIN, HEAD_FIELDS, _approval_ok, _check_document, _check_ok, _effect_ok, _head_problem
+from .signatures import CHECK_DOMAIN, HEAD_FIELDS, approval_ok, check_document, check_ok, effect_ok, head_problem
 
 S = EffectState
 
 
-def _effect_view(record: EffectRecord) -> EffectView:
+def effect_view(record: EffectRecord) -> EffectView:
     return EffectView(
         effect_key=record.effect_key, action=record.action, state=record.state, action_id=record.action_id,
         attempt=record.attempt, lease_expires_at=record.lease_expires_at, error=record.error,
         resolved_by=record.resolved_by, reconcile_failures=record.reconcile_failures,
         reconcile_after=record.reconcile_after, created_at=record.created_at, updated_at=record.updated_at,
-        signature_ok=_effect_ok(record),
+        signature_ok=effect_ok(record),
     )
 
 
@@ -67,7 +67,7 @@ def _waiting_views(records: Any) -> list[EventView]:
     views = []
     for text in records:
         try:
-            _, _, waiting = _unstash(text)
+            _, _, waiting = unstash(text)
         except (ValueError, KeyError, TypeError, CTRLRunError):
             continue
         views += [EventView(0, e.ts, e.type, e.action_id, e.effect_key, e.approval_id, e.data) for e in waiting]
@@ -75,16 +75,16 @@ def _waiting_views(records: Any) -> list[EventView]:
 
 
 def get_effect(effect_key: str) -> EffectView | None:
-    with _reading():
-        record = _q(EffectRecord).filter(pk=effect_key).first()
-        return _effect_view(record) if record else None
+    with reading():
+        record = objects(EffectRecord).filter(pk=effect_key).first()
+        return effect_view(record) if record else None
 
 
 def list_effects(state: str | None = None) -> list[EffectView]:
-    query = _q(EffectRecord).order_by("updated_at", "effect_key")
+    query = objects(EffectRecord).order_by("updated_at", "effect_key")
     if state:
         query = query.filter(state=state)
-    return [_effect_view(r) for r in query]
+    return [effect_view(r) for r in query]
 
 
 def _citing_sql(connection: Any) -> str:
@@ -118,7 +118,7 @@ def citing_control(control: str) -> tuple[str, list[str]]:
     whose ``controls`` list holds ``control`` exactly, on the store's database: the console's list
     filter narrows its rows with it (``.extra(where=[sql], params=params)``), in the database."""
     check_control_id(control)
-    return _citing_sql(connections[_db()]), [control]
+    return _citing_sql(connections[alias()]), [control]
 
 
 def unreadable_documents(exc: DatabaseError) -> CTRLRunError:
@@ -130,7 +130,7 @@ def unreadable_documents(exc: DatabaseError) -> CTRLRunError:
 
 def list_receipts(last: int | None = None, control: str | None = None) -> list[ReceiptView]:
     """The receipts in chain order (the ``last`` N of them); with ``control``, only those citing it."""
-    query = _q(Receipt).all()
+    query = objects(Receipt).all()
     if control is not None:
         condition, params = citing_control(control)
         query = query.extra(where=[condition], params=params)
@@ -153,8 +153,8 @@ def receipt_documents_since(since: dt.datetime, *, chunk_size: int = 1000,
     document, or None for a row whose document is not a JSON object; read in batches of
     ``chunk_size``, never all at once (a server-side cursor on PostgreSQL). In no particular order;
     with ``limit``, only the most recent ``limit`` of them."""
-    with _reading():
-        rows = _q(Receipt).filter(ts__gte=since)
+    with reading():
+        rows = objects(Receipt).filter(ts__gte=since)
         rows = (rows.order_by("-ts")[:limit] if limit is not None else rows.order_by()).values_list(
             "document", flat=True)
         for text in rows.iterator(chunk_size=chunk_size):
@@ -166,29 +166,30 @@ def receipt_documents_since(since: dt.datetime, *, chunk_size: int = 1000,
 
 
 def get_receipt(receipt_id: str) -> ReceiptView | None:
-    row = _q(Receipt).filter(pk=receipt_id).first()
+    row = objects(Receipt).filter(pk=receipt_id).first()
     return _receipt_view(row) if row else None
 
 
 def receipts_for_action(action_id: str) -> list[ReceiptView]:
-    return [_receipt_view(r) for r in _q(Receipt).filter(action_id=action_id).order_by("seq")]
+    return [_receipt_view(r) for r in objects(Receipt).filter(action_id=action_id).order_by("seq")]
 
 
 def events_for_action(action_id: str) -> list[EventView]:
     """Every event of one action, in the order written; a running call's waiting events last."""
-    chained = [_event_view(e) for e in _q(Event).filter(action_id=action_id).order_by("id")]
-    waiting = [r.pending for r in _q(EffectRecord).filter(action_id=action_id, pending__isnull=False) if _effect_ok(r)]
+    chained = [_event_view(e) for e in objects(Event).filter(action_id=action_id).order_by("id")]
+    rows = objects(EffectRecord).filter(action_id=action_id, pending__isnull=False)
+    waiting = [r.pending for r in rows if effect_ok(r)]
     return chained + [e for e in _waiting_views(waiting) if e.action_id == action_id]
 
 
 def events_for_effect(effect_key: str) -> list[EventView]:
-    chained = [_event_view(e) for e in _q(Event).filter(effect_key=effect_key).order_by("id")]
-    waiting = [r.pending for r in _q(EffectRecord).filter(pk=effect_key, pending__isnull=False) if _effect_ok(r)]
+    chained = [_event_view(e) for e in objects(Event).filter(effect_key=effect_key).order_by("id")]
+    waiting = [r.pending for r in objects(EffectRecord).filter(pk=effect_key, pending__isnull=False) if effect_ok(r)]
     return chained + _waiting_views(waiting)
 
 
 def receipts_for_effect(effect_key: str) -> list[ReceiptView]:
-    return [_receipt_view(r) for r in _q(Receipt).filter(effect_key=effect_key).order_by("seq")]
+    return [_receipt_view(r) for r in objects(Receipt).filter(effect_key=effect_key).order_by("seq")]
 
 
 #: Receipt columns that repeat a field of the hashed document (``agent`` is principal.agent,
@@ -205,7 +206,7 @@ def _time_column(connection: Any) -> str:
 
 def _read_time(value: Any, connection: Any) -> dt.datetime | None:
     try:
-        return _as_datetime(value, connection)
+        return as_datetime(value, connection)
     except (TypeError, ValueError):
         return None
 
@@ -252,7 +253,7 @@ def _approval_told(told: list[str]) -> tuple[set[str], int]:
 
 def _approval_breaks(row: Approval, answered: dict[str, list[str]]) -> list[ChainBreak]:
     """What is wrong with one approval row: its signature, or a status the event chain contradicts."""
-    if not _approval_ok(row):
+    if not approval_ok(row):
         return [ChainBreak(
             "signature_invalid", None, f"approval {row.approval_id} ({row.status}, approver "
             f"{row.approver or '-'}) does not carry ctrlrun's signature: it was written or changed "
@@ -269,7 +270,7 @@ def _approval_breaks(row: Approval, answered: dict[str, list[str]]) -> list[Chai
 
 def _effect_breaks(record: EffectRecord, reserved: dict[str, int], committed: set[str]) -> list[ChainBreak]:
     """What is wrong with one effect record: its signature, or an attempt or state the chain contradicts."""
-    if not _effect_ok(record):
+    if not effect_ok(record):
         return [ChainBreak(
             "signature_invalid", None, f"effect record {record.effect_key} ({record.state}, attempt "
             f"{record.attempt}) does not carry ctrlrun's signature: it was written or changed outside "
@@ -316,7 +317,7 @@ def _check_view(row: ChainCheck) -> ChainCheckView:
         event_seq=row.event_seq, event_hash=row.event_hash, ok=bool(row.ok), breaks=row.breaks,
         receipts_checked=row.receipts_checked, events_checked=row.events_checked,
         signatures_checked=row.signatures_checked, summary=row.summary, duration_seconds=row.duration_seconds,
-        ran_by=row.ran_by, signature_ok=_check_ok(row))
+        ran_by=row.ran_by, signature_ok=check_ok(row))
 
 
 def _summary(report: ChainReport) -> str:
@@ -345,9 +346,9 @@ def record_check(report: ChainReport, *, started: dt.datetime, duration: float, 
         events_checked=report.events_chained + report.events_unchained,
         signatures_checked=report.signatures_checked or 0, summary=_summary(report),
         duration_seconds=round(float(duration), 6), ran_by=ran_by[:200])
-    row.mac = signing.sign(CHECK_DOMAIN, _check_document(row))
-    with _phase(clock=False):
-        row.save(using=_db(), force_insert=True)
+    row.mac = signing.sign(CHECK_DOMAIN, check_document(row))
+    with write_phase(clock=False):
+        row.save(using=alias(), force_insert=True)
     return _check_view(row)
 
 
@@ -365,21 +366,21 @@ def run_check(*, incremental: bool, ran_by: str, progress: Any = None) -> tuple[
 
 def last_check() -> ChainCheckView | None:
     """The newest recorded verification, or None (never checked)."""
-    with _reading():
-        row = _q(ChainCheck).order_by("-id").first()
+    with reading():
+        row = objects(ChainCheck).order_by("-id").first()
         return _check_view(row) if row else None
 
 
 def _read_head() -> tuple[Any, ...]:
     """The chain head as (seq, hash, event seq, event hash, mac, key id); the genesis when there is none."""
-    row = _q(ChainHead).filter(pk=1).values_list(*HEAD_FIELDS).first()
+    row = objects(ChainHead).filter(pk=1).values_list(*HEAD_FIELDS).first()
     return tuple(row) if row is not None else (0, GENESIS_HASH, 0, GENESIS_HASH, None, None)
 
 
 def head_position() -> tuple[int, int]:
     """(receipt seq, event seq) of the chain head: how much evidence there is, in one indexed read."""
-    with _reading():
-        row = _q(ChainHead).filter(pk=1).values_list("seq", "event_seq").first()
+    with reading():
+        row = objects(ChainHead).filter(pk=1).values_list("seq", "event_seq").first()
         return (row[0], row[1]) if row else (0, 0)
 
 
@@ -390,13 +391,13 @@ def _receipts_after(after: int, upto: int | None = None) -> list[StoredReceipt]:
 
 
 def _stored_receipts_where(condition: str, params: list[Any], *, order: bool = False) -> list[StoredReceipt]:
-    connection = connections[_db()]
+    connection = connections[alias()]
     columns = ",".join(f'"{c}"' for c in _RECEIPT_COLUMNS[:-1])
     sql = (f'SELECT "receipt_id","seq","prev_hash","hash","document",{columns},{_time_column(connection)} '
            f'FROM "ctrlrun_receipt" WHERE {condition}')
     if order:
         sql += f' ORDER BY "seq" LIMIT {_BATCH}'
-    with _cursor() as cursor:
+    with statements() as cursor:
         rows = cursor.execute(sql, params).fetchall()
     out = []
     for receipt_id, seq, prev, digest, document, *values in rows:
@@ -407,12 +408,12 @@ def _stored_receipts_where(condition: str, params: list[Any], *, order: bool = F
 
 
 def _stored_events_where(condition: str, params: list[Any], *, order: bool = False) -> list[StoredEvent]:
-    connection = connections[_db()]
+    connection = connections[alias()]
     fields = ",".join(_time_column(connection) if f == "ts" else f'"{f}"' for f in _EVENT_FIELDS)
     sql = f'SELECT {fields},"data" FROM "ctrlrun_event" WHERE {condition}'
     if order:
         sql += f' ORDER BY "seq", "id" LIMIT {_BATCH}'
-    with _cursor() as cursor:
+    with statements() as cursor:
         rows = cursor.execute(sql, params).fetchall()
     return [StoredEvent(id_, seq, prev, digest, _read_time(ts, connection), type_, action_id, key, approval_id,
                         data) for id_, seq, prev, digest, ts, type_, action_id, key, approval_id, data in rows]
@@ -431,7 +432,7 @@ def _anchor_breaks(kind: str, table: str, seq: int, hash_: str, check: ChainChec
         return []
     noun = "receipt" if kind == "receipt" else "event"
     when = f"check {check.id} of {evidence_time(check.checked_at)}"
-    with _cursor() as cursor:
+    with statements() as cursor:
         found = cursor.execute(f'SELECT "hash" FROM "{table}" WHERE "seq" = %s', [seq]).fetchall()
         count = cursor.execute(f'SELECT COUNT(*) FROM "{table}" WHERE "seq" <= %s', [seq]).fetchone()[0]
     out = []
@@ -471,7 +472,7 @@ def _facts_for(keys: Sequence[str], approvals: Sequence[str], event_seq: int) ->
 
 
 def _last_intact_check() -> ChainCheck | None:
-    return _q(ChainCheck).filter(ok=True).order_by("-id").first()
+    return objects(ChainCheck).filter(ok=True).order_by("-id").first()
 
 
 def verify(progress: Any = None) -> ChainReport:
@@ -513,7 +514,7 @@ def _starting_point() -> tuple[ChainCheck | None, list[ChainBreak]]:
     breaks recorded checks carry: a forged base, a break found since and not yet cleared."""
     base = _last_intact_check()
     breaks: list[ChainBreak] = []
-    if base is not None and not _check_ok(base):
+    if base is not None and not check_ok(base):
         breaks.append(ChainBreak(
             "signature_invalid", None, f"chain check {base.id} (intact, up to receipt {base.receipt_seq}) does "
             f"not carry ctrlrun's signature: it was written outside ctrlrun, so this check starts from the "
@@ -521,7 +522,7 @@ def _starting_point() -> tuple[ChainCheck | None, list[ChainBreak]]:
         base = None
     # A break a check found stays until a full check comes back intact: an incremental check starts
     # from the last intact one and never re-reads what a later check found broken.
-    found_broken = _q(ChainCheck).filter(ok=False)
+    found_broken = objects(ChainCheck).filter(ok=False)
     if base is not None:
         found_broken = found_broken.filter(id__gt=base.id)
     latest_broken = found_broken.order_by("-id").first()
@@ -539,7 +540,7 @@ def _verify(*, incremental: bool, progress: Any) -> ChainReport:
     """The one walk behind :func:`verify` (from the genesis, everything) and :func:`verify_incremental`
     (from the last intact recorded check, what was added or moved since)."""
     say = _progress_reporter(progress)
-    with _reading():
+    with reading():
         report = ChainReport(mode="incremental" if incremental else "full")
         base, breaks = _starting_point() if incremental else (None, [])
         r_from, r_hash, e_from, e_hash = ((base.receipt_seq, base.receipt_hash, base.event_seq, base.event_hash)
@@ -550,12 +551,12 @@ def _verify(*, incremental: bool, progress: Any) -> ChainReport:
         if base is not None:
             breaks += _anchor_breaks("receipt", "ctrlrun_receipt", r_from, r_hash, base)
             breaks += _anchor_breaks("event", "ctrlrun_event", e_from, e_hash, base)
-            with _cursor() as cursor:
+            with statements() as cursor:
                 found = cursor.execute('SELECT MAX("id") FROM "ctrlrun_event" WHERE "seq" = %s', [e_from]).fetchone()
             start_id = found[0] if found else None
         receipt_total = event_total = 0
         if say and not incremental:
-            receipt_total, event_total = _q(Receipt).count(), _q(Event).count()
+            receipt_total, event_total = objects(Receipt).count(), objects(Event).count()
             say(f"read {receipt_total:,} receipts and {event_total:,} events")
 
         def told(done: int, total: int, noun: str) -> None:
@@ -605,25 +606,25 @@ def _verify(*, incremental: bool, progress: Any) -> ChainReport:
         events.finish(event_seq, event_hash_)
         # The receipt chain's breaks, then the event chain's (the walks interleave their rows).
         report.breaks.sort(key=lambda b: b.kind != "receipt")
-        problem = _head_problem(seq, hash_, event_seq, event_hash_, mac, key_id)
+        problem = head_problem(seq, hash_, event_seq, event_hash_, mac, key_id)
         if problem is not None:
             report.breaks.append(ChainBreak("signature_invalid", seq, problem, kind="head"))
 
         since = base.checked_at - _SINCE_MARGIN if base is not None else None
         approvals: dict[str, Approval] = {}
-        query = _q(Approval)
+        query = objects(Approval)
         if since is not None:
             query = query.filter(Q(created_at__gte=since) | Q(answered_at__gte=since) | Q(consumed_at__gte=since))
         approvals.update((row.approval_id, row) for row in query.iterator())
         for batch in _in_batches(sorted(named_approvals - set(approvals))):
-            approvals.update((row.approval_id, row) for row in _q(Approval).filter(pk__in=list(batch)))
+            approvals.update((row.approval_id, row) for row in objects(Approval).filter(pk__in=list(batch)))
         records: dict[str, EffectRecord] = {}
-        query = _q(EffectRecord)
+        query = objects(EffectRecord)
         if since is not None:
             query = query.filter(updated_at__gte=since)
         records.update((row.effect_key, row) for row in query.iterator())
         for batch in _in_batches(sorted(named_keys - set(records))):
-            records.update((row.effect_key, row) for row in _q(EffectRecord).filter(pk__in=list(batch)))
+            records.update((row.effect_key, row) for row in objects(EffectRecord).filter(pk__in=list(batch)))
         reserved, committed, answered = _facts_for(sorted(records), sorted(approvals), event_seq)
         for approval_id in sorted(approvals, key=lambda a: (approvals[a].created_at, a)):
             report.breaks += _approval_breaks(approvals[approval_id], answered)
@@ -653,18 +654,18 @@ def _walk_batches(read: Any, after: int, upto: int | None, walk: Callable[[list[
 
 
 def overview() -> Overview:
-    with _reading():
-        cutoff = _clock()
+    with reading():
+        cutoff = read_clock()
         # Each waiting request's signature is checked (an HMAC each: few are ever waiting at once).
-        waiting = [_approval_ok(row) for row in _q(Approval).filter(
+        waiting = [approval_ok(row) for row in objects(Approval).filter(
             status=ApprovalStatus.PENDING, expires_at__gt=cutoff).iterator()]
         return Overview(
             pending_approvals=sum(waiting),
             tampered_approvals=len(waiting) - sum(waiting),
-            ambiguous_effects=_q(EffectRecord).filter(state=S.AMBIGUOUS).count(),
-            lapsed_leases=_q(EffectRecord).filter(state__in=HOLDING_STATES,
+            ambiguous_effects=objects(EffectRecord).filter(state=S.AMBIGUOUS).count(),
+            lapsed_leases=objects(EffectRecord).filter(state__in=HOLDING_STATES,
                                                   lease_expires_at__lte=cutoff).count(),
             # The head's position, not COUNT(*): one indexed read on any size of store (the two
             # differ only when rows were removed or added around ctrlrun, which a check names).
-            receipts=_q(ChainHead).filter(pk=1).values_list("seq", flat=True).first() or 0,
+            receipts=objects(ChainHead).filter(pk=1).values_list("seq", flat=True).first() or 0,
         )

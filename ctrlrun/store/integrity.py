@@ -19,8 +19,8 @@ from django.db.models import Q
 from ..models import BudgetLedger, ChainCheck, Event, PausedRun, PolicyDocument
 from ..models import Delegation as DelegationRow
 from ..receipts import ChainBreak
-from .base import _q
-from .signatures import _check_ok, delegation_ok, ledger_ok, paused_ok, policy_document_ok
+from .base import objects
+from .signatures import check_ok, delegation_ok, ledger_ok, paused_ok, policy_document_ok
 
 _DELEGATION_COLUMNS = ("delegation_id", "parent_id", "depth", "grant_json", "agent", "created_by_agent",
                        "created_by_user", "created_via", "created_at", "revoked_at", "revoked_by", "mac")
@@ -75,12 +75,12 @@ def row_breaks(since: dt.datetime | None, walked: dict[str, set[str]], upto_even
     each against what those events say."""
     out: list[ChainBreak] = []
     checked = 0
-    delegations = _q(DelegationRow).all()
+    delegations = objects(DelegationRow).all()
     if since is not None:
         delegations = delegations.filter(Q(created_at__gte=since) | Q(revoked_at__gte=since) | Q(pk__in=sorted(walked)))
         told = walked
     else:
-        told = delegation_events(_q(Event).filter(
+        told = delegation_events(objects(Event).filter(
             type__in=("DELEGATION_CREATED", "DELEGATION_REVOKED"), seq__isnull=False, seq__lte=upto_event_seq)
             .only("type", "data").iterator(chunk_size=2000))
     for row in delegations.order_by("created_at", "delegation_id").values_list(*_DELEGATION_COLUMNS).iterator(
@@ -88,7 +88,7 @@ def row_breaks(since: dt.datetime | None, walked: dict[str, set[str]], upto_even
         checked += 1
         out += _delegation_breaks(row, told.get(row[0], set()), whole_story=since is None)
 
-    ledger = _q(BudgetLedger).all()
+    ledger = objects(BudgetLedger).all()
     if since is not None:
         ledger = ledger.filter(Q(consumed_at__gte=since) | Q(released_at__gte=since))
     for values in ledger.order_by("id").values_list(*_LEDGER_COLUMNS).iterator(chunk_size=2000):
@@ -99,7 +99,7 @@ def row_breaks(since: dt.datetime | None, walked: dict[str, set[str]], upto_even
                                  f"{', released' if values[6] is not None else ''})",
                                  "its release, or its amount, is not ctrlrun's"))
 
-    documents = _q(PolicyDocument).all()
+    documents = objects(PolicyDocument).all()
     if since is not None:
         documents = documents.filter(first_seen__gte=since)
     for row in documents.order_by("first_seen", "hash").iterator():
@@ -108,16 +108,16 @@ def row_breaks(since: dt.datetime | None, walked: dict[str, set[str]], upto_even
             out.append(_unsigned("policy", row.hash, f"the policy text stored under {row.hash}",
                                  "no page explains a decision with it; a process deciding by that hash refuses to act"))
 
-    checks = _q(ChainCheck).all()
+    checks = objects(ChainCheck).all()
     if since is not None:
         checks = checks.filter(checked_at__gte=since)
     for row in checks.order_by("id").iterator():
         checked += 1
-        if not _check_ok(row):
+        if not check_ok(row):
             out.append(_unsigned("check", str(row.id), f"chain check {row.id} ({'intact' if row.ok else 'broken'}, "
                                  f"{row.mode}, up to receipt {row.receipt_seq})",
                                  "no check starts from it, and the front page does not take it for the last check"))
-    paused = _q(PausedRun).all()
+    paused = objects(PausedRun).all()
     if since is not None:
         paused = paused.filter(created_at__gte=since)
     for row in paused.order_by("id").iterator():

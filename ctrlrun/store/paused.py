@@ -22,7 +22,7 @@ from ..models import Approval, PausedRun
 from ..states import ApprovalStatus
 from ..times import when_text
 from ..values import PausedRunView
-from .base import _clock, _phase, _q, _reading
+from .base import read_clock, write_phase, objects, reading
 from .signatures import paused_mac, paused_ok
 
 _FIELDS = [f for f in PausedRunView.__dataclass_fields__ if f != "signature_ok"]
@@ -38,38 +38,38 @@ def _view(row: PausedRun) -> PausedRunView:
 def save_paused_run(approval_id: str, framework: str, state: str, resume_with: str) -> PausedRunView:
     """Store a run paused on ``approval_id``: one per request, never replaced."""
     try:
-        with _phase() as when:
-            if not _q(Approval).filter(pk=approval_id).exists():
+        with write_phase() as when:
+            if not objects(Approval).filter(pk=approval_id).exists():
                 raise InvalidArgument(f"no approval request {approval_id!r}: a paused run is stored beside the "
                                       "ctrlrun request it waits on (the adapter's request id, apr_...)")
-            existing = _q(PausedRun).filter(approval_id=approval_id).first()
+            existing = objects(PausedRun).filter(approval_id=approval_id).first()
             if existing is not None:
                 raise InvalidArgument(f"a paused run is already stored for {approval_id} (paused run {existing.id}, "
                                       f"{existing.status}); it is never replaced")
             row = PausedRun(approval_id=approval_id, framework=framework, state=state, resume_with=resume_with,
                             created_at=when)
             row.mac = paused_mac(row)
-            row.save(using=_q(PausedRun).db, force_insert=True)
+            row.save(using=objects(PausedRun).db, force_insert=True)
     except IntegrityError:  # pragma: no cover - a concurrent pause of the same request, after our check
         raise InvalidArgument(f"a paused run is already stored for {approval_id}; it is never replaced") from None
     return _view(row)
 
 
 def get_paused_run(paused_id: int) -> PausedRunView | None:
-    with _reading():
-        row = _q(PausedRun).filter(pk=paused_id).first()
+    with reading():
+        row = objects(PausedRun).filter(pk=paused_id).first()
         return _view(row) if row else None
 
 
 def paused_run_for(approval_id: str) -> PausedRunView | None:
-    with _reading():
-        row = _q(PausedRun).filter(approval_id=approval_id).first()
+    with reading():
+        row = objects(PausedRun).filter(approval_id=approval_id).first()
         return _view(row) if row else None
 
 
 def list_paused_runs(status: str | None = None) -> list[PausedRunView]:
-    with _reading():
-        query = _q(PausedRun).all()
+    with reading():
+        query = objects(PausedRun).all()
         if status:
             query = query.filter(status=status)
         return [_view(row) for row in query.order_by("created_at", "id")]
@@ -77,18 +77,19 @@ def list_paused_runs(status: str | None = None) -> list[PausedRunView]:
 
 def ready_paused_runs(limit: int | None = None) -> list[PausedRunView]:
     """Pending paused runs whose request was answered or ran out (by the store's clock), oldest first."""
-    with _reading():
-        now = _clock()
-        answered = _q(Approval).filter(Q(status__in=ANSWERED) | Q(expires_at__lte=now)).values("approval_id")
-        query = _q(PausedRun).filter(status=PausedRun.PENDING, approval_id__in=answered).order_by("created_at", "id")
+    with reading():
+        now = read_clock()
+        answered = objects(Approval).filter(Q(status__in=ANSWERED) | Q(expires_at__lte=now)).values("approval_id")
+        query = objects(PausedRun).filter(status=PausedRun.PENDING, approval_id__in=answered)
+        query = query.order_by("created_at", "id")
         return [_view(row) for row in (query[:limit] if limit else query)]
 
 
 def claim_paused_run(paused_id: int, answer: str, by: str) -> dt.datetime | None:
     """Take a pending paused run for resuming: the claim's time (truthy) only for the one process
     whose UPDATE moved it, else None. ``by`` and that time name the claim (``finish_paused_run``)."""
-    with _phase() as when:
-        moved = _q(PausedRun).filter(pk=paused_id, status=PausedRun.PENDING).update(
+    with write_phase() as when:
+        moved = objects(PausedRun).filter(pk=paused_id, status=PausedRun.PENDING).update(
             status=PausedRun.RESUMING, answer=answer, claimed_by=by[:200], claimed_at=when)
     return when if moved == 1 else None
 
@@ -99,8 +100,8 @@ def finish_paused_run(paused_id: int, *, error: str | None = None,
 
     With ``claim`` (``(by, claimed_at)``), only while the run is still under that claim: a resumer
     whose claim a person released (and another process took since) never finishes the other's."""
-    with _phase() as when:
-        query = _q(PausedRun).filter(pk=paused_id, status=PausedRun.RESUMING)
+    with write_phase() as when:
+        query = objects(PausedRun).filter(pk=paused_id, status=PausedRun.RESUMING)
         if claim is not None:
             query = query.filter(claimed_by=claim[0][:200], claimed_at=claim[1])
         query.update(status=PausedRun.FAILED if error is not None else PausedRun.RESUMED, resumed_at=when, error=error)
@@ -119,8 +120,8 @@ def release_paused_run(approval_id: str, *, by: str, reason: str | None, older_t
     the very claim that was read (one conditional UPDATE on the claim's process and time): a
     claim made meanwhile by another process is never released in its place. Who released it,
     when, why and which claim are recorded on the row. Anything else is ``InvalidArgument``."""
-    with _phase() as now:
-        row = _q(PausedRun).filter(approval_id=approval_id).first()
+    with write_phase() as now:
+        row = objects(PausedRun).filter(approval_id=approval_id).first()
         if row is None:
             raise InvalidArgument(f"no paused run waits on request {approval_id!r}")
         if row.status != PausedRun.RESUMING:
@@ -134,7 +135,7 @@ def release_paused_run(approval_id: str, *, by: str, reason: str | None, older_t
                 f"{_seconds(max(age, dt.timedelta(0)))} ago: a claim is released only once it is older than "
                 f"{_seconds(older_than)} (CTRLRUN_RESUME_RELEASE_AFTER_SECONDS); its process may still be running")
         claim = f"{row.claimed_by or '?'} at {when_text(claimed_at)}"[:300]
-        moved = _q(PausedRun).filter(pk=row.pk, status=PausedRun.RESUMING, claimed_by=row.claimed_by,
+        moved = objects(PausedRun).filter(pk=row.pk, status=PausedRun.RESUMING, claimed_by=row.claimed_by,
                                      claimed_at=claimed_at).update(
             status=PausedRun.PENDING, released_by=by[:200], released_at=now, release_reason=reason,
             released_claim=claim)

@@ -10,8 +10,8 @@ from django.db import IntegrityError, transaction
 from .. import messages
 from ..errors import EvidenceTampered
 from ..models import ChainHead, PolicyDocument
-from .base import _db, _phase, _q, _reading
-from .signatures import HEAD_FIELDS, _head_problem, policy_document_ok, sign_policy_document
+from .base import alias, write_phase, objects, reading
+from .signatures import HEAD_FIELDS, head_problem, policy_document_ok, sign_policy_document
 
 #: (alias, policy hash) pairs stored (or found stored) by this process.
 _known_policies: set[tuple[str, str]] = set()
@@ -25,26 +25,26 @@ def forget_known_policies() -> None:
 def ensure_policy(policy_hash: str, schema: str, source: str, text: str, environment: str) -> None:
     """Store the policy document once (per process and database, the first time it decides anything),
     and make sure this process signs with the store's key before it acts at all."""
-    known = (_db(), policy_hash)
+    known = (alias(), policy_hash)
     if known in _known_policies:
         return
-    with _phase() as when:
+    with write_phase() as when:
         # The head first: a process holding another key finds every signature wrong, and the key is the cause.
-        head = _q(ChainHead).filter(pk=1).values_list(*HEAD_FIELDS).first()
-        problem = _head_problem(*head) if head is not None else None
+        head = objects(ChainHead).filter(pk=1).values_list(*HEAD_FIELDS).first()
+        problem = head_problem(*head) if head is not None else None
         if problem is not None:
             raise EvidenceTampered(messages.refuses_to_act(problem, restore=False))
-        row = _q(PolicyDocument).filter(pk=policy_hash).first()
+        row = objects(PolicyDocument).filter(pk=policy_hash).first()
         if row is None:
             row = PolicyDocument(hash=policy_hash, schema=schema, source=source, text=text, environment=environment,
                                  first_seen=when)
             sign_policy_document(row)
             try:
-                with transaction.atomic(using=_db()):  # a savepoint: losing the race leaves the phase usable
-                    row.save(using=_db(), force_insert=True)
+                with transaction.atomic(using=alias()):  # a savepoint: losing the race leaves the phase usable
+                    row.save(using=alias(), force_insert=True)
             except IntegrityError:
                 # Another process stored this hash first (on PostgreSQL both saw none): judge its row.
-                row = _q(PolicyDocument).filter(pk=policy_hash).first()
+                row = objects(PolicyDocument).filter(pk=policy_hash).first()
                 if row is None:
                     raise
         if not policy_document_ok(row):  # (another text of the same hash, differing in comments, is fine)
@@ -59,8 +59,8 @@ def policy_document(policy_hash: str | None) -> PolicyDocument | None:
     none, or when the row under that hash is not ctrlrun's (``policy_document_forged`` says so)."""
     if not policy_hash:
         return None
-    with _reading():
-        row = _q(PolicyDocument).filter(pk=policy_hash).first()
+    with reading():
+        row = objects(PolicyDocument).filter(pk=policy_hash).first()
     return row if row is not None and policy_document_ok(row) else None
 
 
@@ -68,6 +68,6 @@ def policy_document_forged(policy_hash: str | None) -> bool:
     """Whether a row is stored under ``policy_hash`` that ctrlrun did not store (its signature fails)."""
     if not policy_hash:
         return False
-    with _reading():
-        row = _q(PolicyDocument).filter(pk=policy_hash).first()
+    with reading():
+        row = objects(PolicyDocument).filter(pk=policy_hash).first()
     return row is not None and not policy_document_ok(row)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from ..models import BudgetLedger, EffectRecord, PausedRun, PolicyDocument, Receipt
 from ..states import EffectState
-from .base import _q, _reading
+from .base import objects, reading
 
 
 @dataclass(frozen=True)
@@ -45,8 +45,8 @@ def budget_calls(grant_id: str, metric: str, window_seconds: int, now: dt.dateti
                  limit: int) -> tuple[list[BudgetCall], int]:
     """The calls that spent or hold one budget in its window ending at ``now``, newest first (at most
     ``limit``), and how many there are. Released charges are left out: they spend nothing."""
-    with _reading():
-        rows = _q(BudgetLedger).filter(
+    with reading():
+        rows = objects(BudgetLedger).filter(
             grant_id=grant_id, metric=metric, released_at__isnull=True,
             consumed_at__gt=now - dt.timedelta(seconds=window_seconds), consumed_at__lte=now)
         total = rows.count()
@@ -54,8 +54,8 @@ def budget_calls(grant_id: str, metric: str, window_seconds: int, now: dt.dateti
                                                                        "consumed_at")[:limit])
         keys = {key for key, _attempt, _amount, _at in shown}
         records = {key: (state, attempt, action_id) for key, state, attempt, action_id in
-                   _q(EffectRecord).filter(pk__in=keys).values_list("effect_key", "state", "attempt", "action_id")}
-        documents = list(_q(Receipt).filter(effect_key__in=keys).order_by("seq")
+                   objects(EffectRecord).filter(pk__in=keys).values_list("effect_key", "state", "attempt", "action_id")}
+        documents = list(objects(Receipt).filter(effect_key__in=keys).order_by("seq")
                          .values_list("receipt_id", "action_id", "effect_key", "document"))
     receipts: dict[tuple[str, int], tuple[str, str]] = {}
     for receipt_id, action_id, effect_key, text in documents:
@@ -84,38 +84,38 @@ def effect_states(effect_keys: Iterable[str]) -> dict[str, str]:
     keys = {key for key in effect_keys if key}
     if not keys:
         return {}
-    with _reading():
+    with reading():
         return {key: str(state) for key, state in
-                _q(EffectRecord).filter(pk__in=keys).values_list("effect_key", "state")}
+                objects(EffectRecord).filter(pk__in=keys).values_list("effect_key", "state")}
 
 
 def recorded_actions() -> list[str]:
     """Every action an effect record holds, once each."""
-    with _reading():
-        return list(_q(EffectRecord).values_list("action", flat=True).distinct())
+    with reading():
+        return list(objects(EffectRecord).values_list("action", flat=True).distinct())
 
 
 def action_recorded(action: str) -> bool:
     """Whether any effect record holds ``action``."""
-    with _reading():
-        return _q(EffectRecord).filter(action=action).exists()
+    with reading():
+        return objects(EffectRecord).filter(action=action).exists()
 
 
 def receipt_id_at(seq: int) -> str | None:
     """The id of the receipt at chain position ``seq``, or None when no receipt holds it."""
-    with _reading():
-        return _q(Receipt).filter(seq=seq).values_list("receipt_id", flat=True).first()
+    with reading():
+        return objects(Receipt).filter(seq=seq).values_list("receipt_id", flat=True).first()
 
 
 def policy_stored(policy_hash: str) -> bool:
     """Whether a policy document is stored under ``policy_hash`` (whoever wrote it: see
     ``policy_document`` for the text a page may show)."""
-    with _reading():
-        return _q(PolicyDocument).filter(pk=policy_hash).exists()
+    with reading():
+        return objects(PolicyDocument).filter(pk=policy_hash).exists()
 
 
 def paused_run_brief(approval_id: str) -> PausedRunBrief | None:
     """The paused run stored beside ``approval_id``, by id, framework and status; None when there is none."""
-    with _reading():
-        row = _q(PausedRun).filter(approval_id=approval_id).values_list("id", "framework", "status").first()
+    with reading():
+        row = objects(PausedRun).filter(approval_id=approval_id).values_list("id", "framework", "status").first()
     return PausedRunBrief(*row) if row is not None else None

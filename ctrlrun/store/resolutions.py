@@ -1,6 +1,6 @@
 """The ends of an AMBIGUOUS effect: a reconcile hook's answer, a person's resolution, the sweep of
 lapsed leases, and the list reconciliation works through. Every state write still goes through
-``effects._move``, which checks the state table."""
+``effects.move_effect``, which checks the state table."""
 from __future__ import annotations
 
 import datetime as dt
@@ -17,12 +17,12 @@ from ..models import EffectRecord
 from ..states import HOLDING_STATES, EffectState, EventType, Result, held_lapsed
 from ..values import Call, EffectView, EventRow, HookAnswer
 from . import budgets, sql
-from .approvals import _give_back
-from .base import _clock, _cursor, _db, _phase, _q, _reading, _time_param
-from .chain import _event, _ReceiptSpec, _seal
-from .evidence import _effect_view, get_effect
-from .signatures import _effect_mac, _effect_ok
-from .effects import AMBIGUOUS, S, _lapse, _move, _peek
+from .approvals import give_back
+from .base import read_clock, statements, alias, write_phase, objects, reading, time_param
+from .chain import event_row, ReceiptSpec, seal
+from .evidence import effect_view, get_effect
+from .signatures import effect_mac, effect_ok
+from .effects import AMBIGUOUS, S, lapse, move_effect, peek
 
 logger = logging.getLogger("ctrlrun.store")
 
@@ -34,11 +34,11 @@ def _move_ambiguous(record: EffectRecord, state: EffectState, resolver: str, whe
     record.resolved_by = resolver
     record.reconcile_after = None
     record.updated_at = when
-    record.mac = _effect_mac(record.effect_key, record.action, state, record.action_id, record.attempt, None,
+    record.mac = effect_mac(record.effect_key, record.action, state, record.action_id, record.attempt, None,
                              resolver, None)
-    with _cursor() as cursor:
-        _move(cursor, sql.EFFECT_RESOLVE, S.AMBIGUOUS, state, [
-            record.error, resolver, _time_param(connections[_db()])(when), record.mac, record.effect_key])
+    with statements() as cursor:
+        move_effect(cursor, sql.EFFECT_RESOLVE, S.AMBIGUOUS, state, [
+            record.error, resolver, time_param(connections[alias()])(when), record.mac, record.effect_key])
     record.state = state
     if state is S.FAILED:  # it did not happen: the attempt's budget charges are given back
         budgets.release(record.effect_key, record.attempt, when)
@@ -63,16 +63,16 @@ def record_reconciliation(effect_key: str, action_id: str | None, resolver: str,
     in the same transaction.
     """
     moved: str | None = None
-    with _phase() as when:
-        record = _q(EffectRecord).select_for_update().filter(pk=effect_key).first()
+    with write_phase() as when:
+        record = objects(EffectRecord).select_for_update().filter(pk=effect_key).first()
         events = [
-            _event(EventType.RECONCILIATION_STARTED, action_id, effect_key,
+            event_row(EventType.RECONCILIATION_STARTED, action_id, effect_key,
                    {"effect_key": effect_key, "trigger": trigger,
                     **({"requested_by": requested_by} if requested_by else {})},
                    when - dt.timedelta(seconds=max(answer.duration, 0.0))),
-            _event(EventType.RECONCILIATION_RESOLVED, action_id, effect_key, answer.data(), when),
+            event_row(EventType.RECONCILIATION_RESOLVED, action_id, effect_key, answer.data(), when),
         ]
-        if record is None or record.state != S.AMBIGUOUS or record.attempt != attempt or not _effect_ok(record):
+        if record is None or record.state != S.AMBIGUOUS or record.attempt != attempt or not effect_ok(record):
             if record is not None and record.state == S.AMBIGUOUS and record.attempt == attempt:
                 now_is = f"ambiguous at attempt {attempt}, but {messages.TAMPERED_HINT}"
             else:
@@ -85,30 +85,30 @@ def record_reconciliation(effect_key: str, action_id: str | None, resolver: str,
             state = S.COMMITTED if answer.outcome == "committed" else S.FAILED
             _move_ambiguous(record, state, resolver, when)
             moved = state.value
-            events.append(_event(EventType.EFFECT_RESOLVED, action_id, effect_key,
+            events.append(event_row(EventType.EFFECT_RESOLVED, action_id, effect_key,
                                  {"state": state.value, "resolver": resolver, "resolved_by": "reconcile"}, when))
             if state is S.FAILED:  # the hook says it never happened: the approval it used is given back
-                events += _give_back(None, effect_key, record.action_id, record.attempt, when,
+                events += give_back(None, effect_key, record.action_id, record.attempt, when,
                                      {"reason": "reconcile_not_executed", "resolver": resolver})
         else:
             first, cap = conf.reconcile_backoff()
             delay = min(first * (2 ** min(record.reconcile_failures, 30)), cap)
             record.reconcile_failures += 1
             record.reconcile_after = when + delay
-            with _cursor() as cursor:
-                _move(cursor, sql.RECONCILE_BACKOFF, S.AMBIGUOUS, S.AMBIGUOUS,
-                      [_time_param(connections[_db()])(record.reconcile_after), effect_key])
+            with statements() as cursor:
+                move_effect(cursor, sql.RECONCILE_BACKOFF, S.AMBIGUOUS, S.AMBIGUOUS,
+                      [time_param(connections[alias()])(record.reconcile_after), effect_key])
         receipts = [] if receipt_for is None else [
-            _ReceiptSpec(receipt_for, Result.AMBIGUOUS, receipt_error, receipt_attempt, would_have=receipt_would_have)]
-        _seal(events, receipts, when)
+            ReceiptSpec(receipt_for, Result.AMBIGUOUS, receipt_error, receipt_attempt, would_have=receipt_would_have)]
+        seal(events, receipts, when)
     return moved
 
 
 def write_ambiguous_receipt(call: Call, attempt: int | None, error: str,
                             would_have: dict[str, Any] | None = None) -> None:
     """The eager trigger's receipt when the hook itself never returned (it raised a BaseException)."""
-    with _phase() as when:
-        _seal([], [_ReceiptSpec(call, Result.AMBIGUOUS, error, attempt, would_have=would_have)], when)
+    with write_phase() as when:
+        seal([], [ReceiptSpec(call, Result.AMBIGUOUS, error, attempt, would_have=would_have)], when)
 
 
 def resolve(effect_key: str, outcome: str, *, by: str, reason: str | None = None,
@@ -118,14 +118,14 @@ def resolve(effect_key: str, outcome: str, *, by: str, reason: str | None = None
         raise InvalidArgument(messages.resolve_which(outcome))
     if not by or not by.strip():
         raise InvalidArgument(messages.RESOLVE_NEEDS_NAME)
-    with _phase() as when:
-        record = _q(EffectRecord).select_for_update().filter(pk=effect_key).first()
+    with write_phase() as when:
+        record = objects(EffectRecord).select_for_update().filter(pk=effect_key).first()
         if record is None:
             raise StateConflict("effect", effect_key, AMBIGUOUS, "missing", operation="resolve")
         if record.state != S.AMBIGUOUS:
             raise StateConflict("effect", effect_key, AMBIGUOUS, str(record.state), operation="resolve",
                                 lapsed=held_lapsed(record.state, record.lease_expires_at, when))
-        if not _effect_ok(record):
+        if not effect_ok(record):
             raise StateConflict("effect", effect_key, AMBIGUOUS, "tampered", operation="resolve")
         if attempt is not None and attempt != record.attempt:
             raise StateConflict("effect", effect_key, AMBIGUOUS, AMBIGUOUS, operation="resolve",
@@ -136,34 +136,34 @@ def resolve(effect_key: str, outcome: str, *, by: str, reason: str | None = None
         data = {"state": state.value, "resolver": resolver, "resolved_by": "human", "attempt": record.attempt}
         if reason:
             data["reason"] = evidence_text(reason)
-        _seal([_event(EventType.EFFECT_RESOLVED, record.action_id, effect_key, data, when)], [], when)
-    return _effect_view(record)
+        seal([event_row(EventType.EFFECT_RESOLVED, record.action_id, effect_key, data, when)], [], when)
+    return effect_view(record)
 
 
 def sweep_lapsed(action: str | None = None, effect_key: str | None = None) -> list[EffectView]:
     """Move every held record whose lease lapsed to ambiguous (its worker died, hung or was frozen
     past its lease), writing the dead attempt's evidence. Leases are compared with the store's clock."""
     swept: list[EffectView] = []
-    with _reading():
-        cutoff = _clock()
-        query = _q(EffectRecord).filter(state__in=HOLDING_STATES, lease_expires_at__lte=cutoff)
+    with reading():
+        cutoff = read_clock()
+        query = objects(EffectRecord).filter(state__in=HOLDING_STATES, lease_expires_at__lte=cutoff)
         if action:
             query = query.filter(action=action)
         if effect_key:
             query = query.filter(pk=effect_key)
         keys = list(query.values_list("effect_key", flat=True))
     for key in keys:
-        with _phase() as when:
-            record = _peek(key)
+        with write_phase() as when:
+            record = peek(key)
             if record is None or record.state != S.EXECUTING or record.lease_expires_at > when:
                 continue  # its worker finished or renewed, or someone else swept it, meanwhile
-            if not _effect_ok(record):
+            if not effect_ok(record):
                 logger.error("effect %s has a lapsed lease, but %s; it is not swept", key, messages.TAMPERED_HINT)
                 continue
             events: list[EventRow] = []
-            receipts: list[_ReceiptSpec] = []
-            _lapse(record, when, events, receipts)
-            _seal(events, receipts, when)
+            receipts: list[ReceiptSpec] = []
+            lapse(record, when, events, receipts)
+            seal(events, receipts, when)
         view = get_effect(key)
         if view is not None:
             swept.append(view)
@@ -172,13 +172,13 @@ def sweep_lapsed(action: str | None = None, effect_key: str | None = None) -> li
 
 def reconcile_candidates(action: str | None = None, limit: int | None = None) -> list[EffectView]:
     """Ambiguous records due for a deferred reconcile (backoff respected), oldest first."""
-    with _reading():
-        cutoff = _clock()
-        query = _q(EffectRecord).filter(state=S.AMBIGUOUS).filter(
+    with reading():
+        cutoff = read_clock()
+        query = objects(EffectRecord).filter(state=S.AMBIGUOUS).filter(
             Q(reconcile_after__isnull=True) | Q(reconcile_after__lte=cutoff)
         ).order_by("updated_at", "effect_key")
         if action:
             query = query.filter(action=action)
         if limit:
             query = query[:limit]
-        return [_effect_view(r) for r in query]
+        return [effect_view(r) for r in query]

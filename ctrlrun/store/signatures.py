@@ -16,7 +16,7 @@ from typing import Any
 from .. import messages, signing
 from ..canonical import GENESIS_HASH
 from ..models import Approval, ChainCheck, EffectRecord, PausedRun, PolicyDocument
-from .base import _db, _digest, _iso
+from .base import alias, text_digest, iso_text
 
 #: Signature domains: a MAC made for one kind of row can never pass for another.
 HEAD_DOMAIN, EFFECT_DOMAIN = "ctrlrun.head/v1", "ctrlrun.effect/v1"
@@ -26,7 +26,7 @@ APPROVAL_DOMAIN_V1, APPROVAL_DOMAIN = "ctrlrun.approval/v1", "ctrlrun.approval/v
 CHECK_DOMAIN_V1, CHECK_DOMAIN = "ctrlrun.check/v1", "ctrlrun.check/v2"
 DELEGATION_DOMAIN, LEDGER_DOMAIN = "ctrlrun.delegation/v1", "ctrlrun.ledger/v1"
 POLICY_DOMAIN, PAUSED_DOMAIN = "ctrlrun.policy-document/v1", "ctrlrun.paused-run/v1"
-#: The head row's columns, in the order ``_head_problem`` takes them.
+#: The head row's columns, in the order ``head_problem`` takes them.
 HEAD_FIELDS = ("seq", "hash", "event_seq", "event_hash", "mac", "key_id")
 
 
@@ -34,36 +34,36 @@ def _effect_fields(key: str, action: str, state: str, action_id: str, attempt: i
                    resolved_by: str | None, pending: str | None) -> tuple[Any, ...]:
     """What decides a record's fate, as signed, the action included: its name chooses the reconcile
     hook whose answer may license a retry. One order, for signing and for checking."""
-    return (key, action, str(state), action_id, attempt, _iso(lease), resolved_by, _digest(pending))
+    return (key, action, str(state), action_id, attempt, iso_text(lease), resolved_by, text_digest(pending))
 
 
-def _effect_mac(key: str, action: str, state: str, action_id: str, attempt: int, lease: dt.datetime | None,
+def effect_mac(key: str, action: str, state: str, action_id: str, attempt: int, lease: dt.datetime | None,
                 resolved_by: str | None, pending: str | None) -> str:
     return signing.sign(EFFECT_DOMAIN, _effect_fields(key, action, state, action_id, attempt, lease, resolved_by,
                                                       pending))
 
 
-def _effect_ok(row: Any) -> bool:
+def effect_ok(row: Any) -> bool:
     """Whether an effect record (model or peek) carries ctrlrun's signature of its deciding fields."""
     return _signed_ok(EFFECT_DOMAIN, lambda r: _effect_fields(
         r.effect_key, r.action, r.state, r.action_id, r.attempt, r.lease_expires_at, r.resolved_by, r.pending), row)
 
 
-def _approval_document(row: Approval) -> tuple:
+def approval_document(row: Approval) -> tuple:
     """An approval as signed (v2): v1's columns and how many times it was given back, which only grows
     (the database refuses a consumed -> granted change that does not add exactly one), so a signed
     granted copy from before its last use is refused by the database, and a made-up one is unsigned."""
-    return (*_approval_document_v1(row), row.returned)
+    return (*approval_document_v1(row), row.returned)
 
 
-def _approval_document_v1(row: Any) -> tuple:
-    return (row.approval_id, str(row.status), row.action, row.action_id, row.action_hash, _digest(row.action_json),
-            row.agent, row.user, row.effect_key, row.policy_hash, _iso(row.created_at), _iso(row.expires_at),
-            row.approver, row.note, _iso(row.answered_at), _iso(row.consumed_at), row.consumed_by)
+def approval_document_v1(row: Any) -> tuple:
+    return (row.approval_id, str(row.status), row.action, row.action_id, row.action_hash, text_digest(row.action_json),
+            row.agent, row.user, row.effect_key, row.policy_hash, iso_text(row.created_at), iso_text(row.expires_at),
+            row.approver, row.note, iso_text(row.answered_at), iso_text(row.consumed_at), row.consumed_by)
 
 
-def _sign_approval(row: Approval) -> None:
-    row.mac = signing.sign(APPROVAL_DOMAIN, _approval_document(row))
+def sign_approval(row: Approval) -> None:
+    row.mac = signing.sign(APPROVAL_DOMAIN, approval_document(row))
 
 
 def _signed_ok(domain: str, document: Callable[[Any], Any], row: Any) -> bool:
@@ -76,21 +76,21 @@ def _signed_ok(domain: str, document: Callable[[Any], Any], row: Any) -> bool:
     return signing.is_valid(domain, fields, row.mac)
 
 
-def _approval_ok(row: Approval) -> bool:
-    return _signed_ok(APPROVAL_DOMAIN, _approval_document, row)
+def approval_ok(row: Approval) -> bool:
+    return _signed_ok(APPROVAL_DOMAIN, approval_document, row)
 
 
 def approval_signature_ok(row: Approval) -> bool:
     """Whether an approval row (as read by the ORM) carries ctrlrun's signature."""
-    return _approval_ok(row)
+    return approval_ok(row)
 
 
 def effect_signature_ok(row: EffectRecord) -> bool:
     """Whether an effect record (as read by the ORM) carries ctrlrun's signature."""
-    return _effect_ok(row)
+    return effect_ok(row)
 
 
-def _head_document(seq: int, hash_: str, event_seq: int, event_hash_: str, key_id: str | None) -> tuple:
+def head_document(seq: int, hash_: str, event_seq: int, event_hash_: str, key_id: str | None) -> tuple:
     return (seq, hash_, event_seq, event_hash_, key_id)
 
 
@@ -100,21 +100,21 @@ def _head_document(seq: int, hash_: str, event_seq: int, event_hash_: str, key_i
 _trusted_heads: collections.deque[tuple] = collections.deque(maxlen=16)
 
 
-def _trust_head(seq: int, hash_: str, event_seq: int, event_hash_: str, mac: str | None, key_id: str | None) -> None:
+def trust_head(seq: int, hash_: str, event_seq: int, event_hash_: str, mac: str | None, key_id: str | None) -> None:
     """Remember a head state this process signed (or verified) on the current database."""
-    _trusted_heads.append((_db(), seq, hash_, event_seq, event_hash_, mac, key_id))
+    _trusted_heads.append((alias(), seq, hash_, event_seq, event_hash_, mac, key_id))
 
 
-def _head_problem(seq: int, hash_: str, event_seq: int, event_hash_: str, mac: str | None,
+def head_problem(seq: int, hash_: str, event_seq: int, event_hash_: str, mac: str | None,
                   key_id: str | None) -> str | None:
     """Why the head row cannot be trusted, or None. A fresh head (genesis, never signed) is fine."""
-    if (_db(), seq, hash_, event_seq, event_hash_, mac, key_id) in _trusted_heads:
+    if (alias(), seq, hash_, event_seq, event_hash_, mac, key_id) in _trusted_heads:
         return None
     fresh = seq == 0 and event_seq == 0 and hash_ == GENESIS_HASH and event_hash_ == GENESIS_HASH
     if mac is None and key_id is None and fresh:
         return None
-    if signing.is_valid(HEAD_DOMAIN, _head_document(seq, hash_, event_seq, event_hash_, key_id), mac):
-        _trust_head(seq, hash_, event_seq, event_hash_, mac, key_id)
+    if signing.is_valid(HEAD_DOMAIN, head_document(seq, hash_, event_seq, event_hash_, key_id), mac):
+        trust_head(seq, hash_, event_seq, event_hash_, mac, key_id)
         return None
     mine = signing.key_id()
     if key_id != mine:
@@ -122,21 +122,21 @@ def _head_problem(seq: int, hash_: str, event_seq: int, event_hash_: str, mac: s
     return messages.head_unsigned(seq, event_seq)
 
 
-def _check_document(row: ChainCheck) -> tuple:
+def check_document(row: ChainCheck) -> tuple:
     """A recorded check as signed: its nonce (unique: a copy keeping it is refused by the database, a
     copy with another is not ctrlrun's), then its result and positions."""
     return (row.nonce, *_check_document_v1(row))
 
 
 def _check_document_v1(row: ChainCheck) -> tuple:
-    return (_iso(row.checked_at), row.mode, row.from_receipt_seq, row.receipt_seq, row.receipt_hash,
+    return (iso_text(row.checked_at), row.mode, row.from_receipt_seq, row.receipt_seq, row.receipt_hash,
             row.from_event_seq, row.event_seq, row.event_hash, bool(row.ok), row.breaks, row.receipts_checked,
-            row.events_checked, row.signatures_checked, _digest(row.summary), repr(float(row.duration_seconds)),
+            row.events_checked, row.signatures_checked, text_digest(row.summary), repr(float(row.duration_seconds)),
             row.ran_by)
 
 
-def _check_ok(row: ChainCheck) -> bool:
-    return _signed_ok(CHECK_DOMAIN, _check_document, row)
+def check_ok(row: ChainCheck) -> bool:
+    return _signed_ok(CHECK_DOMAIN, check_document, row)
 
 
 # --------------------------------------------------------------------------- delegations
@@ -145,8 +145,8 @@ def _check_ok(row: ChainCheck) -> bool:
 def delegation_fields(ident: Any, parent_id: Any, depth: Any, grant_json: Any, agent: Any, by_agent: Any,
                       by_user: Any, via: Any, created_at: Any, revoked_at: Any, revoked_by: Any) -> tuple:
     """A delegation row as signed: every column the authority check and the console read."""
-    return (ident, parent_id, depth, _digest(grant_json), agent, by_agent, by_user, via, _iso(created_at),
-            _iso(revoked_at), revoked_by)
+    return (ident, parent_id, depth, text_digest(grant_json), agent, by_agent, by_user, via, iso_text(created_at),
+            iso_text(revoked_at), revoked_by)
 
 
 def delegation_mac(*fields: Any) -> str:
@@ -169,7 +169,7 @@ def ledger_fields(grant_id: Any, metric: Any, amount: Any, effect_key: Any, atte
                   released_at: Any) -> tuple:
     """A budget charge as signed. (effect_key, attempt, grant_id, metric) is its identity: the
     database keeps it unique, so a charge copied keeps no signature of its own."""
-    return (effect_key, attempt, grant_id, metric, amount, _iso(consumed_at), _iso(released_at))
+    return (effect_key, attempt, grant_id, metric, amount, iso_text(consumed_at), iso_text(released_at))
 
 
 def ledger_mac(*fields: Any) -> str:
@@ -188,7 +188,7 @@ def ledger_ok(fields: tuple, mac: str | None) -> bool:
 
 
 def _policy_document(row: PolicyDocument) -> tuple:
-    return (row.hash, row.schema, row.source, _digest(row.text), row.environment, _iso(row.first_seen))
+    return (row.hash, row.schema, row.source, text_digest(row.text), row.environment, iso_text(row.first_seen))
 
 
 def sign_policy_document(row: PolicyDocument) -> None:
@@ -206,7 +206,7 @@ def policy_document_ok(row: PolicyDocument) -> bool:
 
 def _paused_fields(row: PausedRun) -> tuple:
     """What a resume is made of, as signed (the request id is unique: it is the row's identity)."""
-    return (row.approval_id, row.framework, _digest(row.state), row.resume_with, _iso(row.created_at))
+    return (row.approval_id, row.framework, text_digest(row.state), row.resume_with, iso_text(row.created_at))
 
 
 def paused_mac(row: PausedRun) -> str:

@@ -7,7 +7,7 @@ function runs ``LEASE_RENEW``, then ``OUTCOME_UPDATE_AT``/``OUTCOME_UPDATE_NOW``
 
 Parameters are ``%s`` (the raw cursor turns them into SQLite's ``?``). Every statement that writes
 an effect record's state takes the target state as its FIRST parameter and (except the insert,
-from ``new``) the source state as its LAST: ``effects._move`` fills both, after checking the edge
+from ``new``) the source state as its LAST: ``effects.move_effect`` fills both, after checking the edge
 against ``states.TRANSITIONS``.
 """
 from __future__ import annotations

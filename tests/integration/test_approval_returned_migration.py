@@ -33,7 +33,7 @@ for ident, status, good in (("apr_" + "a" * 32, "granted", True), ("apr_" + "b" 
                    effect_key="refund:t1", decision_reason="rule[1]", created_at=now, expires_at=now,
                    approver="bob", answered_at=now, consumed_at=now if status == "consumed" else None,
                    consumed_by="act_1" if status == "consumed" else None)
-    row.mac = signing.sign(sig.APPROVAL_DOMAIN_V1, sig._approval_document_v1(row)) if good else "forged"
+    row.mac = signing.sign(sig.APPROVAL_DOMAIN_V1, sig.approval_document_v1(row)) if good else "forged"
     row.save()
 guard.install(connection)
 call_command("migrate", "ctrlrun", verbosity=0, interactive=False)

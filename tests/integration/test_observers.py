@@ -22,7 +22,7 @@ class Recorder:
 
     def on_event(self, event) -> None:
         # Outside any transaction, and the row is already visible to the store's reads.
-        in_transaction = connections[store._db()].in_atomic_block
+        in_transaction = connections[store.alias()].in_atomic_block
         self.events.append((event.type, in_transaction))
 
     def on_receipt(self, receipt) -> None:

@@ -39,15 +39,15 @@ def test_allowed_call_costs_two_write_transactions(refund, agent, monkeypatch):
     """Reserve and outcome are the only two transactions of an allowed call."""
     refund(payment_id="warm", amount=1)  # the policy row is stored once per process
     phases = []
-    original = store.base._phase
+    original = store.base.write_phase
 
     def counting(**options):
         phases.append(1)
         return original(**options)
 
     for module in (store.effects, store.chain, store.approvals, store.policies, store.evidence):  # every phase opener
-        if hasattr(module, "_phase"):
-            monkeypatch.setattr(module, "_phase", counting)
+        if hasattr(module, "write_phase"):
+            monkeypatch.setattr(module, "write_phase", counting)
     refund(payment_id="txn_2", amount=1)
     assert len(phases) == 2
 

@@ -27,7 +27,7 @@ def test_using_routes_the_alias_and_restores_it():
     """Inside using('other') the store's alias is 'other'; outside, the configured one again."""
     assert store.alias() == "default"
     with store.using("other") as alias:
-        assert alias == "other" and store.alias() == "other" and store.base._db() == "other"
+        assert alias == "other" and store.alias() == "other" and store.base.alias() == "other"
     assert store.alias() == "default"
 
 

@@ -1,6 +1,6 @@
 """The state table is what the code does: every edge of ``states.TRANSITIONS`` driven through the
 public store and the decorator on a real database, and every other pair refused, by the store's one
-state write (``effects._move``) and by the database's own trigger (plain SQL, whoever connects)."""
+state write (``effects.move_effect``) and by the database's own trigger (plain SQL, whoever connects)."""
 from __future__ import annotations
 
 import datetime as dt
@@ -141,12 +141,12 @@ NOT_EDGES = [pair for pair in PAIRS if pair not in TRANSITIONS]
 
 @pytest.mark.parametrize(("source", "target"), NOT_EDGES, ids=[f"{a}->{b}" for a, b in NOT_EDGES])
 def test_the_one_state_write_refuses_a_pair_not_in_the_table(source, target):
-    """effects._move raises IllegalTransition before running anything for a pair the table lacks."""
+    """effects.move_effect raises IllegalTransition before running anything for a pair the table lacks."""
     hold_key("refund:held", minutes=5)
-    with store.base._phase() as when, store.base._cursor() as cursor:
+    with store.base.write_phase() as when, store.base.statements() as cursor:
         with pytest.raises(IllegalTransition) as caught:
-            store.effects._move(cursor, store.sql.EFFECT_LAPSE, source, target,
-                                ["boom", store.base._time_param(connection)(when), "mac", "refund:held"])
+            store.effects.move_effect(cursor, store.sql.EFFECT_LAPSE, source, target,
+                                ["boom", store.base.time_param(connection)(when), "mac", "refund:held"])
     assert (caught.value.source, caught.value.target) == (source.value, target.value)
     assert state("refund:held") == ("executing", 1)
 
