@@ -112,7 +112,7 @@ def _child(backend: str, receipts: int, loads: int, skip_full: bool) -> dict:
     head = ChainHead.objects.get(pk=1)
     with transaction.atomic(), connection.cursor() as cursor:
         mac = signing.sign(store.HEAD_DOMAIN, store.signatures.head_document(receipts, prev, head.event_seq, head.event_hash,
-                                                                   signing.key_id()))
+                                                                             signing.key_id()))
         cursor.execute('UPDATE "ctrlrun_chainhead" SET "seq" = %s, "hash" = %s, "mac" = %s, "key_id" = %s '
                        'WHERE "id" = 1', [receipts, prev, mac, signing.key_id()])
     if connection.vendor == "postgresql":

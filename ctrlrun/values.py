@@ -217,6 +217,9 @@ class HookAnswer:
 
 @dataclass(frozen=True)
 class EffectView:
+    """One effect record as read: by the pages and commands (``store.get_effect``), and by a decision
+    (the reservation reads the key's row, locked, as one of these)."""
+
     effect_key: str
     action: str
     state: str
@@ -231,6 +234,10 @@ class EffectView:
     updated_at: dt.datetime
     #: False when the row does not carry ctrlrun's signature (written around ctrlrun).
     signature_ok: bool = True
+    #: The stored columns the signature covers beyond those above: a running attempt's opening
+    #: events (its stash, until the attempt ends) and the signature itself.
+    pending: str | None = field(default=None, repr=False)
+    mac: str | None = field(default=None, repr=False)
 
     def lease_lapsed(self, now: dt.datetime) -> bool:
         return lease_lapsed(self.lease_expires_at, now)

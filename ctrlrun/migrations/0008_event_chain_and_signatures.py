@@ -47,7 +47,7 @@ def chain_and_sign(apps, schema_editor):
         approval.save(update_fields=["mac"])
     for record in apps.get_model("ctrlrun", "EffectRecord").objects.using(alias).iterator():
         record.mac = sig.effect_mac(record.effect_key, record.action, record.state, record.action_id, record.attempt,
-                                       record.lease_expires_at, record.resolved_by, record.pending)
+                                    record.lease_expires_at, record.resolved_by, record.pending)
         record.save(update_fields=["mac"])
     ChainHead = apps.get_model("ctrlrun", "ChainHead")
     head, _ = ChainHead.objects.using(alias).get_or_create(id=1, defaults={"seq": 0, "hash": GENESIS_HASH})

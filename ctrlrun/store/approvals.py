@@ -53,8 +53,8 @@ def request_approval(call: Call, ttl: dt.timedelta) -> ApprovalView:
         row.save(using=alias(), force_insert=True)
         events = opening_events(call, when)
         events.append(event_row(EventType.APPROVAL_REQUESTED, call, call.effect_key,
-                             {"action_hash": action.hash, "expires_at": evidence_time(row.expires_at)}, when,
-                             row.approval_id))
+                                {"action_hash": action.hash, "expires_at": evidence_time(row.expires_at)}, when,
+                                row.approval_id))
         seal(events, [], when)
     return _approval_view(row)
 
@@ -168,7 +168,7 @@ def approvals_of_call(action_id: str) -> list[ApprovalView]:
 
 
 def check_presented(call: Call, presented: str, when: dt.datetime,
-                     events: list[EventRow]) -> tuple[Call, Approval | None, CTRLRunError | None]:
+                    events: list[EventRow]) -> tuple[Call, Approval | None, CTRLRunError | None]:
     """The presented approval of an ``approve`` call, checked in §8.4's order and locked: the call
     stamped with it, the row if it may be used, else why not (nothing sealed; a lapsed one is
     marked expired, its event added to ``events``)."""
@@ -197,7 +197,7 @@ def check_presented(call: Call, presented: str, when: dt.datetime,
 
 
 def take_presented(call: Call, presented: str | None, when: dt.datetime,
-                    events: list[EventRow]) -> tuple[Call, Approval | None, Refused | None]:
+                   events: list[EventRow]) -> tuple[Call, Approval | None, Refused | None]:
     """Check a presented approval for an ``approve`` decision, in §8.4's order.
 
     Returns the call stamped with the approval, the row to consume once the effect is taken,
@@ -214,12 +214,12 @@ def take_presented(call: Call, presented: str | None, when: dt.datetime,
         return call, row, None
     if isinstance(error, ActionDenied):
         events.append(event_row(EventType.APPROVAL_DENIED, call, call.effect_key, {"approver": call.approver}, when,
-                             presented))
+                                presented))
         events.append(event_row(EventType.ACTION_DENIED, call, call.effect_key, {"reason": "approval_denied"}, when))
         seal(events, [ReceiptSpec(call, Result.DENIED, str(error), None, "approval_denied")], when)
     else:
         events.append(event_row(EventType.APPROVAL_INVALIDATED, call, call.effect_key,
-                             {"reason": error.reason, "action_hash": call.action.hash}, when, presented))
+                                {"reason": error.reason, "action_hash": call.action.hash}, when, presented))
         seal(events, [ReceiptSpec(call, Result.BLOCKED, str(error), None)], when)
     return call, None, Refused(error, None, True, call)
 
@@ -236,7 +236,7 @@ def mark_consumed(row: Approval, call: Call, when: dt.datetime) -> None:
 
 
 def give_back(approval_id: str | None, effect_key: str, action_id: str, attempt: int, when: dt.datetime,
-               why: dict[str, Any]) -> list[EventRow]:
+              why: dict[str, Any]) -> list[EventRow]:
     """Give back the approval that attempt ``attempt`` (call ``action_id``) of ``effect_key`` used, now
     that its record is ``failed`` at that attempt (the caller moved it, in this transaction): consumed
     -> granted, ``returned`` up by one, for the same action hash, until it expires. Only a genuine
@@ -254,7 +254,7 @@ def give_back(approval_id: str | None, effect_key: str, action_id: str, attempt:
         return []
     _move_approval(row, ApprovalStatus.GRANTED, consumed_at=None, consumed_by=None, returned=row.returned + 1)
     return [event_row(EventType.APPROVAL_RETURNED, action_id, effect_key, {"attempt": attempt, "action_id": action_id,
-                                                                         **why}, when, row.approval_id)]
+                                                                           **why}, when, row.approval_id)]
 
 
 def matching_approval(call: Call, presented: str, when: dt.datetime) -> tuple[Approval | None, Call]:

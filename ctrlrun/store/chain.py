@@ -28,7 +28,7 @@ Built = tuple  # (events, receipts) a builder makes once the seal knows the time
 
 
 def event_row(type_: EventType, call_or_id: Call | str | None, effect_key: str | None, data: dict[str, Any],
-           when: dt.datetime, approval_id: str | None = None, *, text: str | None = None) -> EventRow:
+              when: dt.datetime, approval_id: str | None = None, *, text: str | None = None) -> EventRow:
     action_id = call_or_id.action.action_id if isinstance(call_or_id, Call) else call_or_id
     return EventRow(when, type_.value, action_id, effect_key, approval_id, data, text)
 
@@ -119,7 +119,7 @@ def _take_head(cursor: Any, receipts: int, events: int, *, clock: bool = False) 
 
 
 def seal(events: Sequence[EventRow], receipts: Sequence[ReceiptSpec], when: dt.datetime | None, *,
-          build: Any = None, sizes: tuple[int, int] = (0, 0)) -> list[dict[str, Any]]:
+         build: Any = None, sizes: tuple[int, int] = (0, 0)) -> list[dict[str, Any]]:
     """Append ``events`` and ``receipts`` to their chains. Must run inside a phase; locks the head last.
 
     The head's signature is checked before anything is added on top of it: a head moved around
@@ -205,15 +205,15 @@ def opening_events(call: Call, when: dt.datetime, *, with_policy: bool = True) -
     proposed_text = '{"action_hash":"%s","action":%s}' % (action.hash, action.canonical_json)
     events = [
         event_row(EventType.ACTION_PROPOSED, call, call.effect_key,
-               {"action_hash": action.hash, "action": action.canonical()}, call.started_at or when, text=proposed_text),
+                  {"action_hash": action.hash, "action": action.canonical()}, call.started_at or when, text=proposed_text),
     ]
     if call.authority is not None:  # authority (v3) is asked before the policy
         resolved = call.authority.get("reason") == "authority_grant"
         events.append(event_row(EventType.AUTHORITY_RESOLVED if resolved else EventType.AUTHORITY_DENIED, call,
-                             call.effect_key, dict(call.authority), when))
+                                call.effect_key, dict(call.authority), when))
     if with_policy:
         events.append(event_row(EventType.POLICY_EVALUATED, call, call.effect_key,
-                             {"decision": call.decision.value, "reason": call.reason}, when))
+                                {"decision": call.decision.value, "reason": call.reason}, when))
     return events
 
 

@@ -218,7 +218,7 @@ def revoke_delegation(delegation_id: str, revoked_by: str) -> Revoked | None:
             values = objects(DelegationRow).filter(pk=delegation_id).values_list(*_FIELDS).first()
         if changed:
             seal([event_row(EventType.DELEGATION_REVOKED, None, None,
-                          {"delegation_id": delegation_id, "revoked_by": revoked_by}, when)], [], when)
+                            {"delegation_id": delegation_id, "revoked_by": revoked_by}, when)], [], when)
     return Revoked(_delegation(values), bool(changed))
 
 

@@ -11,7 +11,7 @@ import datetime as dt
 import json
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from django.db import connections
@@ -24,7 +24,7 @@ from ..errors import (
 )
 from ..models import Approval, ChainHead, EffectRecord, Event, Receipt
 from ..states import HOLDING_STATES, INITIAL_STATE, TRANSITIONS, Decision, EffectState, EventType, Result, held_lapsed
-from ..values import Call, EventRow, Observation, OutcomeWrite, Pending, Refused, Reserved
+from ..values import Call, EffectView, EventRow, Observation, OutcomeWrite, Pending, Refused, Reserved
 from . import budgets, sql
 from .approvals import (check_presented, consumption_event, give_back, mark_consumed, matching_approval,
                         take_presented)
@@ -88,7 +88,7 @@ def _revoked_refusal(call: Call, when: dt.datetime, events: list[EventRow]) -> R
                             f"while the call was being decided)", reason="authority_revoked",
                             grant_id=call.authority_grant_id, delegation_id=revoked, action_id=call.action.action_id)
     events.append(event_row(EventType.ACTION_DENIED, call, call.effect_key,
-                         {"reason": "authority_revoked", "delegation_id": revoked}, when, call.approval_id))
+                            {"reason": "authority_revoked", "delegation_id": revoked}, when, call.approval_id))
     seal(events, [ReceiptSpec(call, Result.DENIED, None, None, "authority_revoked")], when)
     return Refused(error, None, True, call)
 
@@ -121,7 +121,7 @@ def _start_unkeyed(call: Call, approval: Approval | None, events: list[EventRow]
         events.append(consumption_event(approval, call, when, required=call.decision is Decision.APPROVE))
         mark_consumed(approval, call, when)
     events.append(event_row(EventType.EXECUTION_STARTED, call, None, {"task": call.task, "hop": call.hop}, when,
-                         call.approval_id))
+                            call.approval_id))
     seal(events, [], when)
 
 
@@ -143,35 +143,26 @@ def _refusal_for(record: Any, tampered: bool = False) -> CTRLRunError:
     return AmbiguousEffect(messages.unknown_outcome(key, holder), effect_key=key, action_id=holder)
 
 
-@dataclass
-class _Peek:
-    """The columns a decision needs, read (and locked, on PostgreSQL) without building a model."""
-
-    effect_key: str
-    action: str
-    state: str
-    action_id: str
-    attempt: int
-    lease_expires_at: dt.datetime | None
-    error: str | None
-    resolved_by: str | None
-    pending: str | None
-    mac: str | None
+def _record(effect_key: str, row: Sequence[Any], connection: Any) -> EffectView:
+    """The key's row as ``sql.PEEK_COLUMNS`` reads it, with its signature checked."""
+    (action, state, action_id, attempt, lease, error, resolved_by, failures, after, created, updated, pending,
+     mac) = row
+    lease, after, created, updated = (as_datetime(v, connection) for v in (lease, after, created, updated))
+    view = EffectView(effect_key, action, state, action_id, attempt, lease, error, resolved_by, failures, after,
+                      created, updated, False, pending, mac)
+    return replace(view, signature_ok=True) if effect_ok(view) else view
 
 
-def peek(effect_key: str, *, lock: bool = True) -> _Peek | None:
+def peek(effect_key: str, *, lock: bool = True) -> EffectView | None:
+    """The key's record as a decision reads it (locked, on PostgreSQL), without building a model."""
     connection = connections[alias()]
     suffix = " FOR UPDATE" if lock and connection.features.has_select_for_update else ""  # SQLite: IMMEDIATE
     with statements() as cursor:
         row = cursor.execute(sql.PEEK + suffix, [effect_key]).fetchone()
-    if row is None:
-        return None
-    action, state, action_id, attempt, lease, error, resolved_by, pending, mac = row
-    return _Peek(effect_key, action, state, action_id, attempt, as_datetime(lease, connection), error, resolved_by,
-                 pending, mac)
+    return None if row is None else _record(effect_key, row, connection)
 
 
-def _open_reservation(effect_key: str, when: dt.datetime | None) -> tuple[dt.datetime, _Peek | None]:
+def _open_reservation(effect_key: str, when: dt.datetime | None) -> tuple[dt.datetime, EffectView | None]:
     """The store's time and the key's record (locked), after making sure the chain head is ctrlrun's
     own: one statement. A call must not act when its evidence could not be kept."""
     connection = connections[alias()]
@@ -200,15 +191,11 @@ def _open_reservation(effect_key: str, when: dt.datetime | None) -> tuple[dt.dat
         problem = None
     if problem is not None:
         raise EvidenceTampered(messages.refuses_to_act(problem))
-    if found[0] is None:
-        return when, None
-    action, state, action_id, attempt, lease, error, resolved_by, pending, mac = found
-    return when, _Peek(effect_key, action, state, action_id, attempt, as_datetime(lease, connection), error,
-                       resolved_by, pending, mac)
+    return when, None if found[0] is None else _record(effect_key, found, connection)
 
 
 
-def _rewound(record: _Peek) -> bool:
+def _rewound(record: EffectView) -> bool:
     """Whether the event chain shows this failed record is out of date: a later attempt was reserved, or
     the key was committed. A row put back from before (its signature is genuine) must not license a
     retry; this is read only before a retry renews a failed record, which is rare."""
@@ -226,15 +213,14 @@ def _rewound(record: _Peek) -> bool:
     return False
 
 
-def lapse(record: _Peek, when: dt.datetime, events: list[EventRow], receipts: list[ReceiptSpec]) -> None:
+def lapse(record: EffectView, when: dt.datetime, events: list[EventRow], receipts: list[ReceiptSpec]) -> EffectView:
     """A held record whose lease ran out: nobody knows what its worker did. Mark it ambiguous, and
-    write what the worker could not: its opening events, its ambiguous event and its receipt."""
+    write what the worker could not: its opening events, its ambiguous event and its receipt. Returns
+    the record as it now stands."""
+    mac = effect_mac(record.effect_key, record.action, S.AMBIGUOUS, record.action_id, record.attempt, None, None, None)
     with statements() as cursor:
         move_effect(cursor, sql.EFFECT_LAPSE, S.EXECUTING, S.AMBIGUOUS, [
-            LEASE_LAPSED_ERROR, time_param(connections[alias()])(when),
-            effect_mac(record.effect_key, record.action, S.AMBIGUOUS, record.action_id, record.attempt, None, None,
-                        None),
-            record.effect_key])
+            LEASE_LAPSED_ERROR, time_param(connections[alias()])(when), mac, record.effect_key])
     dead: Call | None = None
     if record.pending:
         dead, _, waiting = unstash(record.pending)
@@ -242,15 +228,16 @@ def lapse(record: _Peek, when: dt.datetime, events: list[EventRow], receipts: li
     else:
         dead = call_from_events(record.action_id, record.effect_key)
     events.append(event_row(EventType.EXECUTION_AMBIGUOUS, record.action_id, record.effect_key,
-                         {"error": LEASE_LAPSED_ERROR, "reason": "lease_expired"}, when,
-                         dead.approval_id if dead else None))
+                            {"error": LEASE_LAPSED_ERROR, "reason": "lease_expired"}, when,
+                            dead.approval_id if dead else None))
     if dead is not None:
         receipts.append(ReceiptSpec(dead, Result.AMBIGUOUS, LEASE_LAPSED_ERROR, record.attempt,
-                                     would_have=dict(dead.would_have) if dead.would_have else None))
+                                    would_have=dict(dead.would_have) if dead.would_have else None))
     else:
         logger.warning("effect %s (attempt %s) was swept, but its call could not be rebuilt from the evidence: no "
                        "receipt was written for it", record.effect_key, record.attempt)
-    record.state, record.error, record.lease_expires_at, record.pending = S.AMBIGUOUS, LEASE_LAPSED_ERROR, None, None
+    return replace(record, state=S.AMBIGUOUS, error=LEASE_LAPSED_ERROR, lease_expires_at=None, pending=None, mac=mac,
+                   updated_at=when)
 
 
 def _insert_fresh(call: Call, when: dt.datetime, lease_until: dt.datetime, pending: Pending) -> bool:
@@ -269,7 +256,7 @@ def _insert_fresh(call: Call, when: dt.datetime, lease_until: dt.datetime, pendi
         return cursor.fetchone() is not None
 
 
-def _renew(record: _Peek, call: Call, attempt: int, when: dt.datetime, lease_until: dt.datetime,
+def _renew(record: EffectView, call: Call, attempt: int, when: dt.datetime, lease_until: dt.datetime,
            pending: Pending) -> None:
     """failed -> executing: the only automatic retry hands the key to this call at ``attempt``."""
     adapt = time_param(connections[alias()])
@@ -288,20 +275,20 @@ def _taking_events(call: Call, attempt: int, when: dt.datetime, lease_until: dt.
         events.append(consumption_event(approval, call, when, required=call.decision is Decision.APPROVE))
     events += [
         event_row(EventType.EFFECT_RESERVED, call, call.effect_key,
-               {"attempt": attempt, "lease_expires_at": evidence_time(lease_until)}, when, call.approval_id),
+                  {"attempt": attempt, "lease_expires_at": evidence_time(lease_until)}, when, call.approval_id),
         event_row(EventType.EXECUTION_STARTED, call, call.effect_key, {"task": call.task, "hop": call.hop}, when,
-               call.approval_id),
+                  call.approval_id),
     ]
     return events
 
 
-def _over_ceiling(record: _Peek | None, max_attempts: int | None) -> bool:
+def _over_ceiling(record: EffectView | None, max_attempts: int | None) -> bool:
     """Whether renewing ``record`` (a failed key) would run attempt ``max_attempts + 1`` or later."""
     return (max_attempts is not None and record is not None and record.state == S.FAILED
             and record.attempt + 1 > max_attempts)
 
 
-def _ceiling_refusal(call: Call, record: _Peek, max_attempts: int, when: dt.datetime,
+def _ceiling_refusal(call: Call, record: EffectView, max_attempts: int, when: dt.datetime,
                      events: list[EventRow]) -> Refused:
     """Refuse attempt ``record.attempt + 1`` of a key whose policy allows ``max_attempts``: the event, a
     ``blocked`` receipt at the refused attempt, the row left failed as it is. Sealed here."""
@@ -309,8 +296,8 @@ def _ceiling_refusal(call: Call, record: _Peek, max_attempts: int, when: dt.date
     error = ActionDenied(messages.attempt_ceiling(call.action.name, call.effect_key, attempt, max_attempts),
                          reason="attempt_ceiling", action_id=call.action.action_id)
     events.append(event_row(EventType.EFFECT_RESERVATION_REFUSED, call, call.effect_key,
-                         {"reason": "attempt_ceiling", "attempt": attempt, "max_attempts": max_attempts}, when,
-                         call.approval_id))
+                            {"reason": "attempt_ceiling", "attempt": attempt, "max_attempts": max_attempts}, when,
+                            call.approval_id))
     seal(events, [ReceiptSpec(call, Result.BLOCKED, str(error), attempt)], when)
     return Refused(error, attempt, True, call)
 
@@ -328,10 +315,10 @@ def _budget_refusal(call: Call, when: dt.datetime, events: list[EventRow]) -> Re
                                                    charge.limit, charge.amount),
                          reason="budget_exhausted", action_id=call.action.action_id)
     events.append(event_row(EventType.ACTION_DENIED, denied, denied.effect_key,
-                         {"reason": "budget_exhausted", "grant_id": charge.grant_id, "metric": charge.metric,
-                          "window": charge.window_seconds}, when, denied.approval_id))
+                            {"reason": "budget_exhausted", "grant_id": charge.grant_id, "metric": charge.metric,
+                             "window": charge.window_seconds}, when, denied.approval_id))
     seal(events, [ReceiptSpec(denied, Result.DENIED, str(error), None, "budget_exhausted",
-                                decision=Decision.DENY)], when)
+                              decision=Decision.DENY)], when)
     return Refused(error, None, True, denied)
 
 
@@ -406,7 +393,7 @@ def reserve(call: Call, lease: dt.timedelta, *, opening: bool, hold_ambiguous: b
         tampered = False
         lapsed = held_lapsed(record.state, record.lease_expires_at, when)
         if record.state == S.FAILED or lapsed:
-            tampered = not effect_ok(record) or (record.state == S.FAILED and _rewound(record))
+            tampered = not record.signature_ok or (record.state == S.FAILED and _rewound(record))
         if record.state == S.FAILED and not tampered:
             attempt = record.attempt + 1
             if max_attempts is not None and attempt > max_attempts:  # lost a race to the last attempt
@@ -424,7 +411,7 @@ def reserve(call: Call, lease: dt.timedelta, *, opening: bool, hold_ambiguous: b
         lapsed_events: list[EventRow] = []
         lapsed_receipts: list[ReceiptSpec] = []
         if lapsed and not tampered:
-            lapse(record, when, lapsed_events, lapsed_receipts)  # kept even though this attempt is refused
+            record = lapse(record, when, lapsed_events, lapsed_receipts)  # kept even though this attempt is refused
         error = _refusal_for(record, tampered)
         call = replace(call, budget_charges=())  # refused: nothing charged
         if tampered:
@@ -434,7 +421,7 @@ def reserve(call: Call, lease: dt.timedelta, *, opening: bool, hold_ambiguous: b
             seal([*lapsed_events, *events], lapsed_receipts, when)
             return Refused(error, record.attempt, False, call)
         seal([*lapsed_events, *events, _refusal_event(call, error, when)],
-              [*lapsed_receipts, ReceiptSpec(call, Result.BLOCKED, str(error), record.attempt)], when)
+             [*lapsed_receipts, ReceiptSpec(call, Result.BLOCKED, str(error), record.attempt)], when)
         return Refused(error, record.attempt, True, call)
 
 
@@ -451,7 +438,7 @@ def record_refusal(refused: Refused) -> None:
     with write_phase() as when:
         call = refused.call
         seal([_refusal_event(call, refused.error, when)],
-              [ReceiptSpec(call, Result.BLOCKED, str(refused.error), refused.attempt or 1)], when)
+             [ReceiptSpec(call, Result.BLOCKED, str(refused.error), refused.attempt or 1)], when)
 
 
 def _problem_name(error: CTRLRunError) -> str:
@@ -500,7 +487,7 @@ def observe_begin(call: Call, lease: dt.timedelta, *, presented: str | None = No
         lease_until = when + lease
         attempt = 1 if record is None else record.attempt + 1
         taking = record is None or (record.state == S.FAILED and not _over_ceiling(record, max_attempts)
-                                    and effect_ok(record) and not _rewound(record))
+                                    and record.signature_ok and not _rewound(record))
         # Budgets are read as enforcement would (when the key would be taken), but nothing is charged:
         # observe mode writes no ledger rows.
         budget = taking and bool(charges) and budgets.exhausted(charges, when, lock=False) is not None
@@ -529,13 +516,13 @@ def observe_begin(call: Call, lease: dt.timedelta, *, presented: str | None = No
         # row (failed, or held past its lease); a committed or live-held key is refused as such.
         lapsed = held_lapsed(record.state, record.lease_expires_at, when)
         tampered = (record.state == S.FAILED or lapsed) and (
-            not effect_ok(record) or (record.state == S.FAILED and _rewound(record)))
+            not record.signature_ok or (record.state == S.FAILED and _rewound(record)))
         if ceiling:
             refused = {"reason": "attempt_ceiling", "attempt": record.attempt + 1, "max_attempts": max_attempts}
             reservation = None
         else:
             if lapsed and not tampered:
-                lapse(record, when, lapsed_events, lapsed_receipts)
+                record = lapse(record, when, lapsed_events, lapsed_receipts)
             error = _refusal_for(record, tampered)
             refused = _refusal_event(call, error, when).data
             reservation = _problem_name(error)
@@ -622,7 +609,7 @@ def record_outcome(call: Call, attempt: int | None, result: Result, *, error: st
                     moved, at = row is not None, row[0] if row is not None else None
                 else:
                     move_effect(cursor, sql.OUTCOME_UPDATE_AT, held, state,
-                          [*fields, time_param(cursor.connection)(when), *holder])
+                                [*fields, time_param(cursor.connection)(when), *holder])
                     moved, at = cursor.rowcount == 1, when
                 if moved:
                     returned: list[EventRow] = []
@@ -630,7 +617,7 @@ def record_outcome(call: Call, attempt: int | None, result: Result, *, error: st
                         budgets.release(key, attempt, at)
                         if call.approval_id is not None:
                             returned = give_back(call.approval_id, key, call.action.action_id, attempt, at,
-                                                  {"reason": "not_executed", "error": error})
+                                                 {"reason": "not_executed", "error": error})
                     waiting = call.pending.events if call.pending and held is S.EXECUTING else ()
                     seal([*waiting, outcome(at), *returned], receipts(), at)
                     return OutcomeWrite(True)
@@ -639,7 +626,7 @@ def record_outcome(call: Call, attempt: int | None, result: Result, *, error: st
         refusal = _outcome_refusal(key, record)
         why = messages.outcome_refused(result.value, error, str(refusal))
         seal([event_row(EventType.EXECUTION_AMBIGUOUS, call, key, {"error": why}, when, call.approval_id)],
-              [ReceiptSpec(call, Result.AMBIGUOUS, why, attempt, would_have=would_have)], when)
+             [ReceiptSpec(call, Result.AMBIGUOUS, why, attempt, would_have=would_have)], when)
         return OutcomeWrite(False, refusal)
 
 

@@ -46,7 +46,7 @@ def effect_view(record: EffectRecord) -> EffectView:
         attempt=record.attempt, lease_expires_at=record.lease_expires_at, error=record.error,
         resolved_by=record.resolved_by, reconcile_failures=record.reconcile_failures,
         reconcile_after=record.reconcile_after, created_at=record.created_at, updated_at=record.updated_at,
-        signature_ok=effect_ok(record),
+        signature_ok=effect_ok(record), pending=record.pending, mac=record.mac,
     )
 
 
@@ -664,7 +664,7 @@ def overview() -> Overview:
             tampered_approvals=len(waiting) - sum(waiting),
             ambiguous_effects=objects(EffectRecord).filter(state=S.AMBIGUOUS).count(),
             lapsed_leases=objects(EffectRecord).filter(state__in=HOLDING_STATES,
-                                                  lease_expires_at__lte=cutoff).count(),
+                                                       lease_expires_at__lte=cutoff).count(),
             # The head's position, not COUNT(*): one indexed read on any size of store (the two
             # differ only when rows were removed or added around ctrlrun, which a check names).
             receipts=objects(ChainHead).filter(pk=1).values_list("seq", flat=True).first() or 0,

@@ -136,7 +136,7 @@ def release_paused_run(approval_id: str, *, by: str, reason: str | None, older_t
                 f"{_seconds(older_than)} (CTRLRUN_RESUME_RELEASE_AFTER_SECONDS); its process may still be running")
         claim = f"{row.claimed_by or '?'} at {when_text(claimed_at)}"[:300]
         moved = objects(PausedRun).filter(pk=row.pk, status=PausedRun.RESUMING, claimed_by=row.claimed_by,
-                                     claimed_at=claimed_at).update(
+                                          claimed_at=claimed_at).update(
             status=PausedRun.PENDING, released_by=by[:200], released_at=now, release_reason=reason,
             released_claim=claim)
         if moved != 1:  # pragma: no cover - the row moved between our read and our update

@@ -51,7 +51,7 @@ def budget_calls(grant_id: str, metric: str, window_seconds: int, now: dt.dateti
             consumed_at__gt=now - dt.timedelta(seconds=window_seconds), consumed_at__lte=now)
         total = rows.count()
         shown = list(rows.order_by("-consumed_at", "-id").values_list("effect_key", "attempt", "amount",
-                                                                       "consumed_at")[:limit])
+                                                                      "consumed_at")[:limit])
         keys = {key for key, _attempt, _amount, _at in shown}
         records = {key: (state, attempt, action_id) for key, state, attempt, action_id in
                    objects(EffectRecord).filter(pk__in=keys).values_list("effect_key", "state", "attempt", "action_id")}

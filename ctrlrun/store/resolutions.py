@@ -35,7 +35,7 @@ def _move_ambiguous(record: EffectRecord, state: EffectState, resolver: str, whe
     record.reconcile_after = None
     record.updated_at = when
     record.mac = effect_mac(record.effect_key, record.action, state, record.action_id, record.attempt, None,
-                             resolver, None)
+                            resolver, None)
     with statements() as cursor:
         move_effect(cursor, sql.EFFECT_RESOLVE, S.AMBIGUOUS, state, [
             record.error, resolver, time_param(connections[alias()])(when), record.mac, record.effect_key])
@@ -67,9 +67,9 @@ def record_reconciliation(effect_key: str, action_id: str | None, resolver: str,
         record = objects(EffectRecord).select_for_update().filter(pk=effect_key).first()
         events = [
             event_row(EventType.RECONCILIATION_STARTED, action_id, effect_key,
-                   {"effect_key": effect_key, "trigger": trigger,
-                    **({"requested_by": requested_by} if requested_by else {})},
-                   when - dt.timedelta(seconds=max(answer.duration, 0.0))),
+                      {"effect_key": effect_key, "trigger": trigger,
+                       **({"requested_by": requested_by} if requested_by else {})},
+                      when - dt.timedelta(seconds=max(answer.duration, 0.0))),
             event_row(EventType.RECONCILIATION_RESOLVED, action_id, effect_key, answer.data(), when),
         ]
         if record is None or record.state != S.AMBIGUOUS or record.attempt != attempt or not effect_ok(record):
@@ -86,10 +86,10 @@ def record_reconciliation(effect_key: str, action_id: str | None, resolver: str,
             _move_ambiguous(record, state, resolver, when)
             moved = state.value
             events.append(event_row(EventType.EFFECT_RESOLVED, action_id, effect_key,
-                                 {"state": state.value, "resolver": resolver, "resolved_by": "reconcile"}, when))
+                                    {"state": state.value, "resolver": resolver, "resolved_by": "reconcile"}, when))
             if state is S.FAILED:  # the hook says it never happened: the approval it used is given back
                 events += give_back(None, effect_key, record.action_id, record.attempt, when,
-                                     {"reason": "reconcile_not_executed", "resolver": resolver})
+                                    {"reason": "reconcile_not_executed", "resolver": resolver})
         else:
             first, cap = conf.reconcile_backoff()
             delay = min(first * (2 ** min(record.reconcile_failures, 30)), cap)
@@ -97,7 +97,7 @@ def record_reconciliation(effect_key: str, action_id: str | None, resolver: str,
             record.reconcile_after = when + delay
             with statements() as cursor:
                 move_effect(cursor, sql.RECONCILE_BACKOFF, S.AMBIGUOUS, S.AMBIGUOUS,
-                      [time_param(connections[alias()])(record.reconcile_after), effect_key])
+                            [time_param(connections[alias()])(record.reconcile_after), effect_key])
         receipts = [] if receipt_for is None else [
             ReceiptSpec(receipt_for, Result.AMBIGUOUS, receipt_error, receipt_attempt, would_have=receipt_would_have)]
         seal(events, receipts, when)
@@ -157,7 +157,7 @@ def sweep_lapsed(action: str | None = None, effect_key: str | None = None) -> li
             record = peek(key)
             if record is None or record.state != S.EXECUTING or record.lease_expires_at > when:
                 continue  # its worker finished or renewed, or someone else swept it, meanwhile
-            if not effect_ok(record):
+            if not record.signature_ok:
                 logger.error("effect %s has a lapsed lease, but %s; it is not swept", key, messages.TAMPERED_HINT)
                 continue
             events: list[EventRow] = []

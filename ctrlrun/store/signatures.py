@@ -38,13 +38,13 @@ def _effect_fields(key: str, action: str, state: str, action_id: str, attempt: i
 
 
 def effect_mac(key: str, action: str, state: str, action_id: str, attempt: int, lease: dt.datetime | None,
-                resolved_by: str | None, pending: str | None) -> str:
+               resolved_by: str | None, pending: str | None) -> str:
     return signing.sign(EFFECT_DOMAIN, _effect_fields(key, action, state, action_id, attempt, lease, resolved_by,
                                                       pending))
 
 
 def effect_ok(row: Any) -> bool:
-    """Whether an effect record (model or peek) carries ctrlrun's signature of its deciding fields."""
+    """Whether an effect record (model or view) carries ctrlrun's signature of its deciding fields."""
     return _signed_ok(EFFECT_DOMAIN, lambda r: _effect_fields(
         r.effect_key, r.action, r.state, r.action_id, r.attempt, r.lease_expires_at, r.resolved_by, r.pending), row)
 
@@ -106,7 +106,7 @@ def trust_head(seq: int, hash_: str, event_seq: int, event_hash_: str, mac: str 
 
 
 def head_problem(seq: int, hash_: str, event_seq: int, event_hash_: str, mac: str | None,
-                  key_id: str | None) -> str | None:
+                 key_id: str | None) -> str | None:
     """Why the head row cannot be trusted, or None. A fresh head (genesis, never signed) is fine."""
     if (alias(), seq, hash_, event_seq, event_hash_, mac, key_id) in _trusted_heads:
         return None

@@ -46,7 +46,8 @@ RECEIPT_INSERT = ('INSERT INTO "ctrlrun_receipt" ("receipt_id","seq","action_id"
 # --------------------------------------------------------------------------- reading a record
 
 #: The columns a decision needs from an effect record.
-PEEK_COLUMNS = '"action","state","action_id","attempt","lease_expires_at","error","resolved_by","pending","mac"'
+PEEK_COLUMNS = ('"action","state","action_id","attempt","lease_expires_at","error","resolved_by","reconcile_failures",'
+                '"reconcile_after","created_at","updated_at","pending","mac"')
 
 #: One effect record's deciding columns (``FOR UPDATE`` added where the database has it).
 PEEK = f'SELECT {PEEK_COLUMNS} FROM "ctrlrun_effectrecord" WHERE "effect_key" = %s'

@@ -146,7 +146,7 @@ def test_the_one_state_write_refuses_a_pair_not_in_the_table(source, target):
     with store.base.write_phase() as when, store.base.statements() as cursor:
         with pytest.raises(IllegalTransition) as caught:
             store.effects.move_effect(cursor, store.sql.EFFECT_LAPSE, source, target,
-                                ["boom", store.base.time_param(connection)(when), "mac", "refund:held"])
+                                      ["boom", store.base.time_param(connection)(when), "mac", "refund:held"])
     assert (caught.value.source, caught.value.target) == (source.value, target.value)
     assert state("refund:held") == ("executing", 1)
 
