@@ -32,17 +32,10 @@ from ..errors import InvalidArgument
 from ..models import BudgetLedger, EffectRecord
 from ..states import EffectState
 from ..values import Charge
+from . import sql
 from .base import as_datetime, read_clock, statements, alias, objects, reading, time_param
 from .signatures import ledger_mac
 
-TABLE = BudgetLedger._meta.db_table
-_SPENT = (f'SELECT COALESCE(SUM("amount"), 0) FROM "{TABLE}" WHERE "grant_id" = %s AND "metric" = %s '
-          f'AND "released_at" IS NULL AND "consumed_at" > %s')
-_INSERT = (f'INSERT INTO "{TABLE}" ("grant_id", "metric", "amount", "effect_key", "attempt", "consumed_at", '
-           f'"released_at", "mac") VALUES ')
-_HELD = (f'SELECT "id", "grant_id", "metric", "amount", "consumed_at" FROM "{TABLE}" WHERE "effect_key" = %s '
-         f'AND "attempt" = %s AND "released_at" IS NULL')
-_RELEASE = f'UPDATE "{TABLE}" SET "released_at" = %s, "mac" = %s WHERE "id" = %s AND "released_at" IS NULL'
 
 
 
@@ -75,12 +68,12 @@ def _lock(charges: Sequence[Charge]) -> None:
     pairs = sorted({(c.grant_id, c.metric) for c in charges})
     with statements() as cursor:
         for grant_id, metric in pairs:
-            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [lock_key(grant_id, metric)]).fetchone()
+            cursor.execute(sql.BUDGET_LOCK, [lock_key(grant_id, metric)]).fetchone()
 
 
 def _spent(cursor: Any, adapt: Any, charge: Charge, when: dt.datetime) -> int:
     since = when - dt.timedelta(seconds=charge.window_seconds)
-    return int(cursor.execute(_SPENT, [charge.grant_id, charge.metric, adapt(since)]).fetchone()[0])
+    return int(cursor.execute(sql.LEDGER_SPENT, [charge.grant_id, charge.metric, adapt(since)]).fetchone()[0])
 
 
 def exhausted(charges: Sequence[Charge], when: dt.datetime, *, lock: bool = True) -> tuple[Charge, int] | None:
@@ -109,7 +102,7 @@ def charge(charges: Sequence[Charge], effect_key: str, attempt: int, when: dt.da
         params += [row.grant_id, row.metric, row.amount, effect_key, attempt, stamp, None,
                    ledger_mac(row.grant_id, row.metric, row.amount, effect_key, attempt, when, None)]
     with statements() as cursor:
-        cursor.execute(_INSERT + ",".join(["(%s,%s,%s,%s,%s,%s,%s,%s)"] * len(rows)), params)
+        cursor.execute(sql.LEDGER_INSERT + sql.value_rows(8, len(rows)), params)
 
 
 def release(effect_key: str, attempt: int, when: dt.datetime) -> int:
@@ -120,10 +113,10 @@ def release(effect_key: str, attempt: int, when: dt.datetime) -> int:
     stamp = time_param(connection)(when)
     released = 0
     with statements() as cursor:
-        held = cursor.execute(_HELD, [effect_key, attempt]).fetchall()
+        held = cursor.execute(sql.LEDGER_HELD, [effect_key, attempt]).fetchall()
         for ident, grant_id, metric, amount, consumed_at in held:
             mac = ledger_mac(grant_id, metric, amount, effect_key, attempt, as_datetime(consumed_at, connection), when)
-            released += cursor.execute(_RELEASE, [stamp, mac, ident]).rowcount
+            released += cursor.execute(sql.LEDGER_RELEASE, [stamp, mac, ident]).rowcount
     return released
 
 

@@ -178,8 +178,8 @@ def seal(events: Sequence[EventRow], receipts: Sequence[ReceiptSpec], when: dt.d
             prev = digest
         head_mac = signing.sign(HEAD_DOMAIN, head_document(seq, prev, event_seq, event_prev, signing.key_id()))
         head_params = [prev, event_prev, head_mac, signing.key_id()]
-        event_sql = sql.EVENT_INSERT + ",".join(["(%s,%s,%s,%s,%s,%s,%s,%s,%s)"] * len(events))
-        receipt_sql = sql.RECEIPT_INSERT + ",".join(["(%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)"] * len(docs))
+        event_sql = sql.EVENT_INSERT + sql.value_rows(9, len(events))
+        receipt_sql = sql.RECEIPT_INSERT + sql.value_rows(12, len(docs))
         if postgres:  # one round trip: data-modifying CTEs all run, referenced or not
             parts = [f"{name} AS ({sql})" for name, sql, rows in (("e", event_sql, events), ("r", receipt_sql, docs))
                      if rows]

@@ -32,13 +32,13 @@ from ..errors import InvalidArgument
 from ..models import Delegation as DelegationRow
 from ..policy import grant_from_json, grant_json
 from ..states import EventType
+from . import sql
 from .base import as_datetime, statements, alias, write_phase, objects, reading
 from .chain import event_row, seal
 from .signatures import delegation_mac, delegation_ok
 
 _ID = re.compile(r"dlg_[0-9a-f]{32}\Z")
-_FIELDS = ("delegation_id", "parent_id", "depth", "grant_json", "agent", "created_by_agent", "created_by_user",
-           "created_via", "created_at", "revoked_at", "revoked_by", "mac")
+_FIELDS = sql.DELEGATION_COLUMNS
 #: Grants read back from rows, by (id, grant_json): the same text always reads the same grant.
 _parsed: dict[tuple[str, str], Grant | str] = {}
 
@@ -108,15 +108,11 @@ def list_delegations() -> list[Delegation]:
         return _all()
 
 
-_TABLE = DelegationRow._meta.db_table
-_COLUMNS = ", ".join(f'"d"."{c}"' for c in _FIELDS)
-
-
-def _select(sql: str, params: list[Any]) -> list[Delegation]:
-    """Delegations by raw SQL (``_COLUMNS`` first), their times read as the ORM reads them."""
+def _select(statement: str, params: list[Any]) -> list[Delegation]:
+    """Delegations by raw SQL (``sql.DELEGATION_COLUMNS`` first), their times read as the ORM reads them."""
     connection = connections[alias()]
     with statements() as cursor:
-        rows = cursor.execute(sql, params).fetchall()
+        rows = cursor.execute(statement, params).fetchall()
     out = []
     for row in rows:
         values = list(row)
@@ -127,21 +123,13 @@ def _select(sql: str, params: list[Any]) -> list[Delegation]:
 
 
 def _with_ancestors(start: str, params: list[Any]) -> list[Delegation]:
-    """The rows ``start`` (a condition on ``"d"``) selects, and every ancestor of theirs, in creation
-    order: one statement (a recursive walk up ``parent_id``; UNION ends a cycle written around ctrlrun)."""
-    return _select(f'WITH RECURSIVE "up"("id") AS (SELECT CAST("d"."delegation_id" AS TEXT) FROM "{_TABLE}" AS "d" '
-                   f'WHERE {start} UNION SELECT CAST("d"."parent_id" AS TEXT) FROM "{_TABLE}" AS "d" JOIN "up" ON "d"."delegation_id" = "up"."id") '
-                   f'SELECT {_COLUMNS} FROM "{_TABLE}" AS "d" WHERE "d"."delegation_id" IN (SELECT "id" FROM "up") '
-                   f'ORDER BY "d"."created_at", "d"."delegation_id"', params)
+    """The rows ``start`` (a condition on ``"d"``) selects, and every ancestor of theirs (one statement)."""
+    return _select(sql.delegations_up(start), params)
 
 
 def _beneath(ident: str) -> list[Delegation]:
-    """The rows below ``ident`` (a recursive walk down ``parent_id``, through its index), in creation order."""
-    return _select(f'WITH RECURSIVE "down"("id") AS (SELECT CAST("d"."delegation_id" AS TEXT) FROM "{_TABLE}" AS "d" '
-                   f'WHERE "d"."parent_id" = %s UNION SELECT CAST("d"."delegation_id" AS TEXT) FROM "{_TABLE}" AS "d" JOIN "down" ON '
-                   f'"d"."parent_id" = "down"."id") SELECT {_COLUMNS} FROM "{_TABLE}" AS "d" WHERE '
-                   f'"d"."delegation_id" IN (SELECT "id" FROM "down") ORDER BY "d"."created_at", "d"."delegation_id"',
-                   [ident])
+    """The rows below ``ident``, in creation order."""
+    return _select(sql.DELEGATIONS_DOWN, [ident])
 
 
 def delegations_for(agent: str, hop: str | None = None) -> list[Delegation]:
@@ -247,13 +235,9 @@ def revoked_beneath(call_delegations: tuple[str, ...]) -> str | None:
     and then seen: a call either takes its key before the revoke commits, or is refused after it."""
     if not call_delegations:
         return None
-    connection = connections[alias()]
-    table = connection.ops.quote_name(DelegationRow._meta.db_table)
-    marks = ", ".join(["%s"] * len(call_delegations))
-    suffix = " FOR SHARE" if connection.vendor == "postgresql" else ""
+    lock = " FOR SHARE" if connections[alias()].vendor == "postgresql" else ""
     with statements() as cursor:
-        rows = cursor.execute(f'SELECT "delegation_id", "revoked_at" FROM {table} WHERE "delegation_id" IN ({marks})'
-                              f' ORDER BY "delegation_id"{suffix}', list(call_delegations)).fetchall()
+        rows = cursor.execute(sql.delegations_revoked(len(call_delegations), lock), list(call_delegations)).fetchall()
     found = {ident: revoked for ident, revoked in rows}
     for ident in call_delegations:  # in chain order: the nearest revoked one is named
         if ident not in found or found[ident] is not None:

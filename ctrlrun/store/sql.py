@@ -3,7 +3,10 @@
 An allowed call with an effect key runs, in order: ``OPEN_SQLITE``/``OPEN_POSTGRESQL`` (the key's
 record, locked, with the chain head), ``EFFECT_INSERT`` (or ``EFFECT_RENEW``), then while the
 function runs ``LEASE_RENEW``, then ``OUTCOME_UPDATE_AT``/``OUTCOME_UPDATE_NOW``, ``HEAD_TAKE``,
-``EVENT_INSERT`` + ``RECEIPT_INSERT`` and ``HEAD_MOVE`` (one statement on PostgreSQL).
+``EVENT_INSERT`` + ``RECEIPT_INSERT`` and ``HEAD_MOVE`` (one statement on PostgreSQL). A call on a
+budget adds ``BUDGET_LOCK`` (PostgreSQL), ``LEDGER_SPENT`` and ``LEDGER_INSERT`` to its reservation
+(``LEDGER_HELD``/``LEDGER_RELEASE`` when the attempt fails); a call by a delegated agent adds
+``delegations_up`` (its delegations and their ancestors) and ``delegations_revoked``.
 
 Parameters are ``%s`` (the raw cursor turns them into SQLite's ``?``). Every statement that writes
 an effect record's state takes the target state as its FIRST parameter and (except the insert,
@@ -16,7 +19,15 @@ __all__ = [
     "CLOCK", "HEAD_TAKE", "HEAD_CREATE", "HEAD_MOVE", "EVENT_INSERT", "RECEIPT_INSERT", "PEEK_COLUMNS", "PEEK",
     "OPEN_POSTGRESQL", "OPEN_SQLITE", "EFFECT_INSERT", "EFFECT_RENEW", "LEASE_RENEW", "EFFECT_LAPSE",
     "OUTCOME_UPDATE_NOW", "OUTCOME_UPDATE_AT", "EFFECT_RESOLVE", "RECONCILE_BACKOFF", "LATER_HISTORY",
+    "BUDGET_LOCK", "LEDGER_SPENT", "LEDGER_INSERT", "LEDGER_HELD", "LEDGER_RELEASE", "DELEGATION_COLUMNS",
+    "delegations_up", "DELEGATIONS_DOWN", "delegations_revoked", "value_rows",
 ]
+
+
+def value_rows(width: int, count: int) -> str:
+    """``count`` groups of ``width`` parameters, for a multi-row ``... VALUES `` statement."""
+    return ",".join(["(" + ",".join(["%s"] * width) + ")"] * count)
+
 
 # --------------------------------------------------------------------------- the clock and the chain head
 
@@ -119,3 +130,54 @@ EFFECT_RESOLVE = (
 RECONCILE_BACKOFF = (
     'UPDATE "ctrlrun_effectrecord" SET "state" = %s, "reconcile_failures" = "reconcile_failures" + 1, '
     '"reconcile_after" = %s WHERE "effect_key" = %s AND "state" = %s')
+
+# --------------------------------------------------------------------------- budgets (the ledger)
+
+#: PostgreSQL: one (grant, metric)'s budget, locked until the phase ends (SQLite: BEGIN IMMEDIATE).
+BUDGET_LOCK = "SELECT pg_advisory_xact_lock(%s)"
+
+#: What a (grant, metric) has spent since %s: its charges not released.
+LEDGER_SPENT = ('SELECT COALESCE(SUM("amount"), 0) FROM "ctrlrun_budgetledger" WHERE "grant_id" = %s AND '
+                '"metric" = %s AND "released_at" IS NULL AND "consumed_at" > %s')
+
+#: An attempt's charges: the caller adds ``value_rows(8, n)``.
+LEDGER_INSERT = ('INSERT INTO "ctrlrun_budgetledger" ("grant_id", "metric", "amount", "effect_key", "attempt", '
+                 '"consumed_at", "released_at", "mac") VALUES ')
+
+#: An attempt's charges still held.
+LEDGER_HELD = ('SELECT "id", "grant_id", "metric", "amount", "consumed_at" FROM "ctrlrun_budgetledger" WHERE '
+               '"effect_key" = %s AND "attempt" = %s AND "released_at" IS NULL')
+
+#: Release one charge (the guard lets a row get released_at once, nothing else).
+LEDGER_RELEASE = ('UPDATE "ctrlrun_budgetledger" SET "released_at" = %s, "mac" = %s WHERE "id" = %s AND '
+                  '"released_at" IS NULL')
+
+# --------------------------------------------------------------------------- delegations
+
+DELEGATION_COLUMNS = ("delegation_id", "parent_id", "depth", "grant_json", "agent", "created_by_agent",
+                      "created_by_user", "created_via", "created_at", "revoked_at", "revoked_by", "mac")
+_D_COLUMNS = ", ".join(f'"d"."{c}"' for c in DELEGATION_COLUMNS)
+
+
+def delegations_up(start: str) -> str:
+    """The rows ``start`` (a condition on ``"d"``) selects and every ancestor of theirs, in creation
+    order: a recursive walk up ``parent_id`` (UNION ends a cycle written around ctrlrun)."""
+    return ('WITH RECURSIVE "up"("id") AS (SELECT CAST("d"."delegation_id" AS TEXT) FROM "ctrlrun_delegation" AS "d" '
+            f'WHERE {start} UNION SELECT CAST("d"."parent_id" AS TEXT) FROM "ctrlrun_delegation" AS "d" JOIN "up" '
+            f'ON "d"."delegation_id" = "up"."id") SELECT {_D_COLUMNS} FROM "ctrlrun_delegation" AS "d" WHERE '
+            '"d"."delegation_id" IN (SELECT "id" FROM "up") ORDER BY "d"."created_at", "d"."delegation_id"')
+
+
+#: The rows below the delegation %s: a recursive walk down ``parent_id``, through its index.
+DELEGATIONS_DOWN = (
+    'WITH RECURSIVE "down"("id") AS (SELECT CAST("d"."delegation_id" AS TEXT) FROM "ctrlrun_delegation" AS "d" '
+    'WHERE "d"."parent_id" = %s UNION SELECT CAST("d"."delegation_id" AS TEXT) FROM "ctrlrun_delegation" AS "d" '
+    f'JOIN "down" ON "d"."parent_id" = "down"."id") SELECT {_D_COLUMNS} FROM "ctrlrun_delegation" AS "d" WHERE '
+    '"d"."delegation_id" IN (SELECT "id" FROM "down") ORDER BY "d"."created_at", "d"."delegation_id"')
+
+
+def delegations_revoked(count: int, lock: str) -> str:
+    """Whether each of ``count`` delegations is revoked, ``lock`` appended (the database's share lock)."""
+    marks = ", ".join(["%s"] * count)
+    return (f'SELECT "delegation_id", "revoked_at" FROM "ctrlrun_delegation" WHERE "delegation_id" IN ({marks}) '
+            f'ORDER BY "delegation_id"{lock}')
