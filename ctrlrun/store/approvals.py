@@ -23,7 +23,7 @@ from ..identity import same_person
 from ..models import Approval
 from ..states import ApprovalStatus, Decision, EventType, Result, approval_lapsed, can_move_approval
 from ..values import ApprovalView, Call, EventRow, Refused
-from .base import alias, write_phase, objects, reading
+from .base import alias, objects, reading, write_phase
 from .chain import event_row, opening_events, ReceiptSpec, seal, started_call
 from .signatures import approval_ok, sign_approval
 

@@ -1,4 +1,5 @@
-"""The store's plumbing: which database, the clock, one phase, one read, the raw hot-path cursor.
+"""The store's plumbing: which database (and its dialect), the clock, one phase, one read, the raw
+hot-path cursor.
 
 Every other module of the store reaches the database through these: ``alias()`` is the one place
 the alias is read (``using()`` overrides it for a block), ``write_phase`` the one way a write
@@ -21,7 +22,7 @@ from django.utils.dateparse import parse_datetime
 from .. import conf, messages
 from ..receipts import event_time
 from ..errors import InvalidArgument, StoreUnavailable
-from . import sql
+from . import postgresql, sql, sqlite
 
 #: The alias a ``using()`` block chose, or None: the configured one (``CTRLRUN_DATABASE``).
 _alias: contextvars.ContextVar[str | None] = contextvars.ContextVar("ctrlrun_store_alias", default=None)
@@ -31,6 +32,20 @@ def alias() -> str:
     """Which ``DATABASES`` entry every store statement runs on, here and now (``using()``'s, else the
     configured one): the ONE place it is read."""
     return _alias.get() or conf.database_alias()
+
+
+_DIALECTS = {"sqlite": sqlite, "postgresql": postgresql}
+
+
+def dialect(connection: Any = None) -> Any:
+    """The module that says what the store does differently on this connection's database
+    (``store.sqlite`` or ``store.postgresql``)."""
+    vendor = (connection or connections[alias()]).vendor
+    found = _DIALECTS.get(vendor)
+    if found is None:
+        raise StoreUnavailable(f"ctrlrun stores its evidence on SQLite or PostgreSQL, not {vendor}: point "
+                               f"CTRLRUN_DATABASE at a DATABASES entry of one of them")
+    return found
 
 
 @contextlib.contextmanager
@@ -60,12 +75,10 @@ class _Statements:
     ``DEBUG``'s query log) they go through Django's cursor, so the watcher sees every one.
     """
 
-    _sqlite_sql: dict[str, str] = {}
-
     def __init__(self) -> None:
         self.connection = connections[alias()]
         self.watched = bool(self.connection.execute_wrappers) or self.connection.queries_logged
-        self.sqlite = self.connection.vendor == "sqlite"
+        self.driver_statement = dialect(self.connection).driver_statement
 
     def __enter__(self) -> _Statements:
         if self.watched:
@@ -82,13 +95,8 @@ class _Statements:
         if self.watched:
             self.cursor.execute(sql, params)
             return self
-        if self.sqlite:  # qmark paramstyle; converted once per statement text
-            converted = self._sqlite_sql.get(sql)
-            if converted is None:
-                converted = self._sqlite_sql[sql] = sql.replace("%s", "?")
-            sql = converted
         with self.connection.wrap_database_errors:
-            self.cursor.execute(sql, params)
+            self.cursor.execute(self.driver_statement(sql), params)
         return self
 
     def fetchone(self) -> Any:
@@ -112,7 +120,7 @@ def read_clock() -> dt.datetime:
     this host's (SQLite: every process of one store runs on the one host that holds its file)."""
     if conf.clock_overridden():
         return conf.now()
-    if connections[alias()].vendor == "postgresql":
+    if dialect().CLOCK_IN_DATABASE:
         with statements() as cursor:
             return cursor.execute(sql.CLOCK).fetchone()[0]
     return conf.now()
@@ -133,7 +141,7 @@ def write_phase(*, clock: bool = True) -> Iterator[Any]:
     PostgreSQL's clock up front: the phase's first statement brings it (a round trip saved)."""
     try:
         with transaction.atomic(using=alias(), durable=True):
-            if clock or conf.clock_overridden() or connections[alias()].vendor != "postgresql":
+            if clock or conf.clock_overridden() or not dialect().CLOCK_IN_DATABASE:
                 yield read_clock()
             else:
                 yield None
@@ -179,24 +187,5 @@ def as_datetime(value: Any, connection: Any) -> dt.datetime | None:
 
 
 def time_param(connection: Any) -> Any:
-    """How a datetime goes into raw SQL for this connection: Django's adaptation, or (SQLite in UTC, the
-    common case) the same text made without its per-call settings lookups."""
-    if connection.vendor == "sqlite" and connection.timezone_name == "UTC":
-        return _sqlite_utc_text
-    return connection.ops.adapt_datetimefield_value
-
-
-_recent_texts: dict[dt.datetime, str] = {}
-
-
-def _sqlite_utc_text(value: dt.datetime | None) -> str | None:
-    """Django's SQLite text for an aware time (naive UTC, ``str()``); one phase writes the same few
-    times many times over, so the last few are kept."""
-    if value is None:
-        return None
-    text = _recent_texts.get(value)
-    if text is None:
-        if len(_recent_texts) > 8:
-            _recent_texts.clear()
-        text = _recent_texts[value] = str(value.astimezone(dt.timezone.utc).replace(tzinfo=None))
-    return text
+    """How a datetime goes into raw SQL for this connection (its dialect's adaptation)."""
+    return dialect(connection).time_param(connection)

@@ -33,7 +33,7 @@ from ..models import BudgetLedger, EffectRecord
 from ..states import EffectState
 from ..values import Charge
 from . import sql
-from .base import as_datetime, read_clock, statements, alias, objects, reading, time_param
+from .base import alias, as_datetime, dialect, objects, read_clock, reading, statements, time_param
 from .signatures import ledger_mac
 
 
@@ -63,12 +63,8 @@ def distinct(charges: Iterable[Charge]) -> list[Charge]:
 
 
 def _lock(charges: Sequence[Charge]) -> None:
-    if connections[alias()].vendor != "postgresql":
-        return  # SQLite: the write transaction itself is exclusive (BEGIN IMMEDIATE)
     pairs = sorted({(c.grant_id, c.metric) for c in charges})
-    with statements() as cursor:
-        for grant_id, metric in pairs:
-            cursor.execute(sql.BUDGET_LOCK, [lock_key(grant_id, metric)]).fetchone()
+    dialect().lock_budgets(statements, [lock_key(grant_id, metric) for grant_id, metric in pairs])
 
 
 def _spent(cursor: Any, adapt: Any, charge: Charge, when: dt.datetime) -> int:

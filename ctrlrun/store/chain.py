@@ -21,7 +21,7 @@ from ..receipts import build_receipt, dump_receipt, event_document, event_hash, 
 from ..states import Decision, EventType, Result
 from ..values import Call, Charge, EventRow, EventView, Pending
 from . import sql
-from .base import read_clock, statements, alias, iso_text, objects, time_param
+from .base import alias, dialect, iso_text, objects, read_clock, statements, time_param
 from .signatures import HEAD_DOMAIN, head_document, head_problem, trust_head
 
 Built = tuple  # (events, receipts) a builder makes once the seal knows the time
@@ -129,12 +129,12 @@ def seal(events: Sequence[EventRow], receipts: Sequence[ReceiptSpec], when: dt.d
     head's move are one statement, so the head stays locked for two round trips in all.
     """
     connection = connections[alias()]
-    postgres = connection.vendor == "postgresql"
+    database = dialect(connection)
     if build is None:
         if not events and not receipts:
             return []
         sizes = (len(events), len(receipts))
-    database_clock = when is None and postgres and not conf.clock_overridden()
+    database_clock = when is None and database.CLOCK_IN_DATABASE and not conf.clock_overridden()
     if when is None and not database_clock:
         when = read_clock()
     docs = [] if build is not None else [_receipt_doc(spec, when) for spec in receipts]  # before the lock
@@ -178,19 +178,9 @@ def seal(events: Sequence[EventRow], receipts: Sequence[ReceiptSpec], when: dt.d
             prev = digest
         head_mac = signing.sign(HEAD_DOMAIN, head_document(seq, prev, event_seq, event_prev, signing.key_id()))
         head_params = [prev, event_prev, head_mac, signing.key_id()]
-        event_sql = sql.EVENT_INSERT + sql.value_rows(9, len(events))
-        receipt_sql = sql.RECEIPT_INSERT + sql.value_rows(12, len(docs))
-        if postgres:  # one round trip: data-modifying CTEs all run, referenced or not
-            parts = [f"{name} AS ({sql})" for name, sql, rows in (("e", event_sql, events), ("r", receipt_sql, docs))
-                     if rows]
-            cursor.execute(("WITH " + ", ".join(parts) + " " if parts else "") + sql.HEAD_MOVE,
-                           [*event_params, *receipt_params, *head_params])
-        else:
-            if events:
-                cursor.execute(event_sql, event_params)
-            if docs:
-                cursor.execute(receipt_sql, receipt_params)
-            cursor.execute(sql.HEAD_MOVE, head_params)
+        database.append_evidence(
+            cursor, (sql.EVENT_INSERT + sql.value_rows(9, len(events)), event_params) if events else None,
+            (sql.RECEIPT_INSERT + sql.value_rows(12, len(docs)), receipt_params) if docs else None, head_params)
     trust_head(seq, prev, event_seq, event_prev, head_mac, signing.key_id())
     if listening:
         observers.after_commit(alias(), observed, docs)  # delivered once this phase commits

@@ -33,7 +33,7 @@ from ..models import Delegation as DelegationRow
 from ..policy import grant_from_json, grant_json
 from ..states import EventType
 from . import sql
-from .base import as_datetime, statements, alias, write_phase, objects, reading
+from .base import alias, as_datetime, dialect, objects, reading, statements, write_phase
 from .chain import event_row, seal
 from .signatures import delegation_mac, delegation_ok
 
@@ -235,7 +235,7 @@ def revoked_beneath(call_delegations: tuple[str, ...]) -> str | None:
     and then seen: a call either takes its key before the revoke commits, or is refused after it."""
     if not call_delegations:
         return None
-    lock = " FOR SHARE" if connections[alias()].vendor == "postgresql" else ""
+    lock = dialect().SHARE_LOCK
     with statements() as cursor:
         rows = cursor.execute(sql.delegations_revoked(len(call_delegations), lock), list(call_delegations)).fetchall()
     found = {ident: revoked for ident, revoked in rows}

@@ -28,7 +28,7 @@ from ..values import Call, EffectView, EventRow, Observation, OutcomeWrite, Pend
 from . import budgets, sql
 from .approvals import (check_presented, consumption_event, give_back, mark_consumed, matching_approval,
                         take_presented)
-from .base import as_datetime, read_clock, statements, alias, write_phase, objects, time_param
+from .base import alias, as_datetime, dialect, objects, read_clock, statements, time_param, write_phase
 from .chain import (
     Built,
     call_from_events,
@@ -156,9 +156,8 @@ def _record(effect_key: str, row: Sequence[Any], connection: Any) -> EffectView:
 def peek(effect_key: str, *, lock: bool = True) -> EffectView | None:
     """The key's record as a decision reads it (locked, on PostgreSQL), without building a model."""
     connection = connections[alias()]
-    suffix = " FOR UPDATE" if lock and connection.features.has_select_for_update else ""  # SQLite: IMMEDIATE
     with statements() as cursor:
-        row = cursor.execute(sql.PEEK + suffix, [effect_key]).fetchone()
+        row = cursor.execute(sql.PEEK + (dialect(connection).ROW_LOCK if lock else ""), [effect_key]).fetchone()
     return None if row is None else _record(effect_key, row, connection)
 
 
@@ -166,21 +165,20 @@ def _open_reservation(effect_key: str, when: dt.datetime | None) -> tuple[dt.dat
     """The store's time and the key's record (locked), after making sure the chain head is ctrlrun's
     own: one statement. A call must not act when its evidence could not be kept."""
     connection = connections[alias()]
-    postgres = connection.vendor == "postgresql"
+    database = dialect(connection)
     with statements() as cursor:
-        row = cursor.execute(sql.OPEN_POSTGRESQL if postgres else sql.OPEN_SQLITE, [effect_key]).fetchone()
+        row = cursor.execute(database.OPEN_RESERVATION, [effect_key]).fetchone()
         # No head, but evidence: either it was removed, or (a brand-new store's first writers) another
         # writer's head and evidence committed after this statement's snapshot, PostgreSQL reading
         # each statement afresh. Evidence is looked for first: a head commits with its evidence, so
         # evidence seen means its head is there too; the statement is then read again, head and all.
         # Evidence is looked for once: asked again below, it could appear in between (another first
         # writer committing) and be taken for a removed head.
-        evidence = row[1 if postgres else 0] is None and (objects(Receipt).exists() or objects(Event).exists())
+        evidence = database.split_open(row)[1][0] is None and (objects(Receipt).exists() or objects(Event).exists())
         if evidence and objects(ChainHead).filter(pk=1).exists():
-            row = cursor.execute(sql.OPEN_POSTGRESQL if postgres else sql.OPEN_SQLITE, [effect_key]).fetchone()
-    if postgres:
-        now_, row = row[0], row[1:]
-        when = when or now_
+            row = cursor.execute(database.OPEN_RESERVATION, [effect_key]).fetchone()
+    database_now, row = database.split_open(row)
+    when = when or database_now
     assert when is not None
     head, beyond, found = row[:6], row[6], row[7:]
     if head[0] is not None:

@@ -32,7 +32,7 @@ from ..receipts import (
 )
 from ..states import HOLDING_STATES, ApprovalStatus, EffectState
 from ..values import ChainCheckView, EffectView, EventView, Overview, ReceiptView
-from .base import as_datetime, read_clock, statements, alias, write_phase, objects, reading, now
+from .base import alias, as_datetime, dialect, now, objects, read_clock, reading, statements, write_phase
 from .chain import unstash
 from .integrity import delegation_events, row_breaks
 from .signatures import CHECK_DOMAIN, HEAD_FIELDS, approval_ok, check_document, check_ok, effect_ok, head_problem
@@ -94,13 +94,7 @@ def _citing_sql(connection: Any) -> str:
     does not match ``pci-3.4``, and a ``controls`` that is not a list (a row altered outside
     ctrlrun) cites nothing. On SQLite a document that is not JSON cites nothing; PostgreSQL cannot
     ask that before version 16, so there the query fails (see ``citing_control``)."""
-    document = f'{connection.ops.quote_name(Receipt._meta.db_table)}."document"'
-    if connection.vendor == "postgresql":
-        controls = f"({document}::jsonb -> 'controls')"
-        return f"(jsonb_typeof({controls}) = 'array' AND {controls} ? %s)"
-    return (f"(CASE WHEN json_valid({document}) THEN (CASE WHEN json_type({document}, '$.controls') = 'array' "
-            f"THEN EXISTS (SELECT 1 FROM json_each({document}, '$.controls') AS cited "
-            f"WHERE cited.type = 'text' AND cited.value = %s) ELSE 0 END) ELSE 0 END)")
+    return dialect(connection).citing_condition(f'{connection.ops.quote_name(Receipt._meta.db_table)}."document"')
 
 
 def check_control_id(control: str) -> str:
@@ -201,7 +195,7 @@ _EVENT_FIELDS = ("id", "seq", "prev_hash", "hash", "ts", "type", "action_id", "e
 def _time_column(connection: Any) -> str:
     """The ts column as read for verification: on SQLite its text (a row altered into an impossible
     time must be a named break, not a crash in the driver's converter)."""
-    return 'CAST("ts" AS TEXT)' if connection.vendor == "sqlite" else '"ts"'
+    return dialect(connection).VERIFY_TIME
 
 
 def _read_time(value: Any, connection: Any) -> dt.datetime | None:

@@ -22,7 +22,7 @@ from ..models import Approval, PausedRun
 from ..states import ApprovalStatus
 from ..times import when_text
 from ..values import PausedRunView
-from .base import read_clock, write_phase, objects, reading
+from .base import objects, read_clock, reading, write_phase
 from .signatures import paused_mac, paused_ok
 
 _FIELDS = [f for f in PausedRunView.__dataclass_fields__ if f != "signature_ok"]

@@ -10,7 +10,7 @@ from django.db import IntegrityError, transaction
 from .. import messages
 from ..errors import EvidenceTampered
 from ..models import ChainHead, PolicyDocument
-from .base import alias, write_phase, objects, reading
+from .base import alias, objects, reading, write_phase
 from .signatures import HEAD_FIELDS, head_problem, policy_document_ok, sign_policy_document
 
 #: (alias, policy hash) pairs stored (or found stored) by this process.

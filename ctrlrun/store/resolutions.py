@@ -18,7 +18,7 @@ from ..states import HOLDING_STATES, EffectState, EventType, Result, held_lapsed
 from ..values import Call, EffectView, EventRow, HookAnswer
 from . import budgets, sql
 from .approvals import give_back
-from .base import read_clock, statements, alias, write_phase, objects, reading, time_param
+from .base import alias, objects, read_clock, reading, statements, time_param, write_phase
 from .chain import event_row, ReceiptSpec, seal
 from .evidence import effect_view, get_effect
 from .signatures import effect_mac, effect_ok

@@ -16,7 +16,7 @@ from typing import Any
 from .. import messages, signing
 from ..canonical import GENESIS_HASH
 from ..models import Approval, ChainCheck, EffectRecord, PausedRun, PolicyDocument
-from .base import alias, text_digest, iso_text
+from .base import alias, iso_text, text_digest
 
 #: Signature domains: a MAC made for one kind of row can never pass for another.
 HEAD_DOMAIN, EFFECT_DOMAIN = "ctrlrun.head/v1", "ctrlrun.effect/v1"

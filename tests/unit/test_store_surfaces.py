@@ -49,3 +49,23 @@ def test_the_check_sees_a_reach_through(tmp_path):
     probe = tmp_path / "probe.py"
     probe.write_text("from ctrlrun.store.base import _private\nfrom ctrlrun import store\nstore.effects._move\n")
     assert _reaches(probe, inside=False) == ["probe.py:1 _private", "probe.py:3 effects._move"]
+
+
+def _public_names(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), str(path))
+    names = {node.name for node in tree.body if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
+    names |= {target.id for node in tree.body if isinstance(node, ast.Assign) for target in node.targets
+              if isinstance(target, ast.Name)}
+    names |= {node.target.id for node in tree.body if isinstance(node, ast.AnnAssign)
+              and isinstance(node.target, ast.Name)}
+    return {name for name in names if not name.startswith("_")}
+
+
+def test_the_two_dialects_answer_the_same_questions():
+    """``store.sqlite`` and ``store.postgresql`` define one set of names, and only they test the vendor."""
+    assert _public_names(STORE / "sqlite.py") == _public_names(STORE / "postgresql.py")
+    testers = [f"{path.name}:{node.lineno}" for path in sorted(STORE.glob("*.py"))
+               if path.name not in ("base.py", "sqlite.py", "postgresql.py")
+               for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.Attribute)
+               and node.attr in ("vendor", "has_select_for_update")]
+    assert testers == [], "the vendor is tested outside the dialect modules: " + ", ".join(testers)
