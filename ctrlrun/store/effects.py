@@ -4,6 +4,23 @@ Every write of a record's state goes through ``move_effect``, which checks the e
 ``states.TRANSITIONS`` before the statement runs (a frozenset-cheap lookup) and fills the
 statement's target and source states: the table is what the code does, and the database's
 triggers (``ctrlrun.guard``, built from the same table) refuse every other edge.
+
+The reservation is one unit of work in one phase (``base.write_phase``), its steps in this order,
+each from the sibling that owns it (the package's inside names, see ``store/__init__``):
+
+1. ``_open_reservation``: the key's record as an ``EffectView`` (locked on PostgreSQL, where the
+   same statement brings the server's time) and the chain head, checked (``signatures``);
+2. ``chain.started_call`` and ``chain.opening_events``: the call stamped, its opening events;
+3. ``delegations.revoked_beneath``: a revoked delegation refuses (rows read ``FOR SHARE``);
+4. the attempt ceiling (``max_attempts``), then ``approvals.take_presented`` (the approval row
+   locked), then ``budgets.exhausted`` (the budgets' advisory locks, sorted);
+5. taking the key: ``_insert_fresh`` or ``_renew`` (through ``move_effect``), ``budgets.charge``,
+   ``approvals.mark_consumed``; the opening events wait on the record (``chain.stash``) until
+   the outcome phase seals them;
+6. or a refusal: ``lapse`` for a held record past its lease, then ``chain.seal`` writes the
+   refusal's events and receipt (the head locked last).
+
+Lock order is the package's: effect row, approval row, budget locks, chain head.
 """
 from __future__ import annotations
 
