@@ -79,10 +79,10 @@ class StartprojectSite:
         return self.manage("shell", "-c", code, timeout=timeout)
 
 
-# --------------------------------------------------------------------------- cli25: the console script in a folder
+# --------------------------------------------------------------------------- the console script in a plain folder
 
 
-def cli25_env(**extra: str) -> dict[str, str]:
+def script_env(**extra: str) -> dict[str, str]:
     """The environment of a plain script's folder: no project, no store variables (``extra`` added)."""
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("CTRLRUN_") and k not in ("DJANGO_SETTINGS_MODULE", "DATABASE_URL", "SECRET_KEY")}
@@ -91,10 +91,10 @@ def cli25_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def cli25_run(folder: Path, *args: str, env: dict[str, str] | None = None, **options) -> subprocess.CompletedProcess:
+def script_run(folder: Path, *args: str, env: dict[str, str] | None = None, **options) -> subprocess.CompletedProcess:
     """``ctrlrun ARGS...`` as an OS process in ``folder`` (stdin not a terminal unless given)."""
     options.setdefault("stdin", subprocess.DEVNULL)
-    return subprocess.run([sys.executable, "-m", "ctrlrun", *args], cwd=folder, env=env or cli25_env(),
+    return subprocess.run([sys.executable, "-m", "ctrlrun", *args], cwd=folder, env=env or script_env(),
                           capture_output=True, text=True, timeout=120, **options)
 
 
@@ -119,29 +119,29 @@ actions:
 """
 
 
-def cli25_ambiguous_folder(folder: Path) -> Path:
+def script_ambiguous_folder(folder: Path) -> Path:
     """``folder`` with a policy and a store holding one AMBIGUOUS effect, email:m1."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "ctrlrun.yaml").write_text(CLI25_POLICY)
-    made = subprocess.run([sys.executable, "-c", CLI25_AMBIGUOUS_SCRIPT], cwd=folder, env=cli25_env(),
+    made = subprocess.run([sys.executable, "-c", CLI25_AMBIGUOUS_SCRIPT], cwd=folder, env=script_env(),
                           capture_output=True, text=True, timeout=120)
     assert made.returncode == 0, made.stderr
     return folder
 
 
-def cli25_manage(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+def script_manage(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """``python manage.py ARGS...`` as an OS process in the repository (the example project)."""
-    return subprocess.run([sys.executable, "manage.py", *args], cwd=REPO, env=env or cli25_env(SECRET_KEY="cli25-key"),
+    return subprocess.run([sys.executable, "manage.py", *args], cwd=REPO, env=env or script_env(SECRET_KEY="cli-key"),
                           capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
 
 
-def cli25_loop(folder: Path, *args: str, seconds: float = 3.0) -> tuple[str, str, int]:
+def script_loop(folder: Path, *args: str, seconds: float = 3.0) -> tuple[str, str, int]:
     """``ctrlrun ARGS...`` (a loop) as an OS process for ``seconds``, then Ctrl-C (SIGINT): its stdout,
     stderr and exit status."""
     import signal
     import time
 
-    proc = subprocess.Popen([sys.executable, "-m", "ctrlrun", *args], cwd=folder, env=cli25_env(),
+    proc = subprocess.Popen([sys.executable, "-m", "ctrlrun", *args], cwd=folder, env=script_env(),
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         time.sleep(seconds)

@@ -1,8 +1,8 @@
-"""Issue 25's command-line items: resolve without --reason, messages naming manage.py in a project,
+"""What the command line answers: resolve without --reason, messages naming manage.py in a project,
 read commands that create nothing, approvals --status waiting, reconcile/resume_runs logging, the
 delegations listing.
 
-The console script runs as real OS processes in a plain script's folder (tests/support/'s cli25_*
+The console script runs as real OS processes in a plain script's folder (tests/support/'s script_*
 helpers); manage.py runs against the test database through ``call_command`` or as a process.
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ import pytest
 from django.core.management import CommandError
 
 from ctrlrun.models import EffectRecord, Event
-from tests.support import (cli25_ambiguous_folder, cli25_env, cli25_loop, cli25_manage, cli25_run, make_ambiguous,
+from tests.support import (script_ambiguous_folder, script_env, script_loop, script_manage, script_run, make_ambiguous,
                            run_command)
 
 pytestmark = pytest.mark.usefixtures("hook_registry", "store_db")
@@ -38,8 +38,8 @@ def resolved_events(folder: Path) -> list[dict]:
 @pytest.mark.slow
 def test_ctrlrun_resolve_without_a_reason_records_none(tmp_path):
     """`ctrlrun resolve KEY --failed` (the reference's command, the cookbook's) resolves, with no reason."""
-    folder = cli25_ambiguous_folder(tmp_path / "script")
-    done = cli25_run(folder, "resolve", "email:m1", "--failed")
+    folder = script_ambiguous_folder(tmp_path / "script")
+    done = script_run(folder, "resolve", "email:m1", "--failed")
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[0].startswith("email:m1 resolved failed by ")
     [data] = resolved_events(folder)
@@ -49,11 +49,11 @@ def test_ctrlrun_resolve_without_a_reason_records_none(tmp_path):
 @pytest.mark.slow
 def test_ctrlrun_resolve_asks_for_a_reason_on_a_terminal(tmp_path):
     """On a terminal, resolve without --reason asks for one and records what was typed."""
-    folder = cli25_ambiguous_folder(tmp_path / "script")
+    folder = script_ambiguous_folder(tmp_path / "script")
     main, side = pty.openpty()
     try:
         proc = subprocess.Popen([sys.executable, "-m", "ctrlrun", "resolve", "email:m1", "--committed"], cwd=folder,
-                                env=cli25_env(), stdin=side, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                env=script_env(), stdin=side, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         os.write(main, b"the relay's log shows it delivered\n")
         out, err = proc.communicate(timeout=120)
     finally:
@@ -67,8 +67,8 @@ def test_ctrlrun_resolve_asks_for_a_reason_on_a_terminal(tmp_path):
 
 @pytest.mark.slow
 def test_ctrlrun_resolve_refuses_a_given_blank_reason(tmp_path):
-    folder = cli25_ambiguous_folder(tmp_path / "script")
-    blank = cli25_run(folder, "resolve", "email:m1", "--failed", "--reason", " \u200b ")
+    folder = script_ambiguous_folder(tmp_path / "script")
+    blank = script_run(folder, "resolve", "email:m1", "--failed", "--reason", " \u200b ")
     assert blank.returncode == 2 and len(blank.stderr.splitlines()) == 1, blank.stderr
     assert blank.stderr.startswith("Error: a given --reason must say something")
     assert resolved_events(folder) == []
@@ -161,7 +161,7 @@ def test_in_a_project_approval_required_names_manage_py(refund, agent):
 
 @pytest.mark.slow
 def test_in_a_script_ambiguous_effect_names_ctrlrun(tmp_path):
-    folder = cli25_ambiguous_folder(tmp_path / "script")
+    folder = script_ambiguous_folder(tmp_path / "script")
     again = subprocess.run([sys.executable, "-c", (
         "import ctrlrun\n"
         "@ctrlrun.protect('email.send', effect='email:{msg_id}')\n"
@@ -171,7 +171,7 @@ def test_in_a_script_ambiguous_effect_names_ctrlrun(tmp_path):
         "    try:\n"
         "        send(msg_id='m1')\n"
         "    except ctrlrun.AmbiguousEffect as exc:\n"
-        "        print(exc)\n")], cwd=folder, env=cli25_env(), capture_output=True, text=True, timeout=120)
+        "        print(exc)\n")], cwd=folder, env=script_env(), capture_output=True, text=True, timeout=120)
     assert again.returncode == 0, again.stderr
     assert "'ctrlrun resolve email:m1 --committed' or '--failed'" in again.stdout
     assert "manage.py" not in again.stdout
@@ -183,7 +183,7 @@ def test_ctrlrun_in_a_project_folder_says_to_use_manage_py(tmp_path):
     folder = tmp_path / "site"
     folder.mkdir()
     (folder / "manage.py").write_text("# a Django project's manage.py\n")
-    done = cli25_run(folder, "receipts", "--last", "3")
+    done = script_run(folder, "receipts", "--last", "3")
     assert done.returncode == 1 and done.stdout == ""
     assert len(done.stderr.splitlines()) == 1, done.stderr
     assert "'python manage.py receipts'" in done.stderr and "manage.py" in done.stderr
@@ -197,7 +197,7 @@ def test_ctrlrun_in_a_project_folder_says_to_use_manage_py(tmp_path):
 def test_ctrlrun_receipts_without_a_policy_says_so(tmp_path):
     folder = tmp_path / "empty"
     folder.mkdir()
-    done = cli25_run(folder, "receipts")
+    done = script_run(folder, "receipts")
     assert done.returncode == 1 and len(done.stderr.splitlines()) == 1, done.stderr
     assert done.stderr.startswith(f"Error: no ctrlrun.yaml in {folder}"), done.stderr
     assert "ctrlrun init" in done.stderr and "CTRLRUN_CONFIG" in done.stderr
@@ -215,7 +215,7 @@ READ_COMMANDS = [["receipts"], ["effects"], ["inspect", "act_nope"], ["approvals
 @pytest.mark.parametrize("command", READ_COMMANDS, ids=lambda c: c[0])
 def test_manage_py_read_command_on_a_missing_sqlite_file_creates_nothing(tmp_path, command):
     missing = tmp_path / "missing.db"
-    done = cli25_manage(*command, env=cli25_env(SECRET_KEY="cli25-key", DATABASE_URL=f"sqlite:///{missing}"))
+    done = script_manage(*command, env=script_env(SECRET_KEY="cli-key", DATABASE_URL=f"sqlite:///{missing}"))
     assert done.returncode == 1 and len(done.stderr.splitlines()) == 1, done.stderr
     assert done.stderr.startswith(f"Error: no database at '{missing}'"), done.stderr
     assert "'python manage.py migrate'" in done.stderr
@@ -226,7 +226,7 @@ def test_manage_py_read_command_on_a_missing_sqlite_file_creates_nothing(tmp_pat
 @pytest.mark.parametrize("command", READ_COMMANDS, ids=lambda c: c[0])
 def test_ctrlrun_read_command_on_a_missing_sqlite_url_names_the_variable(tmp_path, command):
     (tmp_path / "ctrlrun.yaml").write_text("schema: ctrlrun.policy/v2\nactions: {}\n")
-    done = cli25_run(tmp_path, *command, env=cli25_env(DATABASE_URL="sqlite:///missing.db"))
+    done = script_run(tmp_path, *command, env=script_env(DATABASE_URL="sqlite:///missing.db"))
     assert done.returncode == 1 and len(done.stderr.splitlines()) == 1, done.stderr
     assert done.stderr.startswith("Error: no database at 'missing.db'") and "DATABASE_URL" in done.stderr
     assert "CTRLRUN_STATE" not in done.stderr
@@ -236,7 +236,7 @@ def test_ctrlrun_read_command_on_a_missing_sqlite_url_names_the_variable(tmp_pat
 @pytest.mark.slow
 def test_manage_py_unreachable_postgresql_is_not_told_to_migrate():
     url = "postgresql://postgres@127.0.0.1:1/nowhere"  # port 1: nothing listens
-    done = cli25_manage("receipts", env=cli25_env(SECRET_KEY="cli25-key", DATABASE_URL=url))
+    done = script_manage("receipts", env=script_env(SECRET_KEY="cli-key", DATABASE_URL=url))
     assert done.returncode == 1 and len(done.stderr.splitlines()) == 1, done.stderr
     assert "migrate" not in done.stderr
     assert "could not be reached" in done.stderr and "DATABASE_URL" in done.stderr
@@ -247,8 +247,8 @@ def test_manage_py_missing_postgresql_database_is_not_told_to_migrate():
     from tests.support import require_postgresql
 
     require_postgresql()
-    url = "postgresql://postgres@127.0.0.1:5432/h_cli25_no_such_database"
-    done = cli25_manage("effects", env=cli25_env(SECRET_KEY="cli25-key", DATABASE_URL=url))
+    url = "postgresql://postgres@127.0.0.1:5432/h_cli_no_such_database"
+    done = script_manage("effects", env=script_env(SECRET_KEY="cli-key", DATABASE_URL=url))
     assert done.returncode == 1 and len(done.stderr.splitlines()) == 1, done.stderr
     assert "migrate" not in done.stderr and "could not be reached" in done.stderr
 
@@ -272,8 +272,8 @@ def send(msg_id: str) -> None:
 
 def quiet_store(tmp_path: Path) -> Path:
     """A script folder whose store holds one resolved effect: nothing for a loop to do."""
-    folder = cli25_ambiguous_folder(tmp_path / "script")
-    assert cli25_run(folder, "resolve", "email:m1", "--failed").returncode == 0
+    folder = script_ambiguous_folder(tmp_path / "script")
+    assert script_run(folder, "resolve", "email:m1", "--failed").returncode == 0
     return folder
 
 
@@ -282,7 +282,7 @@ def quiet_store(tmp_path: Path) -> Path:
 def test_an_idle_loop_says_nothing(tmp_path, command):
     """Idle passes every 0.2 s for 3 s print nothing (1,440 summaries a day at --interval 60 was the bug)."""
     folder = quiet_store(tmp_path)
-    out, err, status = cli25_loop(folder, *command, "--interval", "0.2")
+    out, err, status = script_loop(folder, *command, "--interval", "0.2")
     assert status == 0, err
     assert out.splitlines() == ["stopped"], out
     assert err == ""
@@ -294,7 +294,7 @@ def test_an_idle_loop_at_verbosity_2_logs_each_pass_with_a_time(tmp_path, comman
     import re
 
     folder = quiet_store(tmp_path)
-    out, err, status = cli25_loop(folder, *command, "--interval", "0.2", "-v", "2")
+    out, err, status = script_loop(folder, *command, "--interval", "0.2", "-v", "2")
     assert status == 0, err
     lines = out.splitlines()
     assert lines[-1] == "stopped" and len(lines) >= 4, out
@@ -307,9 +307,9 @@ def test_a_reconcile_loop_logs_work_once_with_a_time(tmp_path):
     """A pass that reconciled something logs its line and a summary, timestamped; the idle passes after, nothing."""
     import re
 
-    folder = cli25_ambiguous_folder(tmp_path / "script")
+    folder = script_ambiguous_folder(tmp_path / "script")
     (folder / "relay_tools.py").write_text(HOOK_TOOLS)
-    out, err, status = cli25_loop(folder, "reconcile", "--loop", "--interval", "0.2", "--import", "relay_tools")
+    out, err, status = script_loop(folder, "reconcile", "--loop", "--interval", "0.2", "--import", "relay_tools")
     assert status == 0, err
     lines = out.splitlines()
     assert lines[-1] == "stopped", out
@@ -323,8 +323,8 @@ def test_a_reconcile_loop_logs_work_once_with_a_time(tmp_path):
 @pytest.mark.slow
 def test_a_reconcile_loop_names_an_effect_needing_a_human_once(tmp_path):
     """An ambiguous effect without a hook is logged on the first pass, not again on every pass."""
-    folder = cli25_ambiguous_folder(tmp_path / "script")
-    out, err, status = cli25_loop(folder, "reconcile", "--loop", "--interval", "0.2")
+    folder = script_ambiguous_folder(tmp_path / "script")
+    out, err, status = script_loop(folder, "reconcile", "--loop", "--interval", "0.2")
     assert status == 0, err
     assert sum("email:m1  needs_human" in line for line in out.splitlines()) == 1, out
 
@@ -420,9 +420,9 @@ def test_ctrlrun_delegations_in_a_script_folder(tmp_path):
     folder.mkdir()
     (folder / "ctrlrun.yaml").write_text(AUTHORITY_POLICY)
     (folder / "child.yaml").write_text(WORKER_GRANT)
-    made = cli25_run(folder, "delegate", "--parent", "support", "--file", "child.yaml", "--as", "orchestrator")
+    made = script_run(folder, "delegate", "--parent", "support", "--file", "child.yaml", "--as", "orchestrator")
     assert made.returncode == 0, made.stderr
     ident = made.stdout.split()[1]
-    done = cli25_run(folder, "delegations")
+    done = script_run(folder, "delegations")
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith(f"{ident}  parent support") and "\u202e" not in done.stdout
