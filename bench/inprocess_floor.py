@@ -159,7 +159,26 @@ class RawFloor:
 
 #: A ctrlrun id (``act_``, ``ctr_``, ``apr_`` ...: three letters, an underscore, 32 hex digits).
 ID_PATTERN = re.compile(r"\b[a-z]{3}_[0-9a-f]{32}\b")
-INSERT_COLUMNS = re.compile(r'^\s*INSERT INTO "(\w+)" \(([^)]*)\) VALUES', re.IGNORECASE)
+INSERT_COLUMNS = re.compile(r'INSERT INTO "(\w+)" \(([^)]*)\) VALUES', re.IGNORECASE)
+VALUES_ROW = re.compile(r"\s*,?\s*\(([^()]*)\)")
+
+
+def seq_slots(sql: str) -> list[tuple[int, str]]:
+    """(parameter position, table) of every ``seq`` value the statement inserts: its inserts may be
+    several (PostgreSQL writes the events, the receipts and the head's move as one statement, the
+    inserts as data-modifying CTEs), each with rows of ``%s`` and literals."""
+    slots = []
+    for match in INSERT_COLUMNS.finditer(sql):
+        columns = [c.strip().strip('"') for c in match.group(2).split(",")]
+        if "seq" not in columns:
+            continue
+        at, base, pos = columns.index("seq"), sql.count("%s", 0, match.end()), match.end()
+        while (row := VALUES_ROW.match(sql, pos)) is not None:
+            items = [item.strip() for item in row.group(1).split(",")]
+            if len(items) == len(columns) and items[at] == "%s":
+                slots.append((base + items[:at].count("%s"), match.group(1)))
+            base, pos = base + items.count("%s"), row.end()
+    return slots
 COMMIT, ROLLBACK = "<commit>", "<rollback>"
 
 
@@ -209,7 +228,7 @@ class _Step:
 
     def __init__(self, sql: str, params: list[Any] | None, sqlite: bool, tokens: list[str], head_take: bool) -> None:
         self.marker = sql if sql in (COMMIT, ROLLBACK) else None
-        self.params = params
+        self.params, original = params, sql
         if params is not None and sqlite:
             sql = sql.replace("%s", "?").replace("%%", "%")
         self.sql = sql
@@ -217,13 +236,7 @@ class _Step:
         # (position, captured text) of every parameter holding a value that must be fresh
         self.text_slots = [(i, p) for i, p in enumerate(params or []) if isinstance(p, str)
                            and any(t in p for t in tokens)]
-        self.seq_slots: list[tuple[int, str]] = []  # (position, table) of chain positions
-        match = INSERT_COLUMNS.match(sql)
-        if match and params:
-            columns = [c.strip().strip('"') for c in match.group(2).split(",")]
-            if "seq" in columns:
-                width, at = len(columns), columns.index("seq")
-                self.seq_slots = [(i, match.group(1)) for i in range(at, len(params), width)]
+        self.seq_slots = seq_slots(original) if params else []  # (position, table) of chain positions
 
 
 class OwnFloor:
@@ -237,7 +250,8 @@ class OwnFloor:
                                  for m in ID_PATTERN.findall(p)}
         self.tokens = sorted(tokens, key=len, reverse=True)  # the longest first: no token inside another
         self.sqlite = sqlite_path is not None
-        self.steps = [_Step(sql, params, self.sqlite, self.tokens, sql == ours.HEAD_TAKE) for sql, params in steps]
+        self.steps = [_Step(sql, params, self.sqlite, self.tokens, sql.startswith(ours.HEAD_TAKE))
+                      for sql, params in steps]
         # The chain positions the capture wrote, per table: the head's new position was the last of them.
         self.captured_top: dict[str, int] = {}
         for step in self.steps:
@@ -333,17 +347,30 @@ class Floors:
         self.rounds: dict[str, list[float]] = {"inproc": [], "own": []}
 
     def warm(self, n: int) -> None:
+        """Untimed: the refusal floor's committed keys, then one block of each floor."""
         if self.raw is not None:
-            self.raw.prepare(self.kind, n)
-            self.raw.block(self.kind, n)
-        if self.own is not None:
-            self.own.block(n)
+            try:
+                self.raw.prepare(self.kind, n)
+            except Exception as exc:
+                self.errors.append(f"in-process floor: {type(exc).__name__}: {exc}"[:300])
+                self.raw = None
+        self.block(n)
+        self.totals = dict.fromkeys(self.totals, 0.0)
 
     def block(self, n: int) -> None:
+        """n operations of each floor; a floor that fails is reported and dropped, the scenario goes on."""
         if self.raw is not None:
-            self.totals["inproc"] += self.raw.block(self.kind, n)
+            try:
+                self.totals["inproc"] += self.raw.block(self.kind, n)
+            except Exception as exc:
+                self.errors.append(f"in-process floor: {type(exc).__name__}: {exc}"[:300])
+                self.raw = None
         if self.own is not None:
-            self.totals["own"] += self.own.block(n)
+            try:
+                self.totals["own"] += self.own.block(n)
+            except Exception as exc:
+                self.errors.append(f"own floor: {type(exc).__name__}: {exc}"[:300])
+                self.own = None
 
     def end_round(self, calls: int) -> None:
         for name in self.totals:
@@ -354,10 +381,10 @@ class Floors:
         out: dict[str, Any] = {"inproc_floor_kind": self.kind}
         if self.note:
             out["inproc_floor_note"] = self.note
-        if self.raw is not None:
+        if self.raw is not None and self.rounds["inproc"]:
             out["inproc_floor_per_round_us"] = self.rounds["inproc"]
             out["inproc_floor_us"] = statistics.median(self.rounds["inproc"])
-        if self.own is not None:
+        if self.own is not None and self.rounds["own"]:
             out["own_floor_per_round_us"] = self.rounds["own"]
             out["own_floor_us"] = statistics.median(self.rounds["own"])
             out["own_floor_statements"] = self.own.statements
