@@ -23,6 +23,36 @@ in every pass. Each per-call row reads ours and the reference against it (``ours
 ``ref/floor``): allowed and approval against ``floor_allowed``, duplicate and denied against
 ``floor_refused``.
 
+The in-process floors (``bench/inprocess_floor.py``, whose docstring has the details) answer the
+separate process's weakness: a load burst on a shared machine lands on one side and not the other.
+Inside each worker, ours and the reference's, a round's ``--calls`` are made in blocks of
+``--floor-block`` (default 25; 0 turns this off) alternating with blocks of as many floor operations
+(which goes first alternates by block and by round), each side timed on its own clock, so the
+scenario and its floors share whatever the machine is doing (so ``ours µs`` and ``reference µs`` are
+then made of those blocks too; with ``--floor-block 0`` a round is one run of its calls, as before):
+
+- ``floor(in-process)``: ``floor.py``'s statements (its functions are closures inside its ``main()``,
+  so they are replicated statement for statement, and a ``--floor-script`` whose ``SCHEMA`` differs
+  from the replica is named under the table) through the bare driver on a scratch database of the
+  worker's own (a SQLite file in its folder; on PostgreSQL a scratch database the driver made),
+  ``floor_allowed``'s two commits or ``floor_refused``'s one as above. The cell shows the floor
+  measured in ours' worker / in the reference's; ``ours/floor(in-process)`` and
+  ``ref/floor(in-process)`` each divide by the floor of their own process.
+- ``own-floor`` (ours only; not for ``approval``, whose rows are single-use): the SQL statements one
+  of our calls of the scenario's shape sends, captured with Django's ``execute_wrapper`` (and the
+  connection's commits) around one untimed call of a sync twin of the protected function, replayed
+  through the bare driver (``sqlite3``, or ``psycopg`` with client-side binding as Django's) on a
+  copy of our store (SQLite's backup API; ``pg_dump`` into a scratch database on PostgreSQL).
+  Each replay gets a fresh effect key and fresh ctrlrun ids (a counter, at the ids' length), and
+  its chain positions (``seq``) follow what the head update returns on the copy; the values Python
+  computed (hashes, HMACs, receipt documents, timestamps) are replayed as captured, since nothing
+  in the database checks them or wants them unique. ``ours/own-floor`` is then what our Python
+  (Django, the policy, the signing, the JSON) adds to our own statements; ``own-floor /
+  floor(in-process)`` what our schema (indexes, triggers, wider rows) costs over ``floor.py``'s.
+
+Speed figures are measured here, never asserted in tests: ``tests/integration/test_bench_compare_floor.py``
+only checks that a worker prints the floors' keys (``inproc_floor_us``, ``own_floor_us`` ...).
+
 Scenarios (per-call cost: mean µs per call in each round, median over ``--rounds``):
 
 - ``allowed``    an allowed call with a fresh effect key (reserve, run, record);
@@ -58,19 +88,22 @@ Approvals are granted through each implementation's own surface: ours with
 ``ctrlrun.store.answer_approval`` (what ``ctrlrun approve ID --by NAME`` calls), the reference's
 with its ``ctrlrun approve ID`` command, invoked in-process (click), against the same store.
 
-On a busy machine use ``--passes 3``: every measurement (the floor too) is repeated, alternating
+On a busy machine use ``--passes 3``: every measurement (the floors too) is repeated, alternating
 which side runs first (the floor: before the others in one pass, after them in the next), and the
 median is reported, with each pass's value listed under the table.
 
 The output is Markdown, to paste into an issue note: one row per (scenario, db), columns
-scenario | db | ours µs | reference µs | ours/ref | floor µs | ours/floor | ref/floor | target;
+scenario | db | ours µs | reference µs | ours/ref | floor µs | ours/floor | ref/floor |
+floor(in-process) µs ours / ref | ours/floor(in-process) | ref/floor(in-process) | own-floor µs |
+ours/own-floor | target (the targets still read the separate floor);
 contention in a table of its own; then the machine line (Python, SQLite and PostgreSQL versions,
 CPU count) and how each number was made.
 
 Targets (from the issue) are printed as met / not met; they never change the exit status: against
 the reference (``TARGETS``), and an allowed call, sync and async, <= 3x the floor on SQLite and
 <= 1.5x on PostgreSQL (``FLOOR_TARGETS``). The exit status is non-zero only when a measurement
-could not be made (ours, the reference when it is installed, the floor when its script exists) or
+could not be made (ours, the reference when it is installed, the floor when its script exists, an
+in-process floor that could not be set up or failed: named under the table as ``error: in-process floor``) or
 a correctness check failed (a duplicate ran, a denied call ran, a key executed twice under
 contention).
 """
