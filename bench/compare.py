@@ -23,6 +23,36 @@ in every pass. Each per-call row reads ours and the reference against it (``ours
 ``ref/floor``): allowed and approval against ``floor_allowed``, duplicate and denied against
 ``floor_refused``.
 
+The in-process floors (``bench/inprocess_floor.py``, whose docstring has the details) answer the
+separate process's weakness: a load burst on a shared machine lands on one side and not the other.
+Inside each worker, ours and the reference's, a round's ``--calls`` are made in blocks of
+``--floor-block`` (default 25; 0 turns this off) alternating with blocks of as many floor operations
+(which goes first alternates by block and by round), each side timed on its own clock, so the
+scenario and its floors share whatever the machine is doing (so ``ours µs`` and ``reference µs`` are
+then made of those blocks too; with ``--floor-block 0`` a round is one run of its calls, as before):
+
+- ``floor(in-process)``: ``floor.py``'s statements (its functions are closures inside its ``main()``,
+  so they are replicated statement for statement, and a ``--floor-script`` whose ``SCHEMA`` differs
+  from the replica is named under the table) through the bare driver on a scratch database of the
+  worker's own (a SQLite file in its folder; on PostgreSQL a scratch database the driver made),
+  ``floor_allowed``'s two commits or ``floor_refused``'s one as above. The cell shows the floor
+  measured in ours' worker / in the reference's; ``ours/floor(in-process)`` and
+  ``ref/floor(in-process)`` each divide by the floor of their own process.
+- ``own-floor`` (ours only; not for ``approval``, whose rows are single-use): the SQL statements one
+  of our calls of the scenario's shape sends, captured with Django's ``execute_wrapper`` (and the
+  connection's commits) around one untimed call of a sync twin of the protected function, replayed
+  through the bare driver (``sqlite3``, or ``psycopg`` with client-side binding as Django's) on a
+  copy of our store (SQLite's backup API; ``pg_dump`` into a scratch database on PostgreSQL).
+  Each replay gets a fresh effect key and fresh ctrlrun ids (a counter, at the ids' length), and
+  its chain positions (``seq``) follow what the head update returns on the copy; the values Python
+  computed (hashes, HMACs, receipt documents, timestamps) are replayed as captured, since nothing
+  in the database checks them or wants them unique. ``ours/own-floor`` is then what our Python
+  (Django, the policy, the signing, the JSON) adds to our own statements; ``own-floor /
+  floor(in-process)`` what our schema (indexes, triggers, wider rows) costs over ``floor.py``'s.
+
+Speed figures are measured here, never asserted in tests: ``tests/integration/test_bench_compare_floor.py``
+only checks that a worker prints the floors' keys (``inproc_floor_us``, ``own_floor_us`` ...).
+
 Scenarios (per-call cost: mean µs per call in each round, median over ``--rounds``):
 
 - ``allowed``    an allowed call with a fresh effect key (reserve, run, record);
@@ -58,19 +88,22 @@ Approvals are granted through each implementation's own surface: ours with
 ``ctrlrun.store.answer_approval`` (what ``ctrlrun approve ID --by NAME`` calls), the reference's
 with its ``ctrlrun approve ID`` command, invoked in-process (click), against the same store.
 
-On a busy machine use ``--passes 3``: every measurement (the floor too) is repeated, alternating
+On a busy machine use ``--passes 3``: every measurement (the floors too) is repeated, alternating
 which side runs first (the floor: before the others in one pass, after them in the next), and the
 median is reported, with each pass's value listed under the table.
 
 The output is Markdown, to paste into an issue note: one row per (scenario, db), columns
-scenario | db | ours µs | reference µs | ours/ref | floor µs | ours/floor | ref/floor | target;
+scenario | db | ours µs | reference µs | ours/ref | floor µs | ours/floor | ref/floor |
+floor(in-process) µs ours / ref | ours/floor(in-process) | ref/floor(in-process) | own-floor µs |
+ours/own-floor | target (the targets still read the separate floor);
 contention in a table of its own; then the machine line (Python, SQLite and PostgreSQL versions,
 CPU count) and how each number was made.
 
 Targets (from the issue) are printed as met / not met; they never change the exit status: against
 the reference (``TARGETS``), and an allowed call, sync and async, <= 3x the floor on SQLite and
 <= 1.5x on PostgreSQL (``FLOOR_TARGETS``). The exit status is non-zero only when a measurement
-could not be made (ours, the reference when it is installed, the floor when its script exists) or
+could not be made (ours, the reference when it is installed, the floor when its script exists, an
+in-process floor that could not be set up or failed: named under the table as ``error: in-process floor``) or
 a correctness check failed (a duplicate ran, a denied call ran, a key executed twice under
 contention).
 """
@@ -94,6 +127,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Generator, Iterator, NamedTuple
 from urllib.parse import urlsplit, urlunsplit
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # run by either interpreter: its sibling module
+import inprocess_floor  # noqa: E402
 
 HERE = Path(__file__).resolve()
 REPO = HERE.parent.parent
@@ -260,13 +296,18 @@ class _Session:
     driver: it yields ``_Calls`` / ``_Grant`` and times the yields, so both drivers run the same
     scenario and the async per-call cost includes the driver's hops to its store threads."""
 
-    def __init__(self, ctrlrun: Any, scenario: str, calls: int, rounds: int) -> None:
+    def __init__(self, ctrlrun: Any, scenario: str, calls: int, rounds: int, floors: Any = None,
+                 block: int = 0) -> None:
         self.ctrlrun, self.calls, self.rounds = ctrlrun, calls, rounds
         self.concurrent = scenario.endswith("_concurrent")
         self.base = scenario.split("_async")[0]
         self.expected_runs = 0
         self.per_round: list[float] = []
         self.clock = time.perf_counter
+        # The in-process floors (bench/inprocess_floor.py), run in blocks between the scenario's own;
+        # concurrent calls stay one block (all at once is the scenario).
+        self.floors = floors
+        self.blocks = inprocess_floor.blocks(calls, 0 if floors is None or self.concurrent else block)
 
     def session(self) -> Generator[Any, Any, None]:
         run = {"allowed": self.allowed, "duplicate": self.duplicate, "denied": self.denied,
@@ -275,8 +316,22 @@ class _Session:
         self._check("warmup", (yield _Calls([{"payment_id": "warmup", "amount": 1}])), None)
         self.expected_runs += 1
         yield from run("w", max(3, min(self.calls, 20)))
+        if self.floors is not None:
+            self.floors.warm(max(3, min(self.blocks[0], 20)))
         for round_no in range(self.rounds):
-            self.per_round.append((yield from run(f"r{round_no}", self.calls)) / self.calls * 1e6)
+            if self.floors is None:
+                self.per_round.append((yield from run(f"r{round_no}", self.calls)) / self.calls * 1e6)
+                continue
+            # Blocks of the scenario alternating with blocks of the floors; who goes first alternates too.
+            total = 0.0
+            for b, n in enumerate(self.blocks):
+                if (b + round_no) % 2:
+                    self.floors.block(n)
+                total += yield from run(f"r{round_no}b{b}", n)
+                if not (b + round_no) % 2:
+                    self.floors.block(n)
+            self.per_round.append(total / self.calls * 1e6)
+            self.floors.end_round(self.calls)
 
     def _make(self, tag: str, n: int, amount: int) -> Generator[Any, Any, list[Any]]:
         batch = [{"payment_id": f"{tag}_{i}", "amount": amount} for i in range(n)]
@@ -387,7 +442,7 @@ async def _drive_async(ctrlrun: Any, refund: Any, grant: Any, steps: Generator[A
             exchange.reply(await asyncio.gather(*(call(kwargs, request.approval) for kwargs in request.calls)))
 
 
-def worker_calls(scenario: str, calls: int, rounds: int) -> dict[str, Any]:
+def worker_calls(scenario: str, calls: int, rounds: int, args: argparse.Namespace) -> dict[str, Any]:
     import ctrlrun
 
     executed: list[str] = []
@@ -427,7 +482,13 @@ def worker_calls(scenario: str, calls: int, rounds: int) -> dict[str, Any]:
             granters.append(_granter(ctrlrun))
         granters[0](request_id)
 
-    measured = _Session(ctrlrun, scenario, calls, rounds)
+    floors = None
+    if args.floor_block and floor_field(scenario):
+        floors = inprocess_floor.for_worker(
+            ctrlrun, scenario, floor_field(scenario), ours=_flavour(ctrlrun) == "ours", protect_options=options,
+            allowed=ALLOWED, denied=DENIED_AMOUNT, floor_script=args.floor_script, floor_url=args.floor_url,
+            own_floor_url=args.own_floor_url)
+    measured = _Session(ctrlrun, scenario, calls, rounds, floors, args.floor_block)
     with ctrlrun.context(agent="bench-agent"):
         if is_async:
             import asyncio
@@ -442,8 +503,15 @@ def worker_calls(scenario: str, calls: int, rounds: int) -> dict[str, Any]:
 
         if store.ledger_rows() < measured.expected_runs:  # one row per budgeted metric per call
             raise SystemExit(f"the budget ledger has {store.ledger_rows()} rows for {measured.expected_runs} calls")
+    extra: dict[str, Any] = {}
+    if floors is not None:
+        floors.close()
+        extra = {**floors.results(), "floor_block": args.floor_block, "blocks_per_round": len(measured.blocks)}
+        if floors.errors:
+            extra["inproc_floor_error"] = "; ".join(floors.errors)
     return {**_describe(ctrlrun), "store": _store_in_use(ctrlrun), "scenario": scenario, "calls": calls,
-            "rounds": rounds, "per_round_us": measured.per_round, "median_us": statistics.median(measured.per_round)}
+            "rounds": rounds, "per_round_us": measured.per_round, "median_us": statistics.median(measured.per_round),
+            **extra}
 
 
 def worker_contention_child(index: int, keys: int, races: int) -> dict[str, Any]:
@@ -558,7 +626,7 @@ def worker_main(args: argparse.Namespace) -> int:
     if not Path("ctrlrun.yaml").exists():
         Path("ctrlrun.yaml").write_text(BUDGET_POLICY if "budget" in (args.worker or "") else POLICY)
     if args.worker in CALL_SCENARIOS:
-        _emit(worker_calls(args.worker, args.calls, args.rounds))
+        _emit(worker_calls(args.worker, args.calls, args.rounds, args))
     elif args.worker == "contention":
         _emit(worker_contention(args.workers, args.keys, args.races, args.timeout))
     elif args.worker == "contention-child":
@@ -670,12 +738,26 @@ def run_worker(impl: str, python: str, scenario: str, db: str, args: argparse.Na
             env["REFPG_URL"] = url  # the shim: protect()'s default Control on PostgresStateStore
             env["CTRLRUN_STORE_URL"] = url  # the reference's CLI (the approval grant) honours this
         cmd = [python, str(HERE), "--worker", scenario, "--dir", workdir, "--timeout", str(args.timeout)]
+        extra_dbs: list[str] = []
         if scenario == "contention":
             cmd += ["--workers", str(args.workers), "--keys", str(args.keys), "--races", str(args.races)]
         else:
             calls = args.approval_calls if scenario.startswith("approval") else args.calls
-            cmd += ["--calls", str(calls), "--rounds", str(args.rounds)]
-        proc = _run(cmd, env, args)
+            cmd += ["--calls", str(calls), "--rounds", str(args.rounds), "--floor-block", str(args.floor_block),
+                    "--floor-script", args.floor_script]
+            if url and args.floor_block and floor_field(scenario):
+                assert databases is not None  # scratch databases of their own for the in-process floors
+                extra_dbs.append(databases.create("inproc_floor"))
+                cmd += ["--floor-url", extra_dbs[-1]]
+                if impl == "ours":
+                    extra_dbs.append(databases.create("own_floor"))
+                    cmd += ["--own-floor-url", extra_dbs[-1]]
+        try:
+            proc = _run(cmd, env, args)
+        finally:
+            for extra in extra_dbs:
+                with contextlib.suppress(Exception):
+                    databases.drop(extra)
         if isinstance(proc, dict):
             return proc
         result = next((json.loads(line[len(RESULT_MARK):]) for line in proc.stdout.splitlines()
@@ -834,6 +916,8 @@ def driver_main(args: argparse.Namespace) -> int:
     missing: dict[str, Any] = {"error": "-"}
     failed = False
     spreads: list[str] = []
+    floor_errors: list[str] = []
+    floor_notes: list[str] = []
     if per_call:
         rows = []
         for db in dbs:
@@ -846,16 +930,36 @@ def driver_main(args: argparse.Namespace) -> int:
                 f = floor.get(field) if field else None
                 o, r = ours.get("median_us"), ref.get("median_us")
                 failed |= "error" in ours or (len(impls) == 2 and "error" in ref)
+                # In-process floors: each side read against the floor measured in its own process.
+                fo, fr, own = ours.get("inproc_floor_us"), ref.get("inproc_floor_us"), ours.get("own_floor_us")
+                for side, result in (("ours", ours), ("reference", ref)):
+                    if "inproc_floor_error" in result:
+                        floor_errors.append(f"{scenario} {db} {side}: {result['inproc_floor_error']}")
+                    if "inproc_floor_note" in result and result["inproc_floor_note"] not in floor_notes:
+                        floor_notes.append(result["inproc_floor_note"])
+                inproc = " / ".join(f"{v:.1f}" if v else "-" for v in (fo, fr)) if fo or fr else "-"
                 rows.append([scenario, db, _num(o, ours), _num(r, ref), _x(_ratio(o, r)),
                              f"{f:.1f}" if f else ("ERROR" if "error" in floor and floor["error"] != "-" else "-"),
-                             _x(_ratio(o, f)), _x(_ratio(r, f)), _targets(scenario, db, _ratio(o, r), _ratio(o, f))])
+                             _x(_ratio(o, f)), _x(_ratio(r, f)), inproc, _x(_ratio(o, fo)), _x(_ratio(r, fr)),
+                             f"{own:.1f}" if own else "-", _x(_ratio(o, own)),
+                             _targets(scenario, db, _ratio(o, r), _ratio(o, f))])
                 if args.passes > 1:
                     spreads.append(f"- {scenario} {db}: ours {_passes(ours, 'median_us')}, "
-                                   f"reference {_passes(ref, 'median_us')}, floor {_passes(floor, field)}")
+                                   f"reference {_passes(ref, 'median_us')}, floor {_passes(floor, field)}, "
+                                   f"in-process floor {_passes(ours, 'inproc_floor_us')} (ours) / "
+                                   f"{_passes(ref, 'inproc_floor_us')} (reference), "
+                                   f"own floor {_passes(ours, 'own_floor_us')}")
         print()
         for line in _markdown(["scenario", "db", "ours µs", "reference µs", "ours/ref", "floor µs", "ours/floor",
-                               "ref/floor", "target"], rows, right={2, 3, 4, 5, 6, 7}):
+                               "ref/floor", "floor(in-process) µs ours / ref", "ours/floor(in-process)",
+                               "ref/floor(in-process)", "own-floor µs", "ours/own-floor", "target"], rows,
+                              right=set(range(2, 13))):
             print(line)
+        failed |= bool(floor_errors)
+        for line in floor_notes:
+            print(f"\nnote: {line}")
+        for line in floor_errors:
+            print(f"\nerror: in-process floor: {line}")
     if "contention" in scenarios:
         rows = []
         for db in dbs:
@@ -913,13 +1017,17 @@ def driver_main(args: argparse.Namespace) -> int:
     if with_floor:
         how.append("floor: same sizes; allowed and approval read against floor_allowed, duplicate and denied "
                    "against floor_refused")
+    if per_call and args.floor_block:
+        how.append(f"floor(in-process) and own-floor: inside each worker, blocks of {args.floor_block} calls "
+                   "alternating with as many floor operations (own-floor: our captured statements replayed "
+                   "through the bare driver on a copy of our store; ours only, not for approval)")
     if "contention" in scenarios:
         how.append(f"contention: median of {args.races} races, {args.workers} processes x {args.keys} keys each")
     print("; ".join(how) + (f"; each the median of {args.passes} passes" if args.passes > 1 else ""))
     return 1 if failed else 0
 
 
-MERGED_FIELDS = ("median_us", "attempts_per_s", "floor_allowed", "floor_refused")
+MERGED_FIELDS = ("median_us", "attempts_per_s", "floor_allowed", "floor_refused", "inproc_floor_us", "own_floor_us")
 
 
 def _merge(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -987,6 +1095,9 @@ def main() -> int:
     parser.add_argument("--floor-script", default=str(REPO.parent / "shared" / "bench" / "floor.py"),
                         help="the floor (the raw driver's durable writes), run on each database in every pass "
                              "(default: ../shared/bench/floor.py beside the repository)")
+    parser.add_argument("--floor-block", type=int, default=25,
+                        help="in-process floors: blocks of this many scenario calls alternate, inside each "
+                             "worker, with as many floor operations (0: no in-process floors; default 25)")
     parser.add_argument("--reference-python", default="/tmp/ref/bin/python")
     parser.add_argument("--reference-pg-shim", default=str(Path(__file__).resolve().parent / "reference_pg"),
                         help="folder holding the reference's PostgreSQL measurement sitecustomize.py")
@@ -998,6 +1109,8 @@ def main() -> int:
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--dir", help=argparse.SUPPRESS)
     parser.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--floor-url", help=argparse.SUPPRESS)
+    parser.add_argument("--own-floor-url", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         return worker_main(args)
@@ -1006,6 +1119,8 @@ def main() -> int:
     for name in ("calls", "approval_calls", "rounds", "workers", "keys", "races", "passes"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.floor_block < 0:
+        parser.error("--floor-block must be 0 (no in-process floors) or more")
     unknown = set(args.scenarios.split(",")) - {*DEFAULT_SCENARIOS, ""}
     if unknown:
         parser.error(f"unknown scenario(s): {', '.join(sorted(unknown))}")
