@@ -133,6 +133,20 @@ def screenshot_folder() -> Path:
     return folder
 
 
+def _gone(page, stale, driver) -> bool:
+    """Whether the old page has left. Mid-navigation chromedriver may answer a question about its
+    root with "Node with given id does not belong to the document" instead of a stale reference:
+    that, too, says the page is gone."""
+    from selenium.common.exceptions import WebDriverException
+
+    try:
+        return stale(driver)
+    except WebDriverException as exc:
+        if "does not belong to the document" in str(exc):
+            return True
+        raise
+
+
 class Console:
     """One browser on the live console: opens pages, clicks, and photographs every page it visits."""
 
@@ -158,7 +172,7 @@ class Console:
 
         page = self.driver.find_element(By.TAG_NAME, "html")
         element.click()
-        WebDriverWait(self.driver, 20).until(expected_conditions.staleness_of(page))
+        WebDriverWait(self.driver, 20).until(lambda d: _gone(page, expected_conditions.staleness_of(page), d))
         WebDriverWait(self.driver, 20).until(
             lambda d: d.execute_script("return document.readyState") == "complete")
 
