@@ -82,5 +82,21 @@ class CtrlrunConfig(AppConfig):
 
 
 def _post_migrate(sender: AppConfig, *, apps: Any = global_apps, using: str = "default", verbosity: int = 1,
-                  **_: Any) -> None:
+                  plan: Any = None, **_: Any) -> None:
     create_console_groups(apps=apps, using=using, verbosity=verbosity)
+    if plan is not None:  # a migrate (a flush sends no plan: its tooling puts the guard back itself)
+        repair_guard(using, verbosity=verbosity)
+
+
+def repair_guard(using: str, *, verbosity: int = 1) -> int | None:
+    """With every ctrlrun migration applied on ``using``, a guard that is missing, older than this code's
+    or short of a trigger goes back to the newest version (``guards.repair``): what ``manage.py check``'s
+    ctrlrun.W005 tells to run ``migrate ctrlrun`` for."""
+    from django.db import connections
+
+    from . import guards
+
+    installed = guards.repair(connections[using])
+    if installed is not None and verbosity >= 1:
+        print(f"ctrlrun: installed guard version {installed} on the database {using!r} (it was missing or older)")
+    return installed

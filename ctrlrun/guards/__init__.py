@@ -31,7 +31,8 @@ import re
 from functools import lru_cache
 from typing import Any
 
-__all__ = ["CURRENT", "VERSIONS", "install", "remove", "installed", "missing_triggers", "statements"]
+__all__ = ["CURRENT", "VERSIONS", "install", "remove", "installed", "missing_triggers", "statements", "problem",
+           "repair"]
 
 #: The version this code expects installed (the newest; the one ``guard.py`` builds).
 CURRENT = 7
@@ -157,3 +158,39 @@ def missing_triggers(connection: Any, version: int) -> list[str]:
             return []
         have = {name for (name,) in cursor.fetchall()}
     return [name for name, _ in triggers(version, connection.vendor) if name not in have]
+
+
+def migrations_pending(connection: Any) -> bool:
+    """Whether any ctrlrun migration is not applied on this database (then the guard is the
+    migrations' business: the next ``migrate`` installs the version of each)."""
+    from django.db.migrations.executor import MigrationExecutor
+
+    executor = MigrationExecutor(connection)
+    targets = [node for node in executor.loader.graph.leaf_nodes() if node[0] == "ctrlrun"]
+    return bool(executor.migration_plan(targets))
+
+
+def problem(connection: Any) -> tuple[int | None, list[str]] | None:
+    """What is wrong with the database's guard: (the version it records, the triggers of that version
+    it lacks), or None when it records :data:`CURRENT` with every trigger. A newer version is a
+    problem too (this code is older than the database's guard), but never replaced by :func:`repair`."""
+    version = installed(connection)
+    if version is not None and version > CURRENT:
+        return version, []
+    missing = missing_triggers(connection, version) if version is not None else []
+    if version == CURRENT and not missing:
+        return None
+    return version, missing
+
+
+def repair(connection: Any) -> int | None:
+    """After ``migrate``: with every ctrlrun migration applied, a guard that is missing, older than
+    :data:`CURRENT` or short of a trigger (dropped by hand) is replaced by :data:`CURRENT` (what the
+    newest guard migration installs). Returns the version installed, or None (nothing to do)."""
+    if connection.vendor not in VENDORS or migrations_pending(connection):
+        return None
+    found = problem(connection)
+    if found is None or (found[0] is not None and found[0] > CURRENT):
+        return None
+    install(connection, CURRENT)
+    return CURRENT

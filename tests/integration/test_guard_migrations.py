@@ -1,6 +1,7 @@
 """Each migration installs its own frozen guard version with its record, and its reverse puts back the
 version before: ``migrate ctrlrun 0008`` and back on a scratch store (an OS process), on the database
-the suite runs on (a SQLite file, or a scratch PostgreSQL database)."""
+the suite runs on (a SQLite file, or a scratch PostgreSQL database). ``manage.py check``'s W005 stays
+silent while a migration is pending, names a guard removed afterwards, and ``migrate`` puts it back."""
 from __future__ import annotations
 
 import json
@@ -23,10 +24,12 @@ standalone.configure_settings()
 from django.core.management import call_command
 from django.db import connection
 from ctrlrun import guards
+from ctrlrun.checks import check_guard
 
 def state():
     version = guards.installed(connection)
-    return [version, guards.missing_triggers(connection, version) if version else None]
+    return [version, guards.missing_triggers(connection, version) if version else None,
+            [m.id for m in check_guard()]]
 
 out = {}
 call_command("migrate", "ctrlrun", verbosity=0, interactive=False)
@@ -39,6 +42,10 @@ for target in reversed(sys.argv[1:-1]):
     out["forward " + target] = state()
 call_command("migrate", "ctrlrun", verbosity=0, interactive=False)
 out["again"] = state()
+guards.remove(connection)
+out["removed"] = state()
+call_command("migrate", "ctrlrun", verbosity=0, interactive=False)
+out["repaired"] = state()
 print(json.dumps(out))
 '''
 
@@ -78,7 +85,9 @@ def test_migrating_back_to_0008_and_forward_installs_each_version(scratch, tmp_p
                           text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout.strip().splitlines()[-1])
-    expected = {"latest": [7, []], "again": [7, []]}
-    expected.update({f"back {t}": [v, []] for t, v in STEPS.items()})
-    expected.update({f"forward {t}": [v, []] for t, v in list(STEPS.items())[:-1]})
+    expected = {"latest": [7, [], []], "again": [7, [], []], "removed": [None, None, ["ctrlrun.W005"]],
+                "repaired": [7, [], []]}
+    # W005 is silent while a migration is pending: migrating installs each version
+    expected.update({f"back {t}": [v, [], []] for t, v in STEPS.items()})
+    expected.update({f"forward {t}": [v, [], []] for t, v in list(STEPS.items())[:-1]})
     assert out == expected
