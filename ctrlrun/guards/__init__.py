@@ -19,7 +19,8 @@ version  installed by                    what it adds
 3        0013_budget_ledger              budget ledger rows are never deleted
 4        0014_delegations                delegations are revoked once, never deleted
 5        0015_ledger_release_only        a ledger row only ever gets released_at, once
-6        0016_signed_rows                (rows signed) check nonces and ledger identity
+6        0016_signed_rows                a check's nonce and a charge's identity never
+                                          collide; new signatures held with their rows
 7        0017_approval_returned,         approvals given back (``returned``), paused runs,
          0018_guard_version              the head is the one row
 =======  ==============================  ===============================================
