@@ -26,10 +26,21 @@ from django.db import connection
 from ctrlrun import guards
 from ctrlrun.checks import check_guard
 
+from django.db import transaction
+
+def refused():
+    """Whether the installed guard refuses moving the chain head back (every version does)."""
+    try:
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute('UPDATE "ctrlrun_chainhead" SET "seq" = "seq" - 1')
+    except Exception:
+        return True
+    return False
+
 def state():
     version = guards.installed(connection)
     return [version, guards.missing_triggers(connection, version) if version else None,
-            [m.id for m in check_guard()]]
+            [m.id for m in check_guard()], refused()]
 
 out = {}
 call_command("migrate", "ctrlrun", verbosity=0, interactive=False)
@@ -85,9 +96,9 @@ def test_migrating_back_to_0008_and_forward_installs_each_version(scratch, tmp_p
                           text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout.strip().splitlines()[-1])
-    expected = {"latest": [7, [], []], "again": [7, [], []], "removed": [None, None, ["ctrlrun.W005"]],
-                "repaired": [7, [], []]}
+    expected = {"latest": [7, [], [], True], "again": [7, [], [], True],
+                "removed": [None, None, ["ctrlrun.W005"], False], "repaired": [7, [], [], True]}
     # W005 is silent while a migration is pending: migrating installs each version
-    expected.update({f"back {t}": [v, [], []] for t, v in STEPS.items()})
-    expected.update({f"forward {t}": [v, [], []] for t, v in list(STEPS.items())[:-1]})
+    expected.update({f"back {t}": [v, [], [], True] for t, v in STEPS.items()})
+    expected.update({f"forward {t}": [v, [], [], True] for t, v in list(STEPS.items())[:-1]})
     assert out == expected
