@@ -114,10 +114,14 @@ def _run(connection: Any, sql: list[str]) -> None:
 
 
 def install(connection: Any, version: int) -> None:
-    """Put guard ``version`` in place, with its version record (replacing whatever guard was there)."""
+    """Put guard ``version`` in place, with its version record (replacing whatever guard was there), in
+    one transaction."""
+    from django.db import transaction
+
     sql = statements(version, connection.vendor) + record(version, connection.vendor)
-    remove(connection)
-    _run(connection, sql)
+    with transaction.atomic(using=connection.alias):  # all of it or nothing (both databases' DDL is transactional)
+        remove(connection)
+        _run(connection, sql)
 
 
 def remove(connection: Any) -> None:

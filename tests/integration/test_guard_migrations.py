@@ -72,7 +72,8 @@ def scratch(tmp_path, django_db_blocker):
     from django.db import connection
 
     env = {k: v for k, v in os.environ.items()
-           if k not in ("DJANGO_SETTINGS_MODULE", "DATABASE_URL", "CTRLRUN_STORE_URL", "CTRLRUN_CONFIG", "CTRLRUN_STATE")}
+           if k not in ("DJANGO_SETTINGS_MODULE", "DATABASE_URL", "CTRLRUN_STORE_URL", "CTRLRUN_CONFIG",
+                        "CTRLRUN_STATE")}
     (tmp_path / "ctrlrun.yaml").write_text("schema: ctrlrun.policy/v2\nactions: {}\n")
     env.update(PYTHONPATH=str(REPO), CTRLRUN_CONFIG=str(tmp_path / "ctrlrun.yaml"))
     if connection.vendor == "sqlite":

@@ -406,3 +406,39 @@ def test_the_role_cannot_replace_or_drop_the_guard_version_record(store, attack)
     with pytest.raises(role_refused(store)):
         store.sql(RECORD_ATTACKS[store.vendor][attack])
     assert [tuple(row) for row in _recorded(store)] == [(CURRENT,)]
+
+
+MIGRATE = r'''
+from ctrlrun import standalone
+standalone.configure_settings()
+from django.core.management import call_command
+call_command("migrate", "ctrlrun", verbosity=0, interactive=False)
+from django.db import connection
+from ctrlrun import guards
+print(guards.missing_triggers(connection, guards.CURRENT))
+'''
+
+
+def test_migrate_run_as_the_role_says_it_cannot_put_a_dropped_trigger_back(store):
+    """A trigger the owner dropped: ``migrate ctrlrun`` by the role (PostgreSQL: it may not make
+    triggers) says in one line that it could not put the guard back, and exits 0; on SQLite, where
+    the file is the only boundary, it puts the guard back."""
+    import subprocess
+    import sys
+
+    if store.vendor == "postgresql":
+        owner = ADMIN_URL.rsplit("/", 1)[0] + "/" + str(store.url).rsplit("/", 1)[1]
+        with psycopg.connect(owner, autocommit=True) as conn:
+            conn.execute('DROP TRIGGER "ctrlrun_chainhead_guard" ON "ctrlrun_chainhead"')
+    else:
+        store.sql('DROP TRIGGER "ctrlrun_chainhead_forward"')
+    done = subprocess.run([sys.executable, "-c", MIGRATE], cwd=store.folder, env=store.environment(),
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    missing = done.stdout.strip().splitlines()[-1]
+    if store.vendor == "postgresql":
+        assert "ctrlrun: could not put guard version 7 back on the database 'default'" in done.stderr, done.stderr
+        assert "as the owner of ctrlrun's tables" in done.stderr
+        assert missing == "['ctrlrun_chainhead_guard']", missing
+    else:
+        assert missing == "[]", missing
