@@ -82,5 +82,29 @@ class CtrlrunConfig(AppConfig):
 
 
 def _post_migrate(sender: AppConfig, *, apps: Any = global_apps, using: str = "default", verbosity: int = 1,
-                  **_: Any) -> None:
+                  plan: Any = None, **_: Any) -> None:
     create_console_groups(apps=apps, using=using, verbosity=verbosity)
+    if plan is not None:  # a migrate (a flush sends no plan: its tooling puts the guard back itself)
+        repair_guard(using, verbosity=verbosity)
+
+
+def repair_guard(using: str, *, verbosity: int = 1) -> int | None:
+    """With every ctrlrun migration applied on ``using``, a guard that is missing, older than this code's
+    or short of a trigger goes back to the newest version (``guards.repair``): what ``manage.py check``'s
+    ctrlrun.W005 tells to run ``migrate ctrlrun`` for."""
+    import sys
+
+    from django.db import DatabaseError, connections
+
+    from . import guards
+
+    try:
+        installed = guards.repair(connections[using])
+    except DatabaseError as exc:  # a role that may not make triggers (not the tables' owner): said, not raised
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        print(f"ctrlrun: could not put guard version {guards.CURRENT} back on the database {using!r}: {reason} "
+              f"(run `migrate ctrlrun` as the owner of ctrlrun's tables)", file=sys.stderr)
+        return None
+    if installed is not None and verbosity >= 1:
+        print(f"ctrlrun: installed guard version {installed} on the database {using!r} (it was missing or older)")
+    return installed

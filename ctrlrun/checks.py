@@ -138,3 +138,45 @@ def check_migrations(app_configs: Any = None, databases: Any = None, **kwargs: A
         f"{count} not applied on the database {alias!r} ({_names(missing)}): every protected call and "
         f"console page will fail (no such table) until they are applied",
         hint="run `python manage.py migrate`", id="ctrlrun.W003")]
+
+
+@checks.register(checks.Tags.database)
+def check_guard(app_configs: Any = None, databases: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """The database's guard (the triggers of ``ctrlrun.guard``) missing, older than this code expects,
+    short of a trigger, or newer than this code knows (ctrlrun.W005): it reads the version the guard
+    records. Silent inside ``migrate``, while a ctrlrun migration is pending (W003 says so: migrating
+    installs each version) and when the database cannot be read (W004 says so)."""
+    if _migrating():
+        return []
+    from django.db import connections
+
+    from . import guards
+
+    alias = conf.database_alias()
+    try:
+        connection = connections[alias]
+        if connection.vendor not in guards.VENDORS or guards.migrations_pending(connection):
+            return []
+        found = guards.problem(connection)
+    except Exception:  # noqa: BLE001 - a check never crashes; W004 names a database it cannot read
+        return []
+    if found is None:
+        return []
+    version, missing = found
+    expected = f"this code expects guard version {guards.CURRENT}"
+    hint = (f"run `python manage.py migrate ctrlrun`: with every ctrlrun migration applied it puts guard version "
+            f"{guards.CURRENT} back (docs/guarantees.md, guard versions)")
+    if version is None:
+        text = (f"the database {alias!r} records no ctrlrun guard: its triggers (append-only evidence, the state "
+                f"tables, the release-only ledger) are missing or from before guards were versioned; {expected}")
+    elif version > guards.CURRENT:
+        text = (f"the database {alias!r} has ctrlrun guard version {version}, newer than version "
+                f"{guards.CURRENT} this code knows: it was migrated by a newer ctrlrun")
+        hint = "run the ctrlrun release whose migrations installed it (this code never replaces a newer guard)"
+    elif missing:
+        text = (f"the database {alias!r} records ctrlrun guard version {version} but lacks "
+                f"{len(missing)} of its triggers ({_names(missing)}): they were dropped outside ctrlrun; {expected}")
+    else:
+        text = f"the database {alias!r} has ctrlrun guard version {version}, older than version {guards.CURRENT}: " \
+               f"{expected}"
+    return [checks.Warning(text, hint=hint, id="ctrlrun.W005")]

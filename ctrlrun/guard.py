@@ -31,13 +31,21 @@ An application's usual database role (SELECT/INSERT/UPDATE/DELETE) cannot disabl
 the tables' owner can. What a role *may* still write within the rules (a granted status, a
 forged row at the head) is caught by the signatures in ``ctrlrun.signing``.
 
-``install`` and ``remove`` take a connection; migrations install the guard, and tooling that must
-empty the tables on purpose (a test database's flush) lifts it and puts it back.
+This module builds the newest version of the guard; what the database gets is always a frozen
+version (``ctrlrun.guards``): each migration that installs the guard installs its own, with a record
+of its number, and ``manage.py check`` says when the database's is missing or older
+(``ctrlrun.W005``). A change here is a new version (``python -m ctrlrun.guards.freeze``), a migration
+that installs it and ``guards.CURRENT`` moved on: ``tests/unit/test_guard_versions.py`` holds the
+newest frozen version to what this module builds.
+
+``install`` and ``remove`` take a connection: tooling that must empty the tables on purpose (a test
+database's flush) lifts the guard and puts the newest version back.
 """
 from __future__ import annotations
 
 from typing import Any
 
+from . import guards
 from .states import (APPROVAL_GIVE_BACKS, APPROVAL_INITIAL, APPROVAL_TRANSITIONS, INITIAL_STATE, RENEWALS, TRANSITIONS,
                      EffectState as S)
 
@@ -90,10 +98,6 @@ def _same(column: str, distinct: str) -> str:
     return f'NEW."{column}" {distinct} OLD."{column}"'
 
 
-#: The column counting give-backs (0017); an install part-way through the migrations has none yet.
-APPROVAL_RETURNED = "ctrlrun_approval.returned"
-
-
 def _approval_moves() -> str:
     """The approval table in words, by source: ``pending -> granted/denied/expired, ...``."""
     by_source: dict[str, list[str]] = {}
@@ -106,18 +110,12 @@ APPROVAL_MESSAGE = (f"ctrlrun approvals move {_approval_moves()} (given back, it
                     "and keep what the human read")
 
 
-def _approval_allowed(same: str, returned: bool = True) -> str:
+def _approval_allowed(same: str) -> str:
     fixed = " AND ".join(_same(c, same) for c in _APPROVAL_FIXED)
     edges = _edges(_APPROVAL_EDGES).format(column="status")
-    if not returned:
-        return f"{fixed} AND {edges}"
     given_back = (_edges(APPROVAL_GIVE_BACKS).format(column="status")
                   + ' AND NEW."returned" = OLD."returned" + 1')
     return f'{fixed} AND (({edges} AND NEW."returned" = OLD."returned") OR ({given_back}))'
-
-
-def _has_returned(present: Any) -> bool:
-    return present is None or APPROVAL_RETURNED in present
 
 
 #: What a ledger row keeps for life; only released_at changes (with the row's signature), once.
@@ -164,8 +162,8 @@ _INSERT_OK = f"NEW.state = '{INITIAL_STATE.value}' AND NEW.attempt = 1"
 # --------------------------------------------------------------------------- SQLite
 
 
-def _sqlite_statements(present: Any = None) -> list[tuple[str, str]]:
-    """(trigger name, CREATE statement) pairs; with ``present``, only for evidence tables in it."""
+def _sqlite_statements() -> list[tuple[str, str]]:
+    """(trigger name, CREATE statement) pairs."""
     out: list[tuple[str, str]] = []
 
     def add(name: str, timing: str, table: str, message: str, *, condition: str | None = None,
@@ -174,7 +172,7 @@ def _sqlite_statements(present: Any = None) -> list[tuple[str, str]]:
         clause = f" WHEN {condition}" if condition else ""
         out.append((name, f'CREATE TRIGGER "{name}" {timing} ON "{table}"{clause} BEGIN SELECT {action}; END'))
 
-    for table in _evidence_tables(present):
+    for table in EVIDENCE_TABLES:
         add(f"{table}_no_update", "BEFORE UPDATE", table, APPEND_ONLY_MESSAGE)
         add(f"{table}_no_delete", "BEFORE DELETE", table, APPEND_ONLY_MESSAGE)
         collide = " OR ".join(f'"{c}" = NEW."{c}"' for c in _UNIQUE[table])
@@ -193,39 +191,35 @@ def _sqlite_statements(present: Any = None) -> list[tuple[str, str]]:
         condition=f"NOT ({_effect_allowed()})")
 
     approval = "ctrlrun_approval"
-    fresh = ' OR NEW."returned" <> 0' if _has_returned(present) else ""
     add(f"{approval}_no_replace", "BEFORE INSERT", approval, "an approval request is created once, pending",
-        condition=f'NEW."status" <> \'{APPROVAL_INITIAL.value}\'{fresh} OR EXISTS (SELECT 1 FROM "{approval}" WHERE '
-                  f'"approval_id" = NEW."approval_id")')
+        condition=f'NEW."status" <> \'{APPROVAL_INITIAL.value}\' OR NEW."returned" <> 0 OR EXISTS (SELECT 1 FROM '
+                  f'"{approval}" WHERE "approval_id" = NEW."approval_id")')
     add(f"{approval}_no_delete", "BEFORE DELETE", approval, "ctrlrun approvals are never deleted")
     add(f"{approval}_state_table", "BEFORE UPDATE", approval, APPROVAL_MESSAGE,
-        condition=f"NOT ({_approval_allowed('IS', _has_returned(present))})")
+        condition=f"NOT ({_approval_allowed('IS')})")
 
-    if present is None or LEDGER_TABLE in present:
-        add(f"{LEDGER_TABLE}_no_delete", "BEFORE DELETE", LEDGER_TABLE, LEDGER_MESSAGE)
-        add(f"{LEDGER_TABLE}_no_replace", "BEFORE INSERT", LEDGER_TABLE, LEDGER_MESSAGE,
-            condition=f'EXISTS (SELECT 1 FROM "{LEDGER_TABLE}" WHERE "id" = NEW."id" OR ("effect_key" = '
-                      f'NEW."effect_key" AND "attempt" = NEW."attempt" AND "grant_id" = NEW."grant_id" AND '
-                      f'"metric" = NEW."metric"))')
-        add(f"{LEDGER_TABLE}_release_only", "BEFORE UPDATE", LEDGER_TABLE, LEDGER_RELEASE_MESSAGE,
-            condition=f"NOT ({_ledger_release_only('IS')})")
-    if present is None or DELEGATION_TABLE in present:
-        table = DELEGATION_TABLE
-        add(f"{table}_no_replace", "BEFORE INSERT", table, "a delegation is created once, unrevoked",
-            condition=f'NEW."revoked_at" IS NOT NULL OR EXISTS (SELECT 1 FROM "{table}" WHERE '
-                      f'"delegation_id" = NEW."delegation_id")')
-        add(f"{table}_no_delete", "BEFORE DELETE", table, "ctrlrun delegations are never deleted")
-        add(f"{table}_revoke_once", "BEFORE UPDATE", table,
-            "a ctrlrun delegation is only ever revoked, once (there is no unrevoke)",
-            condition=f"NOT ({_delegation_revoke_only('IS')})")
+    add(f"{LEDGER_TABLE}_no_delete", "BEFORE DELETE", LEDGER_TABLE, LEDGER_MESSAGE)
+    add(f"{LEDGER_TABLE}_no_replace", "BEFORE INSERT", LEDGER_TABLE, LEDGER_MESSAGE,
+        condition=f'EXISTS (SELECT 1 FROM "{LEDGER_TABLE}" WHERE "id" = NEW."id" OR ("effect_key" = '
+                  f'NEW."effect_key" AND "attempt" = NEW."attempt" AND "grant_id" = NEW."grant_id" AND '
+                  f'"metric" = NEW."metric"))')
+    add(f"{LEDGER_TABLE}_release_only", "BEFORE UPDATE", LEDGER_TABLE, LEDGER_RELEASE_MESSAGE,
+        condition=f"NOT ({_ledger_release_only('IS')})")
+    table = DELEGATION_TABLE
+    add(f"{table}_no_replace", "BEFORE INSERT", table, "a delegation is created once, unrevoked",
+        condition=f'NEW."revoked_at" IS NOT NULL OR EXISTS (SELECT 1 FROM "{table}" WHERE '
+                  f'"delegation_id" = NEW."delegation_id")')
+    add(f"{table}_no_delete", "BEFORE DELETE", table, "ctrlrun delegations are never deleted")
+    add(f"{table}_revoke_once", "BEFORE UPDATE", table,
+        "a ctrlrun delegation is only ever revoked, once (there is no unrevoke)",
+        condition=f"NOT ({_delegation_revoke_only('IS')})")
 
-    if present is None or PAUSED_TABLE in present:
-        add(f"{PAUSED_TABLE}_no_delete", "BEFORE DELETE", PAUSED_TABLE, PAUSED_MESSAGE)
-        add(f"{PAUSED_TABLE}_fixed", "BEFORE UPDATE", PAUSED_TABLE, PAUSED_MESSAGE,
-            condition=f"NOT ({_paused_fixed('IS')})")
-        add(f"{PAUSED_TABLE}_no_replace", "BEFORE INSERT", PAUSED_TABLE, PAUSED_MESSAGE,
-            condition=f'EXISTS (SELECT 1 FROM "{PAUSED_TABLE}" WHERE "id" = NEW."id" OR "approval_id" = '
-                      f'NEW."approval_id")')
+    add(f"{PAUSED_TABLE}_no_delete", "BEFORE DELETE", PAUSED_TABLE, PAUSED_MESSAGE)
+    add(f"{PAUSED_TABLE}_fixed", "BEFORE UPDATE", PAUSED_TABLE, PAUSED_MESSAGE,
+        condition=f"NOT ({_paused_fixed('IS')})")
+    add(f"{PAUSED_TABLE}_no_replace", "BEFORE INSERT", PAUSED_TABLE, PAUSED_MESSAGE,
+        condition=f'EXISTS (SELECT 1 FROM "{PAUSED_TABLE}" WHERE "id" = NEW."id" OR "approval_id" = '
+                  f'NEW."approval_id")')
 
     head = "ctrlrun_chainhead"
     add(f"{head}_no_replace", "BEFORE INSERT", head, "", ignore=True,
@@ -236,9 +230,6 @@ def _sqlite_statements(present: Any = None) -> list[tuple[str, str]]:
         condition=f"NOT ({_HEAD_FORWARD})")
     return out
 
-
-# Names of the triggers earlier migrations installed (0006), removed before the full set goes in.
-_SQLITE_LEGACY = [f"{t}_no_{v}" for t in ("ctrlrun_receipt", "ctrlrun_event") for v in ("update", "delete")]
 
 # --------------------------------------------------------------------------- PostgreSQL
 
@@ -251,13 +242,7 @@ def _pg_raise(message: str) -> str:
     return f"RAISE EXCEPTION '{message} (% on %)', TG_OP, TG_TABLE_NAME USING ERRCODE = 'insufficient_privilege';"
 
 
-def _evidence_tables(present: Any) -> tuple[str, ...]:
-    """The evidence tables to guard: all of them, or (an install part-way through the migrations, e.g.
-    0008's, before 0009 made the table of chain checks) those that exist yet."""
-    return EVIDENCE_TABLES if present is None else tuple(t for t in EVIDENCE_TABLES if t in present)
-
-
-def _postgresql_statements(present: Any = None) -> list[str]:
+def _postgresql_statements() -> list[str]:
     statements = [
         _pg_function("ctrlrun_refuse_evidence_change", _pg_raise(APPEND_ONLY_MESSAGE)),
         _pg_function("ctrlrun_guard_effectrecord", "\n".join([
@@ -273,9 +258,9 @@ def _postgresql_statements(present: Any = None) -> list[str]:
         _pg_function("ctrlrun_guard_approval", "\n".join([
             "IF TG_OP IN ('DELETE', 'TRUNCATE') THEN " + _pg_raise("ctrlrun approvals are never deleted") + " END IF;",
             f"IF TG_OP = 'INSERT' THEN IF NEW.status <> '{APPROVAL_INITIAL.value}'"
-            + (" OR NEW.returned <> 0" if _has_returned(present) else "") + " THEN "
+            + " OR NEW.returned <> 0 THEN "
             + _pg_raise("an approval request is created pending") + " END IF; RETURN NEW; END IF;",
-            f"IF NOT ({_approval_allowed('IS NOT DISTINCT FROM', _has_returned(present))}) THEN "
+            f"IF NOT ({_approval_allowed('IS NOT DISTINCT FROM')}) THEN "
             + _pg_raise(APPROVAL_MESSAGE) + " END IF;",
             "RETURN NEW;",
         ])),
@@ -293,41 +278,38 @@ def _postgresql_statements(present: Any = None) -> list[str]:
             "RETURN NEW;",
         ])),
     ]
-    if present is None or LEDGER_TABLE in present:
-        statements += [
-            f'CREATE TRIGGER "{LEDGER_TABLE}_guard" BEFORE UPDATE OR DELETE ON "{LEDGER_TABLE}" '
-            "FOR EACH ROW EXECUTE FUNCTION ctrlrun_guard_budgetledger()",
-            f'CREATE TRIGGER "{LEDGER_TABLE}_no_truncate" BEFORE TRUNCATE ON "{LEDGER_TABLE}" '
-            "FOR EACH STATEMENT EXECUTE FUNCTION ctrlrun_guard_budgetledger()",
-        ]
-    if present is None or PAUSED_TABLE in present:
-        statements.append(_pg_function("ctrlrun_guard_pausedrun", "\n".join([
-            "IF TG_OP IN ('DELETE', 'TRUNCATE') THEN " + _pg_raise(PAUSED_MESSAGE) + " END IF;",
-            f"IF NOT ({_paused_fixed('IS NOT DISTINCT FROM')}) THEN " + _pg_raise(PAUSED_MESSAGE) + " END IF;",
-            "RETURN NEW;",
-        ])))
-        statements += [
-            f'CREATE TRIGGER "{PAUSED_TABLE}_guard" BEFORE UPDATE OR DELETE ON "{PAUSED_TABLE}" '
-            f"FOR EACH ROW EXECUTE FUNCTION ctrlrun_guard_pausedrun()",
-            f'CREATE TRIGGER "{PAUSED_TABLE}_no_truncate" BEFORE TRUNCATE ON "{PAUSED_TABLE}" '
-            f"FOR EACH STATEMENT EXECUTE FUNCTION ctrlrun_guard_pausedrun()",
-        ]
-    if present is None or DELEGATION_TABLE in present:
-        statements.append(_pg_function("ctrlrun_guard_delegation", "\n".join([
-            "IF TG_OP IN ('DELETE', 'TRUNCATE') THEN " + _pg_raise("ctrlrun delegations are never deleted") + " END IF;",
-            "IF TG_OP = 'INSERT' THEN IF NEW.revoked_at IS NOT NULL THEN "
-            + _pg_raise("a delegation is created unrevoked") + " END IF; RETURN NEW; END IF;",
-            f"IF NOT ({_delegation_revoke_only('IS NOT DISTINCT FROM')}) THEN "
-            + _pg_raise("a ctrlrun delegation is only ever revoked, once (there is no unrevoke)") + " END IF;",
-            "RETURN NEW;",
-        ])))
-        statements += [
-            f'CREATE TRIGGER "{DELEGATION_TABLE}_guard" BEFORE INSERT OR UPDATE OR DELETE ON "{DELEGATION_TABLE}" '
-            f"FOR EACH ROW EXECUTE FUNCTION ctrlrun_guard_delegation()",
-            f'CREATE TRIGGER "{DELEGATION_TABLE}_no_truncate" BEFORE TRUNCATE ON "{DELEGATION_TABLE}" '
-            f"FOR EACH STATEMENT EXECUTE FUNCTION ctrlrun_guard_delegation()",
-        ]
-    for table in _evidence_tables(present):
+    statements += [
+        f'CREATE TRIGGER "{LEDGER_TABLE}_guard" BEFORE UPDATE OR DELETE ON "{LEDGER_TABLE}" '
+        "FOR EACH ROW EXECUTE FUNCTION ctrlrun_guard_budgetledger()",
+        f'CREATE TRIGGER "{LEDGER_TABLE}_no_truncate" BEFORE TRUNCATE ON "{LEDGER_TABLE}" '
+        "FOR EACH STATEMENT EXECUTE FUNCTION ctrlrun_guard_budgetledger()",
+    ]
+    statements.append(_pg_function("ctrlrun_guard_pausedrun", "\n".join([
+        "IF TG_OP IN ('DELETE', 'TRUNCATE') THEN " + _pg_raise(PAUSED_MESSAGE) + " END IF;",
+        f"IF NOT ({_paused_fixed('IS NOT DISTINCT FROM')}) THEN " + _pg_raise(PAUSED_MESSAGE) + " END IF;",
+        "RETURN NEW;",
+    ])))
+    statements += [
+        f'CREATE TRIGGER "{PAUSED_TABLE}_guard" BEFORE UPDATE OR DELETE ON "{PAUSED_TABLE}" '
+        f"FOR EACH ROW EXECUTE FUNCTION ctrlrun_guard_pausedrun()",
+        f'CREATE TRIGGER "{PAUSED_TABLE}_no_truncate" BEFORE TRUNCATE ON "{PAUSED_TABLE}" '
+        f"FOR EACH STATEMENT EXECUTE FUNCTION ctrlrun_guard_pausedrun()",
+    ]
+    statements.append(_pg_function("ctrlrun_guard_delegation", "\n".join([
+        "IF TG_OP IN ('DELETE', 'TRUNCATE') THEN " + _pg_raise("ctrlrun delegations are never deleted") + " END IF;",
+        "IF TG_OP = 'INSERT' THEN IF NEW.revoked_at IS NOT NULL THEN "
+        + _pg_raise("a delegation is created unrevoked") + " END IF; RETURN NEW; END IF;",
+        f"IF NOT ({_delegation_revoke_only('IS NOT DISTINCT FROM')}) THEN "
+        + _pg_raise("a ctrlrun delegation is only ever revoked, once (there is no unrevoke)") + " END IF;",
+        "RETURN NEW;",
+    ])))
+    statements += [
+        f'CREATE TRIGGER "{DELEGATION_TABLE}_guard" BEFORE INSERT OR UPDATE OR DELETE ON "{DELEGATION_TABLE}" '
+        f"FOR EACH ROW EXECUTE FUNCTION ctrlrun_guard_delegation()",
+        f'CREATE TRIGGER "{DELEGATION_TABLE}_no_truncate" BEFORE TRUNCATE ON "{DELEGATION_TABLE}" '
+        f"FOR EACH STATEMENT EXECUTE FUNCTION ctrlrun_guard_delegation()",
+    ]
+    for table in EVIDENCE_TABLES:
         statements += [
             f'CREATE TRIGGER "{table}_append_only" BEFORE UPDATE OR DELETE ON "{table}" '
             f"FOR EACH ROW EXECUTE FUNCTION ctrlrun_refuse_evidence_change()",
@@ -345,47 +327,12 @@ def _postgresql_statements(present: Any = None) -> list[str]:
     return statements
 
 
-_PG_TRIGGERS = [(t, n) for t in EVIDENCE_TABLES for n in ("append_only", "no_truncate")] + [
-    (t, n) for t in ("ctrlrun_effectrecord", "ctrlrun_approval", "ctrlrun_chainhead", LEDGER_TABLE, DELEGATION_TABLE,
-                     PAUSED_TABLE)
-    for n in ("guard", "no_truncate")]
-_PG_FUNCTIONS = ("ctrlrun_refuse_evidence_change", "ctrlrun_guard_effectrecord", "ctrlrun_guard_approval",
-                 "ctrlrun_guard_chainhead", "ctrlrun_guard_budgetledger", "ctrlrun_guard_delegation",
-                 "ctrlrun_guard_pausedrun")
-
-
-def _removal(vendor: str, present: Any = None) -> list[str]:
-    if vendor == "sqlite":
-        names = _SQLITE_LEGACY + [name for name, _ in _sqlite_statements()]
-        return [f'DROP TRIGGER IF EXISTS "{name}"' for name in dict.fromkeys(names)]
-    if vendor == "postgresql":
-        return ([f'DROP TRIGGER IF EXISTS "{t}_{n}" ON "{t}"' for t, n in _PG_TRIGGERS
-                 if present is None or t in present]
-                + [f"DROP FUNCTION IF EXISTS {f}()" for f in _PG_FUNCTIONS])
-    return []
-
-
-def _run(connection: Any, statements: list[str]) -> None:
-    with connection.cursor() as cursor:
-        for statement in statements:
-            cursor.execute(statement)
-
-
 def install(connection: Any) -> None:
-    """Put the whole guard in place (replacing any earlier version of it)."""
-    remove(connection)
-    present = set(connection.introspection.table_names())
-    if "ctrlrun_approval" in present:
-        with connection.cursor() as cursor:
-            columns = {c.name for c in connection.introspection.get_table_description(cursor, "ctrlrun_approval")}
-        if "returned" in columns:
-            present.add(APPROVAL_RETURNED)
-    if connection.vendor == "sqlite":
-        _run(connection, [statement for _, statement in _sqlite_statements(present)])
-    elif connection.vendor == "postgresql":
-        _run(connection, _postgresql_statements(present))
+    """Put the newest guard in place (``guards.CURRENT``, frozen from what this module builds), with its
+    version record, replacing whatever version was there (a test database's flush puts it back)."""
+    guards.install(connection, guards.CURRENT)
 
 
 def remove(connection: Any) -> None:
-    """Lift the guard (a test database's flush; never in production)."""
-    _run(connection, _removal(connection.vendor, set(connection.introspection.table_names())))
+    """Lift the guard, whichever version is installed (a test database's flush; never in production)."""
+    guards.remove(connection)

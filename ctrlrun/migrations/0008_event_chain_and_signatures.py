@@ -1,5 +1,5 @@
 """Events join a hash chain of their own; the head, effect records and approvals are signed; the
-database refuses every write outside the state tables (``ctrlrun.guard``).
+database refuses every write outside the state tables (guard version 1, ``ctrlrun/guards/v1.py``).
 
 Events already in the store are chained in the order they were written (their ids), and the rows
 already there are signed with this store's key, so an upgraded store verifies from the start.
@@ -22,12 +22,12 @@ def _event_hash(seq, prev_hash, ts, type_, action_id, effect_key, approval_id, d
 def chain_and_sign(apps, schema_editor):
     import datetime as dt
 
-    from ctrlrun import guard, signing
+    from ctrlrun import guards, signing
     from ctrlrun.store import signatures as sig
 
     connection = schema_editor.connection
     alias = connection.alias
-    guard.remove(connection)
+    guards.remove(connection)
     Event = apps.get_model("ctrlrun", "Event")
     previous, seq = GENESIS_HASH, 0
     with connection.cursor() as cursor:  # the data column's exact text, not a re-encoding of it
@@ -54,15 +54,15 @@ def chain_and_sign(apps, schema_editor):
     head.event_seq, head.event_hash, head.key_id = seq, previous, signing.key_id()
     head.mac = signing.sign(sig.HEAD_DOMAIN, sig.head_document(head.seq, head.hash, seq, previous, head.key_id))
     head.save()
-    guard.install(connection)
+    guards.install(connection, 1)  # guard version 1, frozen (ctrlrun/guards/v1.py), never today's
 
 
 def unguard(apps, schema_editor):
     import importlib
 
-    from ctrlrun import guard
+    from ctrlrun import guards
 
-    guard.remove(schema_editor.connection)
+    guards.remove(schema_editor.connection)
     importlib.import_module("ctrlrun.migrations.0006_evidence_append_only").install(schema_editor.connection)
 
 

@@ -8,9 +8,15 @@ from django.db import migrations, models
 
 
 def guard_checks(apps, schema_editor):
-    from ctrlrun import guard
+    from ctrlrun import guards
 
-    guard.install(schema_editor.connection)  # the whole guard, now with the table of checks
+    guards.install(schema_editor.connection, 2)  # guard version 2 (ctrlrun/guards/v2.py): now with the table of checks
+
+
+def _guard_before(apps, schema_editor):
+    from ctrlrun import guards
+
+    guards.install(schema_editor.connection, 1)  # what the migration before this one installed
 
 
 class Migration(migrations.Migration):
@@ -59,5 +65,5 @@ class Migration(migrations.Migration):
             model_name='chaincheck',
             index=models.Index(fields=['ok', 'id'], name='ctrlrun_chaincheck_ok_idx'),
         ),
-        migrations.RunPython(guard_checks, migrations.RunPython.noop)  # dropping the table drops its triggers,
+        migrations.RunPython(guard_checks, _guard_before),
     ]

@@ -6,9 +6,15 @@ from django.db import migrations, models
 
 
 def guard_ledger(apps, schema_editor):
-    from ctrlrun import guard
+    from ctrlrun import guards
 
-    guard.install(schema_editor.connection)  # the whole guard, now with the ledger
+    guards.install(schema_editor.connection, 3)  # guard version 3 (ctrlrun/guards/v3.py): now with the ledger
+
+
+def _guard_before(apps, schema_editor):
+    from ctrlrun import guards
+
+    guards.install(schema_editor.connection, 2)  # what the migration before this one installed
 
 
 class Migration(migrations.Migration):
@@ -36,5 +42,5 @@ class Migration(migrations.Migration):
                 'constraints': [models.CheckConstraint(condition=models.Q(('amount__gte', 0)), name='ctrlrun_ledger_amount_nonneg')],
             },
         ),
-        migrations.RunPython(guard_ledger, migrations.RunPython.noop),
+        migrations.RunPython(guard_ledger, _guard_before),
     ]

@@ -36,9 +36,15 @@ class Migration(migrations.Migration):
 
 
 def guard(apps, schema_editor):
-    from ctrlrun import guard
+    from ctrlrun import guards
 
-    guard.install(schema_editor.connection)  # the whole guard, now with delegations: revoked once, never deleted
+    guards.install(schema_editor.connection, 4)  # guard version 4 (ctrlrun/guards/v4.py): delegations revoked once, never deleted
 
 
-Migration.operations.append(migrations.RunPython(guard, migrations.RunPython.noop))
+def _guard_before(apps, schema_editor):
+    from ctrlrun import guards
+
+    guards.install(schema_editor.connection, 3)  # what the migration before this one installed
+
+
+Migration.operations.append(migrations.RunPython(guard, _guard_before))

@@ -5,9 +5,15 @@ from django.db import migrations
 
 
 def guard(apps, schema_editor):
-    from ctrlrun import guard
+    from ctrlrun import guards
 
-    guard.install(schema_editor.connection)  # the whole guard, the ledger's rows now release-only
+    guards.install(schema_editor.connection, 5)  # guard version 5 (ctrlrun/guards/v5.py): the ledger's rows release-only
+
+
+def _guard_before(apps, schema_editor):
+    from ctrlrun import guards
+
+    guards.install(schema_editor.connection, 4)  # what the migration before this one installed
 
 
 class Migration(migrations.Migration):
@@ -16,4 +22,4 @@ class Migration(migrations.Migration):
         ('ctrlrun', '0014_delegations'),
     ]
 
-    operations = [migrations.RunPython(guard, migrations.RunPython.noop)]
+    operations = [migrations.RunPython(guard, _guard_before)]

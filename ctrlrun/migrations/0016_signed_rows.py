@@ -109,15 +109,21 @@ def _sign_legacy(apps, schema_editor):
 
 
 def _lift(apps, schema_editor):
-    from ctrlrun import guard
+    from ctrlrun import guards
 
-    guard.remove(schema_editor.connection)
+    guards.remove(schema_editor.connection)
 
 
 def _install(apps, schema_editor):
-    from ctrlrun import guard
+    from ctrlrun import guards
 
-    guard.install(schema_editor.connection)
+    guards.install(schema_editor.connection, 6)  # guard version 6, frozen (ctrlrun/guards/v6.py)
+
+
+def _guard_before(apps, schema_editor):
+    from ctrlrun import guards
+
+    guards.install(schema_editor.connection, 5)  # back to the schema before: the version it had
 
 
 class Migration(migrations.Migration):
@@ -127,7 +133,7 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
-        migrations.RunPython(_lift, migrations.RunPython.noop),
+        migrations.RunPython(_lift, _guard_before),
         migrations.AddField(
             model_name='delegation',
             name='agent',
@@ -174,5 +180,5 @@ class Migration(migrations.Migration):
                                                          "resumer.", max_length=MAC_LENGTH, null=True),
         ),
         migrations.RunPython(_sign_legacy, migrations.RunPython.noop),
-        migrations.RunPython(_install, migrations.RunPython.noop),
+        migrations.RunPython(_install, _lift),
     ]

@@ -26,15 +26,21 @@ def _sign_v2(apps, schema_editor):
 
 
 def _lift(apps, schema_editor):
-    from ctrlrun import guard
+    from ctrlrun import guards
 
-    guard.remove(schema_editor.connection)
+    guards.remove(schema_editor.connection)
 
 
 def _install(apps, schema_editor):
-    from ctrlrun import guard
+    from ctrlrun import guards
 
-    guard.install(schema_editor.connection)
+    guards.install(schema_editor.connection, 7)  # guard version 7, frozen (ctrlrun/guards/v7.py)
+
+
+def _guard_before(apps, schema_editor):
+    from ctrlrun import guards
+
+    guards.install(schema_editor.connection, 6)  # back to the schema before: the version it had
 
 
 class Migration(migrations.Migration):
@@ -44,7 +50,7 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
-        migrations.RunPython(_lift, migrations.RunPython.noop),
+        migrations.RunPython(_lift, _guard_before),
         migrations.AddField(
             model_name='approval',
             name='returned',
@@ -76,5 +82,5 @@ class Migration(migrations.Migration):
             ),
         ),
         migrations.RunPython(_sign_v2, migrations.RunPython.noop),
-        migrations.RunPython(_install, migrations.RunPython.noop),
+        migrations.RunPython(_install, _lift),
     ]

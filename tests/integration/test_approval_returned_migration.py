@@ -1,6 +1,6 @@
 """Migration 0017 on a store migrated to 0016 holding approvals (an OS process on a scratch SQLite
 file): a row whose v1 signature holds is re-signed as v2 (returned 0) and still verifies; one that
-did not verify still does not; the guard is back, now counting give-backs."""
+did not verify still does not; the guard is back, now counting give-backs (version 7, recorded)."""
 from __future__ import annotations
 
 import json
@@ -24,8 +24,9 @@ from ctrlrun.store import signatures as sig
 Approval = MigrationExecutor(connection).loader.project_state(("ctrlrun", "0016_signed_rows")).apps.get_model(
     "ctrlrun", "Approval")
 now = dt.datetime(2026, 12, 1, tzinfo=dt.timezone.utc)
-from ctrlrun import guard
-guard.remove(connection)
+from ctrlrun import guards
+assert guards.installed(connection) == 6  # what 0016 installs
+guards.remove(connection)
 for ident, status, good in (("apr_" + "a" * 32, "granted", True), ("apr_" + "b" * 32, "granted", False),
                             ("apr_" + "c" * 32, "consumed", True)):
     row = Approval(approval_id=ident, status=status, action="stripe.refund", action_id="act_1",
@@ -35,9 +36,10 @@ for ident, status, good in (("apr_" + "a" * 32, "granted", True), ("apr_" + "b" 
                    consumed_by="act_1" if status == "consumed" else None)
     row.mac = signing.sign(sig.APPROVAL_DOMAIN_V1, sig.approval_document_v1(row)) if good else "forged"
     row.save()
-guard.install(connection)
+guards.install(connection, 6)
 call_command("migrate", "ctrlrun", verbosity=0, interactive=False)
 from ctrlrun.models import Approval as Current
+assert guards.installed(connection) == 7
 out = {r.approval_id[4]: [r.returned, sig.approval_signature_ok(r)] for r in Current.objects.all()}
 try:
     with connection.cursor() as cursor:

@@ -373,3 +373,72 @@ def test_a_paused_run_inserted_by_the_role_is_never_resumed(store):
     assert sorted(status for status, _ in done[1]) == ["resumed"], done  # the forged request cannot be answered
     assert (store.folder / "resumed.log").read_text().split() == [request_id, "granted"]
     assert ("signature_invalid", "paused") in breaks(store.verify())
+
+
+# --------------------------------------------------------------------------- the guard's version record
+
+#: What the role tries against the record of the guard's version: on PostgreSQL a function its owner
+#: made (replacing, dropping or renaming one needs its ownership); on SQLite a view (no DDL through the
+#: role's connection, and a view takes no INSERT, UPDATE or DELETE).
+RECORD_ATTACKS = {
+    "postgresql": ["CREATE OR REPLACE FUNCTION ctrlrun_guard_version() RETURNS integer AS $$ SELECT 99 $$ "
+                   "LANGUAGE sql",
+                   "DROP FUNCTION ctrlrun_guard_version()",
+                   "ALTER FUNCTION ctrlrun_guard_version() RENAME TO ctrlrun_guard_version_was"],
+    "sqlite": ['UPDATE "ctrlrun_guard_version" SET "version" = 99',
+               'INSERT INTO "ctrlrun_guard_version" ("version") VALUES (99)',
+               'DELETE FROM "ctrlrun_guard_version"'],
+}
+
+
+def _recorded(store: RoleStore) -> list:
+    return store.sql("SELECT ctrlrun_guard_version()" if store.vendor == "postgresql"
+                     else 'SELECT "version" FROM "ctrlrun_guard_version"')
+
+
+@pytest.mark.parametrize("attack", range(3))
+def test_the_role_cannot_replace_or_drop_the_guard_version_record(store, attack):
+    """The record ``manage.py check`` reads (ctrlrun.W005) says the version the owner's migration
+    installed, whatever the role does to it."""
+    from ctrlrun.guards import CURRENT
+
+    assert [tuple(row) for row in _recorded(store)] == [(CURRENT,)]
+    with pytest.raises(role_refused(store)):
+        store.sql(RECORD_ATTACKS[store.vendor][attack])
+    assert [tuple(row) for row in _recorded(store)] == [(CURRENT,)]
+
+
+MIGRATE = r'''
+from ctrlrun import standalone
+standalone.configure_settings()
+from django.core.management import call_command
+call_command("migrate", "ctrlrun", verbosity=0, interactive=False)
+from django.db import connection
+from ctrlrun import guards
+print(guards.missing_triggers(connection, guards.CURRENT))
+'''
+
+
+def test_migrate_run_as_the_role_says_it_cannot_put_a_dropped_trigger_back(store):
+    """A trigger the owner dropped: ``migrate ctrlrun`` by the role (PostgreSQL: it may not make
+    triggers) says in one line that it could not put the guard back, and exits 0; on SQLite, where
+    the file is the only boundary, it puts the guard back."""
+    import subprocess
+    import sys
+
+    if store.vendor == "postgresql":
+        owner = ADMIN_URL.rsplit("/", 1)[0] + "/" + str(store.url).rsplit("/", 1)[1]
+        with psycopg.connect(owner, autocommit=True) as conn:
+            conn.execute('DROP TRIGGER "ctrlrun_chainhead_guard" ON "ctrlrun_chainhead"')
+    else:
+        store.sql('DROP TRIGGER "ctrlrun_chainhead_forward"')
+    done = subprocess.run([sys.executable, "-c", MIGRATE], cwd=store.folder, env=store.environment(),
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    missing = done.stdout.strip().splitlines()[-1]
+    if store.vendor == "postgresql":
+        assert "ctrlrun: could not put guard version 7 back on the database 'default'" in done.stderr, done.stderr
+        assert "as the owner of ctrlrun's tables" in done.stderr
+        assert missing == "['ctrlrun_chainhead_guard']", missing
+    else:
+        assert missing == "[]", missing
