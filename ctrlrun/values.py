@@ -32,6 +32,7 @@ __all__ = [
     "ApprovalView",
     "PausedRunView",
     "ChainCheckView",
+    "PolicyDocumentView",
     "Overview",
 ]
 
@@ -310,6 +311,18 @@ class ApprovalView:
     @property
     def arguments(self) -> dict[str, Any]:
         return self.canonical_action.get("arguments", {})
+
+
+@dataclass(frozen=True)
+class PolicyDocumentView:
+    """A policy text ctrlrun stored (its signature held when read): what the pages explain decisions by."""
+
+    hash: str
+    schema: str
+    source: str
+    text: str
+    environment: str
+    first_seen: dt.datetime
 
 
 @dataclass(frozen=True)

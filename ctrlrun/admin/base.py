@@ -28,7 +28,7 @@ from .console import badge, call_link, data_rows, receipt_link, shown, when
 from ..display import dumps_html, hidden_fields, reveal
 from ..errors import CTRLRunError, StateConflict
 from ..messages import state_conflict
-from ..models import PolicyDocument
+from ..values import PolicyDocumentView
 from ..states import HOLDING_STATES
 
 
@@ -125,7 +125,7 @@ def _proposed(events: list[Any]) -> dict[str, Any] | None:
     return None
 
 
-def _policy_document(policy_hash: str | None) -> PolicyDocument | None:
+def _policy_document(policy_hash: str | None) -> PolicyDocumentView | None:
     """The stored policy text pages explain decisions with: only one ctrlrun stored (a row written
     under a policy's hash outside ctrlrun is never shown as the rules that decided)."""
     return store.policy_document(policy_hash)

@@ -177,7 +177,7 @@ def rule_text(document: Any, action: str, reason: str | None) -> str | None:
 
 
 def stored_policy(document: Any) -> Any:
-    """The stored policy ``document`` (a PolicyDocument row) parsed again (cached by hash), or None
+    """The stored policy ``document`` (a ``PolicyDocumentView``) parsed again (cached by hash), or None
     when there is none or it no longer parses."""
     if document is None:
         return None

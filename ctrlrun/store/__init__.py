@@ -89,6 +89,7 @@ from ..values import (
     Overview,
     PausedRunView,
     Pending,
+    PolicyDocumentView,
     ReceiptView,
     Refused,
     Reserved,
@@ -185,7 +186,7 @@ __all__ = [
     # values (ctrlrun.values)
     "Call", "Charge", "Observation", "Pending",
     "Reserved", "Refused", "OutcomeWrite", "HookAnswer", "EffectView", "EventView", "ReceiptView",
-    "ApprovalView", "ChainCheckView", "Overview", "EventRow", "PausedRunView",
+    "ApprovalView", "ChainCheckView", "Overview", "EventRow", "PausedRunView", "PolicyDocumentView",
     # errors the store raises on its own account
     "StateConflict", "IllegalTransition", "StoreUnavailable",
     # which database, and its clock

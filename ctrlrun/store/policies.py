@@ -10,6 +10,7 @@ from django.db import IntegrityError, transaction
 from .. import messages
 from ..errors import EvidenceTampered
 from ..models import ChainHead, PolicyDocument
+from ..values import PolicyDocumentView
 from .base import alias, objects, reading, write_phase
 from .signatures import HEAD_FIELDS, head_problem, policy_document_ok, sign_policy_document
 
@@ -54,14 +55,16 @@ def ensure_policy(policy_hash: str, schema: str, source: str, text: str, environ
     _known_policies.add(known)
 
 
-def policy_document(policy_hash: str | None) -> PolicyDocument | None:
+def policy_document(policy_hash: str | None) -> PolicyDocumentView | None:
     """The stored text of a policy, when ctrlrun stored it (its signature holds); None when there is
     none, or when the row under that hash is not ctrlrun's (``policy_document_forged`` says so)."""
     if not policy_hash:
         return None
     with reading():
         row = objects(PolicyDocument).filter(pk=policy_hash).first()
-    return row if row is not None and policy_document_ok(row) else None
+    if row is None or not policy_document_ok(row):
+        return None
+    return PolicyDocumentView(row.hash, row.schema, row.source, row.text, row.environment, row.first_seen)
 
 
 def policy_document_forged(policy_hash: str | None) -> bool:
