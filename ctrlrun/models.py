@@ -372,7 +372,8 @@ class BudgetLedger(models.Model):
             # un-released rows, with the amount, so the sum reads the index alone.
             models.Index(fields=["grant_id", "metric", "consumed_at", "amount", "released_at"], name="ctrlrun_ledger_budget_idx",
                          condition=models.Q(released_at__isnull=True)),
-            models.Index(fields=["effect_key", "attempt"], name="ctrlrun_ledger_attempt_idx"),
+            # An attempt's charges (a release, the effects command) are read through the unique index of
+            # ctrlrun_ledger_one_charge below, whose leading columns are (effect_key, attempt).
         ]
         constraints = [
             models.CheckConstraint(condition=Q(amount__gte=0), name="ctrlrun_ledger_amount_nonneg"),
