@@ -37,26 +37,36 @@ def driver_statement(text: str) -> str:
 #: keeps a bounded set (psycopg keeps at most ``prepared_max`` per connection in any case).
 _PREPARED_TEXTS_MAX = 64
 _prepared_texts: set[str] = set()
-_cursor_class: Any = None
+_cursor_class: Any = None  # built on first use (False: no psycopg 3)
 
 
 def driver_cursor(raw: Any) -> Any:
     """The cursor the store's unwatched statements run on, over the driver's connection ``raw``.
 
-    With ``CTRLRUN_PG_PREPARE`` on (the default) a ``psycopg.Cursor``: parameters bound by the server
-    and each statement prepared on its first execution in the session, so later ones are neither parsed
-    nor planned again (Django's own cursor binds on the client, and never prepares). Off: Django's."""
-    if not conf.pg_prepare():
-        return raw.cursor()
-    return (_cursor_class or _prepared_cursor_class())(raw)
+    With ``CTRLRUN_PG_PREPARE`` on (the default) and psycopg 3, a ``psycopg.Cursor``: parameters bound
+    by the server and each statement prepared on its first execution in the session, so later ones are
+    neither parsed nor planned again (Django's own cursor binds on the client, and never prepares).
+    Off, or on psycopg2 (no server-side binding): the driver's cursor as Django made it."""
+    if conf.pg_prepare():
+        prepared = _prepared_cursor_class() if _cursor_class is None else _cursor_class
+        if prepared and isinstance(raw, prepared.CONNECTION):
+            return prepared(raw)
+    return raw.cursor()
 
 
 def _prepared_cursor_class() -> Any:
-    """Built on first use, so that importing the store never needs psycopg (SQLite-only projects)."""
+    """Built on first use, so that importing the store never needs psycopg 3 (SQLite, psycopg2);
+    False when it is not installed."""
     global _cursor_class
-    import psycopg
+    try:
+        import psycopg
+    except ImportError:
+        _cursor_class = False
+        return _cursor_class
 
     class PreparedCursor(psycopg.Cursor):
+        CONNECTION = psycopg.Connection
+
         def execute(self, query: Any, params: Any = None, **options: Any) -> Any:
             if query not in _prepared_texts:
                 if len(_prepared_texts) >= _PREPARED_TEXTS_MAX:
@@ -74,7 +84,7 @@ def _prepared_cursor_class() -> Any:
                 connection.prepare_threshold = None
 
     _cursor_class = PreparedCursor
-    return PreparedCursor
+    return _cursor_class
 
 
 def split_open(row: tuple) -> tuple[dt.datetime | None, tuple]:
