@@ -23,6 +23,7 @@ __all__ = [
     "lease",
     "approval_ttl",
     "database_alias",
+    "pg_prepare",
     "hook_modules",
     "reconcile_backoff",
     "chain_check_max_age",
@@ -195,9 +196,34 @@ def scoped_clock(clock: Callable[[], dt.datetime] | None) -> Iterator[None]:
         _scoped_clock.reset(token)
 
 
+_pg_prepare: bool | None = None
+_SWITCH_WORDS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False,
+                 "off": False}
+
+
+def pg_prepare() -> bool:
+    """``CTRLRUN_PG_PREPARE`` (setting, else the variable; on unless set off): whether the store's own
+    statements go to PostgreSQL server-side bound and prepared (``store.postgresql.driver_cursor``).
+    Off for a pooler that cannot keep prepared statements (PgBouncer in transaction mode before 1.21,
+    or without ``max_prepared_statements``). Read on every store call, so it is cached like the alias."""
+    global _pg_prepare
+    if _pg_prepare is None:
+        configured = _setting("CTRLRUN_PG_PREPARE")
+        if configured is None:
+            text = _env("CTRLRUN_PG_PREPARE")
+            configured = True if text is None else _SWITCH_WORDS.get(text.lower())
+            if configured is None:
+                raise InvalidArgument(f"CTRLRUN_PG_PREPARE must be on or off (1/0, true/false, yes/no), got {text!r}")
+        elif not isinstance(configured, bool):
+            raise InvalidArgument(f"settings.CTRLRUN_PG_PREPARE must be True or False, got {configured!r}")
+        _pg_prepare = configured
+    return _pg_prepare
+
+
 def forget_cached_settings(**_: Any) -> None:
-    global _alias
+    global _alias, _pg_prepare
     _alias = None
+    _pg_prepare = None
 
 
 def tools_module() -> str | None:

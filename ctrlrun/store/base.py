@@ -69,7 +69,8 @@ class _Statements:
     """The hot path's statements, run on the database driver's own cursor under Django's connection.
 
     Django's cursor wrapper (parameter conversion, debug hooks, a new wrapper per statement) cost more
-    than the statements themselves (profiled: ~20 µs each on SQLite). The transaction stays Django's
+    than the statements themselves (profiled: ~20 µs each on SQLite); the dialect's ``driver_cursor``
+    gives it (on PostgreSQL, one that prepares each statement once a session). The transaction stays Django's
     (``atomic``), and driver errors still become Django's (``wrap_database_errors``), so ``write_phase``
     maps them as before. When something watches the connection's statements (an ``execute_wrapper``,
     ``DEBUG``'s query log) they go through Django's cursor, so the watcher sees every one.
@@ -78,14 +79,16 @@ class _Statements:
     def __init__(self) -> None:
         self.connection = connections[alias()]
         self.watched = bool(self.connection.execute_wrappers) or self.connection.queries_logged
-        self.driver_statement = dialect(self.connection).driver_statement
+        found = dialect(self.connection)
+        self.driver_statement = found.driver_statement
+        self.driver_cursor = found.driver_cursor
 
     def __enter__(self) -> _Statements:
         if self.watched:
             self.cursor = self.connection.cursor()
         else:
             self.connection.ensure_connection()
-            self.cursor = self.connection.connection.cursor()
+            self.cursor = self.driver_cursor(self.connection.connection)
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
+from .. import conf
 from . import sql
 
 NAME = "postgresql"
@@ -28,6 +29,62 @@ OPEN_RESERVATION = sql.OPEN_POSTGRESQL
 def driver_statement(text: str) -> str:
     """psycopg takes ``%s`` as it is."""
     return text
+
+
+#: How many distinct statement texts a process prepares. The store's named statements are a couple of
+#: dozen; texts built per call (a phase's evidence rows, a delegation chain's length, a check's batch)
+#: are more, and past this many a new text is sent server-side bound but not prepared, so the session
+#: keeps a bounded set (psycopg keeps at most ``prepared_max`` per connection in any case).
+_PREPARED_TEXTS_MAX = 64
+_prepared_texts: set[str] = set()
+_cursor_class: Any = None  # built on first use (False: no psycopg 3)
+
+
+def driver_cursor(raw: Any) -> Any:
+    """The cursor the store's unwatched statements run on, over the driver's connection ``raw``.
+
+    With ``CTRLRUN_PG_PREPARE`` on (the default) and psycopg 3, a ``psycopg.Cursor``: parameters bound
+    by the server and each statement prepared on its first execution in the session, so later ones are
+    neither parsed nor planned again (Django's own cursor binds on the client, and never prepares).
+    Off, or on psycopg2 (no server-side binding): the driver's cursor as Django made it."""
+    if conf.pg_prepare():
+        prepared = _prepared_cursor_class() if _cursor_class is None else _cursor_class
+        if prepared and isinstance(raw, prepared.CONNECTION):
+            return prepared(raw)
+    return raw.cursor()
+
+
+def _prepared_cursor_class() -> Any:
+    """Built on first use, so that importing the store never needs psycopg 3 (SQLite, psycopg2);
+    False when it is not installed."""
+    global _cursor_class
+    try:
+        import psycopg
+    except ImportError:
+        _cursor_class = False
+        return _cursor_class
+
+    class PreparedCursor(psycopg.Cursor):
+        CONNECTION = psycopg.Connection
+
+        def execute(self, query: Any, params: Any = None, **options: Any) -> Any:
+            if query not in _prepared_texts:
+                if len(_prepared_texts) >= _PREPARED_TEXTS_MAX:
+                    return super().execute(query, params, prepare=False)
+                _prepared_texts.add(query)
+            connection = self.connection
+            if connection.prepare_threshold is not None:
+                return super().execute(query, params, prepare=True)
+            # Django opens psycopg's connection with prepare_threshold=None, under which psycopg prepares
+            # nothing; it is lifted for this statement only, so no other statement is prepared or counted.
+            connection.prepare_threshold = 0
+            try:
+                return super().execute(query, params, prepare=True)
+            finally:
+                connection.prepare_threshold = None
+
+    _cursor_class = PreparedCursor
+    return _cursor_class
 
 
 def split_open(row: tuple) -> tuple[dt.datetime | None, tuple]:

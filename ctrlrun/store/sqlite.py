@@ -36,6 +36,12 @@ def driver_statement(text: str) -> str:
     return converted
 
 
+def driver_cursor(raw: Any) -> Any:
+    """The cursor the store's unwatched statements run on: the driver's own (SQLite prepares and
+    caches statements by itself, ``sqlite3``'s statement cache)."""
+    return raw.cursor()
+
+
 def split_open(row: tuple) -> tuple[dt.datetime | None, tuple]:
     """``OPEN_RESERVATION``'s row as (the database's time, or None here; the head and record)."""
     return None, row
