@@ -15,7 +15,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from django.db import Error as DjangoDatabaseError
-from django.db import connections, transaction
+from django.db import connections
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
@@ -70,9 +70,9 @@ class _Statements:
 
     Django's cursor wrapper (parameter conversion, debug hooks, a new wrapper per statement) cost more
     than the statements themselves (profiled: ~20 µs each on SQLite); the dialect's ``driver_cursor``
-    gives it (on PostgreSQL, one that prepares each statement once a session). The transaction stays Django's
-    (``atomic``), and driver errors still become Django's (``wrap_database_errors``), so ``write_phase``
-    maps them as before. When something watches the connection's statements (an ``execute_wrapper``,
+    gives it (on PostgreSQL, one that prepares each statement once a session). The transaction is the
+    dialect's (``phase_transaction``), and driver errors still become Django's (``wrap_database_errors``),
+    so ``write_phase`` maps them as before. When something watches the connection's statements (an ``execute_wrapper``,
     ``DEBUG``'s query log) they go through Django's cursor, so the watcher sees every one.
     """
 
@@ -142,9 +142,11 @@ def write_phase(*, clock: bool = True) -> Iterator[Any]:
     """One short, durable transaction, yielding the store's time for everything it writes;
     database trouble becomes ``StoreUnavailable``. ``clock=False`` yields None instead of reading
     PostgreSQL's clock up front: the phase's first statement brings it (a round trip saved)."""
+    connection = connections[alias()]
+    database = dialect(connection)
     try:
-        with transaction.atomic(using=alias(), durable=True):
-            if clock or conf.clock_overridden() or not dialect().CLOCK_IN_DATABASE:
+        with database.phase_transaction(connection):
+            if clock or conf.clock_overridden() or not database.CLOCK_IN_DATABASE:
                 yield read_clock()
             else:
                 yield None
