@@ -13,7 +13,18 @@ from ctrlrun import conf, store
 from ctrlrun.errors import InvalidArgument
 from ctrlrun.models import EffectRecord
 
-on_postgresql = pytest.mark.skipif(connection.vendor != "postgresql", reason="prepared statements are PostgreSQL's")
+
+
+def _on_sqlite(refund, count: int = 4) -> bool:
+    """SQLite has no server to prepare on (sqlite3 keeps its own per-connection statement cache): there
+    the setting changes nothing, and the calls commit as ever. True when this ran on SQLite."""
+    if connection.vendor != "sqlite":
+        return False
+    _calls(refund, count)
+    assert EffectRecord.objects.filter(state="committed").count() == count
+    connection.ensure_connection()
+    assert type(store.sqlite.driver_cursor(connection.connection)) is type(connection.connection.cursor())
+    return True
 
 
 def _prepared() -> dict[str, int]:
@@ -38,9 +49,10 @@ def _calls(refund, count: int = 4) -> None:
         refund(payment_id="txn_big", amount=10**9)
 
 
-@on_postgresql
 @pytest.mark.usefixtures("store_db", "agent")
 def test_allowed_calls_leave_ctrlruns_statements_prepared_on_the_stores_connection(refund):
+    if _on_sqlite(refund):
+        return
     _fresh_session()
     _calls(refund)
     prepared = _prepared()
@@ -53,11 +65,12 @@ def test_allowed_calls_leave_ctrlruns_statements_prepared_on_the_stores_connecti
     assert appends, "the evidence append (events, receipt, head) is not prepared"
 
 
-@on_postgresql
 @pytest.mark.usefixtures("store_db", "agent")
 def test_djangos_own_statements_stay_unprepared(refund):
     """psycopg prepares nothing on Django's connection (``prepare_threshold=None``); the store lifts
     that for its own statements only, so an ORM query repeated stays unprepared."""
+    if _on_sqlite(refund, count=2):
+        return
     _fresh_session()
     _calls(refund, count=2)
     before = _prepared()
@@ -67,22 +80,24 @@ def test_djangos_own_statements_stay_unprepared(refund):
     assert connection.connection.prepare_threshold is None
 
 
-@on_postgresql
 @pytest.mark.usefixtures("store_db", "agent")
 def test_with_the_setting_off_nothing_is_prepared(refund, settings):
     settings.CTRLRUN_PG_PREPARE = False
+    if _on_sqlite(refund):
+        return
     _fresh_session()
     _calls(refund)
     assert _prepared() == {}
     assert EffectRecord.objects.filter(state="committed").count() == 4
 
 
-@on_postgresql
 @pytest.mark.usefixtures("store_db", "agent")
 def test_the_environment_variable_turns_it_off_too(refund, monkeypatch):
     monkeypatch.setenv("CTRLRUN_PG_PREPARE", "off")
     conf.forget_cached_settings()
     try:
+        if _on_sqlite(refund, count=2):
+            return
         _fresh_session()
         _calls(refund, count=2)
         assert _prepared() == {}
