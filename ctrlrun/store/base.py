@@ -48,6 +48,14 @@ def dialect(connection: Any = None) -> Any:
     return found
 
 
+def connection_made(sender: Any = None, *, connection: Any, **_: Any) -> None:
+    """Django's ``connection_created``: the database's dialect sets up what a store connection needs
+    (SQLite: the background WAL checkpointer). A database ctrlrun does not store on is left alone."""
+    found = _DIALECTS.get(connection.vendor)
+    if found is not None:
+        found.connected(connection)
+
+
 @contextlib.contextmanager
 def using(name: str) -> Iterator[str]:
     """Run store functions in this block (this thread or task only) against another configured
