@@ -22,7 +22,7 @@ from django.utils.dateparse import parse_datetime
 from .. import conf, messages
 from ..receipts import event_time
 from ..errors import InvalidArgument, StoreUnavailable
-from . import postgresql, sql, sqlite
+from . import checkpoint, postgresql, sql, sqlite
 
 #: The alias a ``using()`` block chose, or None: the configured one (``CTRLRUN_DATABASE``).
 _alias: contextvars.ContextVar[str | None] = contextvars.ContextVar("ctrlrun_store_alias", default=None)
@@ -149,6 +149,10 @@ def write_phase(*, clock: bool = True) -> Iterator[Any]:
     PostgreSQL's clock up front: the phase's first statement brings it (a round trip saved)."""
     try:
         with transaction.atomic(using=alias(), durable=True):
+            if checkpoint.inherited:  # a forked child, maybe on its parent's connection: its own checkpointer
+                connection = connections[alias()]
+                if checkpoint.claim(connection.settings_dict["NAME"]):
+                    connection_made(connection=connection)
             if clock or conf.clock_overridden() or not dialect().CLOCK_IN_DATABASE:
                 yield read_clock()
             else:

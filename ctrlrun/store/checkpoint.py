@@ -14,8 +14,9 @@ than ``TARGET_FRAMES`` between two passes. The store's connections raise the aut
 - Started by :func:`watch` when Django opens a connection to a database file in WAL mode
   (``store.sqlite.connected``); an in-memory database has no file and no WAL, and gets none.
 - A forked child has none of its parent's threads: the registry starts empty there, and the
-  child's first connection of its own starts the child's checkpointer. The parent's sqlite3
-  connections are kept, never used nor closed, in the child. ``fork()`` waits for a pass in flight
+  child's first connection of its own starts the child's checkpointer, or, for a child that goes
+  on with the Django connection it inherited, its first phase on that store (``inherited``). The
+  parent's sqlite3 connections are kept, never used nor closed, in the child. ``fork()`` waits for a pass in flight
   (``_passing``): a child that inherited SQLite's state mid-checkpoint would find the file's
   checkpoint lock held, in its own process, by a thread that does not exist there, forever.
 - A database file deleted or replaced under the thread: said once in the log; the thread stops
@@ -25,6 +26,7 @@ than ``TARGET_FRAMES`` between two passes. The store's connections raise the aut
 """
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import sqlite3
@@ -80,7 +82,8 @@ class Checkpointer:
 
     def _end(self, why: str, *, warn: bool) -> None:
         self.stopped = why
-        (logger.warning if warn else logger.info)("the WAL checkpointer of %s stops: %s", self.path, why)
+        if not _exiting:  # at exit the log's streams may be closed already (a test run's database removed)
+            (logger.warning if warn else logger.info)("the WAL checkpointer of %s stops: %s", self.path, why)
 
     def _run(self) -> None:
         identity = _identity(self.path)
@@ -141,12 +144,28 @@ _passing = threading.Lock()
 _running: dict[str, Checkpointer] = {}
 #: A forked child's copy of its parent's checkpointers: their threads do not exist here, and their
 #: connections are never closed here (that could drop locks SQLite believes this process holds).
-_inherited: list[Checkpointer] = []
+_parents: list[Checkpointer] = []
+
+
+#: The files a forked child's parent checkpointed, until the child watches them itself: a child that
+#: goes on with a connection it inherited opens none of its own, so its first phase on that store
+#: starts its thread (``base.write_phase``). Empty (the check is one truth test) everywhere else.
+inherited: set[str] = set()
+
+
+def claim(path: str) -> bool:
+    """True once, in a forked child, for a file its parent checkpointed (and the child not yet)."""
+    key = os.path.abspath(path)
+    if key in inherited:
+        inherited.discard(key)
+        return True
+    return False
 
 
 def watch(path: str, interval: float) -> Checkpointer:
     """This process's checkpointer of the database file at ``path``, started if none runs."""
     key = os.path.abspath(path)
+    inherited.discard(key)
     with _lock:
         current = _running.get(key)
         if current is not None and current.alive:
@@ -162,11 +181,25 @@ def running() -> dict[str, Checkpointer]:
         return {path: found for path, found in _running.items() if found.alive}
 
 
+_exiting = False
+
+
+def _at_exit() -> None:
+    global _exiting
+    _exiting = True
+    for found in list(_running.values()):
+        found.stop()
+
+
+atexit.register(_at_exit)
+
+
 def _after_fork() -> None:
     global _lock, _passing
     _lock = threading.Lock()  # another thread may have held it at the fork
     _passing = threading.Lock()
-    _inherited.extend(_running.values())
+    _parents.extend(_running.values())
+    inherited.update(path for path, found in _running.items() if found.stopped is None)
     _running.clear()
 
 
