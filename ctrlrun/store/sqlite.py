@@ -12,6 +12,8 @@ import datetime as dt
 import logging
 from typing import Any
 
+from .. import conf
+from ..errors import InvalidArgument
 from . import checkpoint, sql
 
 NAME = "sqlite"
@@ -90,24 +92,21 @@ def citing_condition(document: str) -> str:
 VERIFY_TIME = 'CAST("ts" AS TEXT)'
 
 
-_said_off_setting = False
+_said_bad_setting = False
 
 
 def connected(connection: Any) -> None:
     """A new Django connection: a database file in WAL mode gets this process's background checkpointer
     (``store.checkpoint``), and this connection checkpoints only past the backstop. An in-memory
     database, a file in another journal mode, or the checkpointer turned off: nothing changes."""
-    from .. import conf
-    from ..errors import InvalidArgument
-
-    global _said_off_setting
+    global _said_bad_setting
     if connection.is_in_memory_db():
         return
     try:
         interval = conf.sqlite_checkpoint_seconds()
     except InvalidArgument as exc:  # said once, and calls go on as without the checkpointer
-        if not _said_off_setting:
-            _said_off_setting = True
+        if not _said_bad_setting:
+            _said_bad_setting = True
             logging.getLogger("ctrlrun.store").error("%s; SQLite's automatic checkpoint is left in place", exc)
         return
     if interval is None:
