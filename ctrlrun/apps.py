@@ -71,6 +71,12 @@ class CtrlrunConfig(AppConfig):
         from .conf import forget_cached_settings
 
         setting_changed.connect(forget_cached_settings, dispatch_uid="ctrlrun-conf-cache")
+        from django.db.backends.signals import connection_created
+
+        from .store.base import connection_made
+
+        # Each new database connection: a SQLite store's WAL is checkpointed off the call's path.
+        connection_created.connect(connection_made, dispatch_uid="ctrlrun-store-connection")
         # Once per migrate (sender: this app), after every migration has run.
         post_migrate.connect(_post_migrate, sender=self, dispatch_uid="ctrlrun-console-groups")
         from django.conf import settings

@@ -82,6 +82,11 @@ def check_durations(app_configs: Any = None, **kwargs: Any) -> list[checks.Check
         except CTRLRunError as exc:
             problems.append(checks.Error(str(exc), hint="set it to a number of seconds greater than 0",
                                          id="ctrlrun.E005"))
+    try:
+        conf.sqlite_checkpoint_seconds()
+    except CTRLRunError as exc:
+        problems.append(checks.Error(str(exc), hint="set it to a number of seconds, or 0 to turn the thread off",
+                                     id="ctrlrun.E005"))
     return problems
 
 

@@ -27,6 +27,7 @@ __all__ = [
     "hook_modules",
     "reconcile_backoff",
     "chain_check_max_age",
+    "sqlite_checkpoint_seconds",
     "now",
     "clock_overridden",
     "set_clock",
@@ -166,6 +167,32 @@ DEFAULT_RESUME_RELEASE_AFTER_SECONDS = 600
 def resume_release_after() -> dt.timedelta:
     """``CTRLRUN_RESUME_RELEASE_AFTER_SECONDS``: how old a claim must be before a person may release it."""
     return _positive_seconds("CTRLRUN_RESUME_RELEASE_AFTER_SECONDS", DEFAULT_RESUME_RELEASE_AFTER_SECONDS)
+
+
+#: SQLite stores: a background thread checkpoints the WAL this often (``store.checkpoint``), so that
+#: no call's COMMIT pays for it; sooner while the WAL grows fast.
+DEFAULT_SQLITE_CHECKPOINT_SECONDS = 0.2
+
+
+def sqlite_checkpoint_seconds() -> float | None:
+    """``CTRLRUN_SQLITE_CHECKPOINT_SECONDS`` (setting, else the variable): how often the background
+    checkpointer of a SQLite store runs; 0 turns it off (SQLite's own automatic checkpoint, inside
+    the commit that crosses 1000 WAL pages, as before). None when off."""
+    value: object = _setting("CTRLRUN_SQLITE_CHECKPOINT_SECONDS")
+    name = "settings.CTRLRUN_SQLITE_CHECKPOINT_SECONDS"
+    if value is None:
+        value = _env("CTRLRUN_SQLITE_CHECKPOINT_SECONDS")
+        name = "CTRLRUN_SQLITE_CHECKPOINT_SECONDS"
+        if value is None:
+            return DEFAULT_SQLITE_CHECKPOINT_SECONDS
+        try:
+            value = float(value)
+        except ValueError:
+            value = str(value)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
+        raise InvalidArgument(f"{name} must be a number of seconds (0 turns the background checkpointer off), "
+                              f"got {value!r}")
+    return float(value) or None
 
 
 _alias: str | None = None

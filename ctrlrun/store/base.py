@@ -22,7 +22,7 @@ from django.utils.dateparse import parse_datetime
 from .. import conf, messages
 from ..receipts import event_time
 from ..errors import InvalidArgument, StoreUnavailable
-from . import postgresql, sql, sqlite
+from . import checkpoint, postgresql, sql, sqlite
 
 #: The alias a ``using()`` block chose, or None: the configured one (``CTRLRUN_DATABASE``).
 _alias: contextvars.ContextVar[str | None] = contextvars.ContextVar("ctrlrun_store_alias", default=None)
@@ -46,6 +46,14 @@ def dialect(connection: Any = None) -> Any:
         raise StoreUnavailable(f"ctrlrun stores its evidence on SQLite or PostgreSQL, not {vendor}: point "
                                f"CTRLRUN_DATABASE at a DATABASES entry of one of them")
     return found
+
+
+def connection_made(sender: Any = None, *, connection: Any, **_: Any) -> None:
+    """Django's ``connection_created``: the database's dialect sets up what a store connection needs
+    (SQLite: the background WAL checkpointer). A database ctrlrun does not store on is left alone."""
+    found = _DIALECTS.get(connection.vendor)
+    if found is not None:
+        found.connected(connection)
 
 
 @contextlib.contextmanager
@@ -146,6 +154,9 @@ def write_phase(*, clock: bool = True) -> Iterator[Any]:
     database = dialect(connection)
     try:
         with database.phase_transaction(connection):
+            if checkpoint.inherited:  # a forked child, maybe on its parent's connection: its own checkpointer
+                if checkpoint.claim(connection.settings_dict["NAME"]):
+                    connection_made(connection=connection)
             if clock or conf.clock_overridden() or not database.CLOCK_IN_DATABASE:
                 yield read_clock()
             else:

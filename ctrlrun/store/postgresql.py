@@ -130,3 +130,7 @@ def citing_condition(document: str) -> str:
 
 
 VERIFY_TIME = '"ts"'
+
+
+def connected(connection: Any) -> None:
+    """A new Django connection: nothing to start (SQLite's background checkpointer has no counterpart)."""

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import logging
 from collections.abc import Iterator
 from typing import Any
 
 from django.db import transaction
 
-from . import sql
+from .. import conf
+from ..errors import InvalidArgument
+from . import checkpoint, sql
 
 NAME = "sqlite"
 
@@ -153,3 +156,30 @@ def citing_condition(document: str) -> str:
 #: The ``ts`` column as verification reads it: its text, so a row altered into an impossible time is
 #: a named break rather than a crash in the driver's converter.
 VERIFY_TIME = 'CAST("ts" AS TEXT)'
+
+
+_said_bad_setting = False
+
+
+def connected(connection: Any) -> None:
+    """A new Django connection: a database file in WAL mode gets this process's background checkpointer
+    (``store.checkpoint``), and this connection checkpoints only past the backstop. An in-memory
+    database, a file in another journal mode, or the checkpointer turned off: nothing changes."""
+    global _said_bad_setting
+    if connection.is_in_memory_db():
+        return
+    try:
+        interval = conf.sqlite_checkpoint_seconds()
+    except InvalidArgument as exc:  # said once, and calls go on as without the checkpointer
+        if not _said_bad_setting:
+            _said_bad_setting = True
+            logging.getLogger("ctrlrun.store").error("%s; SQLite's automatic checkpoint is left in place", exc)
+        return
+    if interval is None:
+        return
+    raw = connection.connection
+    (mode,) = raw.execute("PRAGMA journal_mode").fetchone()
+    if str(mode).lower() != "wal":
+        return
+    raw.execute(f"PRAGMA wal_autocheckpoint={checkpoint.BACKSTOP_PAGES}")
+    checkpoint.watch(connection.settings_dict["NAME"], interval)
