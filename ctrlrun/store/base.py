@@ -152,6 +152,10 @@ def write_phase(*, clock: bool = True) -> Iterator[Any]:
     PostgreSQL's clock up front: the phase's first statement brings it (a round trip saved)."""
     connection = connections[alias()]
     database = dialect(connection)
+    if not connection.in_atomic_block and not connection.get_autocommit():
+        # The caller's manual transaction (set_autocommit(False)): its rollback would take the phase's
+        # evidence with it after the function ran. (Inside atomic(), Django's durable check refuses.)
+        raise InvalidArgument(messages.OPEN_TRANSACTION)
     try:
         with database.phase_transaction(connection):
             if checkpoint.inherited:  # a forked child, maybe on its parent's connection: its own checkpointer

@@ -88,3 +88,29 @@ def test_calls_after_a_refused_phase_still_commit():
     assert control.call("email.send", {"msg_id": "after"}, lambda: "sent", principal="mailer") == "sent"
     assert store.get_effect("email:after").state == "committed"
     assert _connection().get_autocommit() and not _connection().in_atomic_block
+
+
+def test_a_protected_call_inside_a_phase_is_refused_and_runs_nothing():
+    """A receiver of a signal the store sends inside a phase (a post_save) that makes a protected call
+    must be refused: as a savepoint of the outer phase, its function would run and its record roll back
+    with the phase, and a retry would run it again."""
+    ran: list[str] = []
+    with pytest.raises(InvalidArgument, match="transaction"):
+        with store.base.write_phase():
+            Control().call("email.send", {"msg_id": "nested"}, lambda: ran.append("sent"), principal="mailer")
+    assert ran == [] and store.get_effect("email:nested") is None
+
+
+def test_a_call_inside_a_callers_manual_transaction_is_refused():
+    """``set_autocommit(False)`` is a transaction too: the caller's rollback would take the call's
+    evidence with it, after its function ran."""
+    ran: list[str] = []
+    connection = _connection()
+    connection.set_autocommit(False)
+    try:
+        with pytest.raises(InvalidArgument, match="transaction"):
+            Control().call("email.send", {"msg_id": "manual"}, lambda: ran.append("sent"), principal="mailer")
+    finally:
+        connection.rollback()
+        connection.set_autocommit(True)
+    assert ran == [] and store.get_effect("email:manual") is None

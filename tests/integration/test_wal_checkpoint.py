@@ -215,7 +215,7 @@ def test_a_database_file_deleted_under_the_thread_is_said_once_and_the_thread_st
         found.thread.join(timeout=60)
     assert not found.thread.is_alive() and found.stopped == "the database file was deleted or replaced"
     said = [r for r in caplog.records if "checkpointer" in r.getMessage()]
-    assert len(said) == 1 and said[0].levelno == logging.WARNING and path in said[0].getMessage()
+    assert len(said) == 1 and said[0].levelno == logging.INFO and path in said[0].getMessage()
     assert not os.path.exists(path), "the thread brought the deleted file back"
     assert path not in checkpoint.running()
 
