@@ -2,7 +2,7 @@
 
 Mutable application data beside the approvals, not evidence: nothing is sealed here. What a resume
 is made of (the request it waits on, the framework, its state, the resumer) is signed when the run
-is stored (``signatures.paused_fields``; the request id is unique, so a copy of a row keeps no
+is stored (``signatures.paused_mac``; the request id is unique, so a copy of a row keeps no
 signature of its own), and a run whose signature fails is never resumed (``resumption`` skips it;
 ``receipts --verify-chain`` names it). The claim bookkeeping (status, who, when) is not signed: a
 forged status can only resume a run again, whose tool call still needs ctrlrun's grant for its
