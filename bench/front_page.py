@@ -31,9 +31,10 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
+
+from scratch_site import scratch_site
 
 REPO = Path(__file__).resolve().parent.parent
 POLICY = """\
@@ -48,23 +49,10 @@ actions:
 
 
 def _child(backend: str, receipts: int, loads: int, skip_full: bool) -> dict:
-    sys.path.insert(0, str(REPO))
-    folder = Path(tempfile.mkdtemp(prefix=f"ctrlrun-bench-front-{backend}-"))
-    (folder / "ctrlrun.yaml").write_text(POLICY)
-    os.environ["CTRLRUN_POLICY"] = str(folder / "ctrlrun.yaml")
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
-    import django
-
-    django.setup()
-    from django.conf import settings
-
-    settings.CTRLRUN_POLICY = str(folder / "ctrlrun.yaml")
-    settings.ALLOWED_HOSTS = ["*"]
+    scratch_site("front-" + backend, POLICY)
     from django.contrib.auth import get_user_model
-    from django.core.management import call_command
     from django.db import connection, transaction
     from django.test import Client
-    from django.test.utils import setup_test_environment
 
     import ctrlrun
     from ctrlrun import signing, store
@@ -72,8 +60,6 @@ def _child(backend: str, receipts: int, loads: int, skip_full: bool) -> dict:
     from ctrlrun.models import ChainHead, Receipt
     from ctrlrun.receipts import dump_receipt, receipt_hash
 
-    setup_test_environment()
-    call_command("migrate", verbosity=0)
     out: dict = {"backend": backend, "receipts": receipts}
 
     @ctrlrun.protect("bench.note")

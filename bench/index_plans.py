@@ -26,8 +26,9 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
+
+from scratch_site import scratch_site
 
 REPO = Path(__file__).resolve().parent.parent
 POLICY = """\
@@ -57,23 +58,11 @@ TABLES = ("ctrlrun_effectrecord", "ctrlrun_event", "ctrlrun_receipt", "ctrlrun_b
 
 
 def _child(backend: str, receipts: int) -> list[dict]:
-    sys.path.insert(0, str(REPO))
-    folder = Path(tempfile.mkdtemp(prefix=f"ctrlrun-bench-plans-{backend}-"))
-    (folder / "ctrlrun.yaml").write_text(POLICY)
-    os.environ["CTRLRUN_POLICY"] = str(folder / "ctrlrun.yaml")
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
-    import django
-
-    django.setup()
-    from django.conf import settings
-
-    settings.CTRLRUN_POLICY = str(folder / "ctrlrun.yaml")
-    settings.ALLOWED_HOSTS = ["*"]
+    scratch_site("plans-" + backend, POLICY)
     from django.contrib.auth import get_user_model
-    from django.core.management import call_command
     from django.db import connection, transaction
     from django.test import Client
-    from django.test.utils import CaptureQueriesContext, setup_test_environment
+    from django.test.utils import CaptureQueriesContext
 
     import ctrlrun
     from ctrlrun import signing, store
@@ -81,8 +70,6 @@ def _child(backend: str, receipts: int) -> list[dict]:
     from ctrlrun.models import Approval, ChainHead, EffectRecord, Event, Receipt
     from ctrlrun.store import sql as hot
 
-    setup_test_environment()
-    call_command("migrate", verbosity=0)
     control = ctrlrun.Control()
 
     def boom() -> None:
