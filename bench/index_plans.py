@@ -28,32 +28,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+from compare import BUDGET_POLICY
 from scratch_site import scratch_site
 
 REPO = Path(__file__).resolve().parent.parent
-POLICY = """\
-schema: ctrlrun.policy/v7
-authority:
-  grants:
-    - id: bench
-      subject: {agent: bench-agent}
-      actions: ["stripe.*"]
-      budgets:
-        - {metric: count, limit: 1000000000, window: P1D}
-        - {metric: amount, limit: 1000000000000, window: P1D}
-actions:
-  stripe.refund:
-    effect: "refund:{payment_id}"
-    rules:
-      - when: { amount_gte: 0, amount_lte: 50000 }
-        decision: allow
-      - when: { amount_gte: 0, amount_lte: 1000000 }
-        decision: approve
-      - decision: deny
-  ledger.post:
-    effect: "post:{entry_id}"
-    decision: allow
-"""
+POLICY = BUDGET_POLICY  # compare.py's allowed_budget policy: a grant with two budgets
 TABLES = ("ctrlrun_effectrecord", "ctrlrun_event", "ctrlrun_receipt", "ctrlrun_budgetledger")
 
 
