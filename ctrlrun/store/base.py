@@ -15,7 +15,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from django.db import Error as DjangoDatabaseError
-from django.db import connections
+from django.db import connections, transaction
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
@@ -78,10 +78,11 @@ class _Statements:
 
     Django's cursor wrapper (parameter conversion, debug hooks, a new wrapper per statement) cost more
     than the statements themselves (profiled: ~20 µs each on SQLite); the dialect's ``driver_cursor``
-    gives it (on PostgreSQL, one that prepares each statement once a session). The transaction is the
-    dialect's (``phase_transaction``), and driver errors still become Django's (``wrap_database_errors``),
-    so ``write_phase`` maps them as before. When something watches the connection's statements (an ``execute_wrapper``,
-    ``DEBUG``'s query log) they go through Django's cursor, so the watcher sees every one.
+    gives it (on PostgreSQL, one that prepares each statement once a session). The transaction stays
+    Django's (``atomic``), and driver errors still become Django's (``wrap_database_errors``), so
+    ``write_phase`` maps them as before. When something watches the connection's statements (an
+    ``execute_wrapper``, ``DEBUG``'s query log) they go through Django's cursor, so the watcher sees
+    every one.
     """
 
     def __init__(self) -> None:
@@ -157,7 +158,9 @@ def write_phase(*, clock: bool = True) -> Iterator[Any]:
         # evidence with it after the function ran. (Inside atomic(), Django's durable check refuses.)
         raise InvalidArgument(messages.OPEN_TRANSACTION)
     try:
-        with database.phase_transaction(connection):
+        # BEGIN IMMEDIATE on SQLite (its transaction_mode); Django's own state kept by Django: a hand-kept
+        # transaction missed its durable check once (docs/performance.md, tests/integration/test_phase_transaction.py).
+        with transaction.atomic(using=connection.alias, durable=True):
             if checkpoint.inherited:  # a forked child, maybe on its parent's connection: its own checkpointer
                 if checkpoint.claim(connection.settings_dict["NAME"]):
                     connection_made(connection=connection)

@@ -58,7 +58,7 @@ from .chain import (
     unstash,
 )
 from .delegations import revoked_beneath
-from .signatures import effect_mac, effect_ok, head_problem
+from .signatures import effect_fields_ok, effect_mac, head_problem
 
 logger = logging.getLogger("ctrlrun.store")
 S = EffectState
@@ -165,9 +165,9 @@ def _record(effect_key: str, row: Sequence[Any], connection: Any) -> EffectView:
     (action, state, action_id, attempt, lease, error, resolved_by, failures, after, created, updated, pending,
      mac) = row
     lease, after, created, updated = (as_datetime(v, connection) for v in (lease, after, created, updated))
-    view = EffectView(effect_key, action, state, action_id, attempt, lease, error, resolved_by, failures, after,
-                      created, updated, False, pending, mac)
-    return replace(view, signature_ok=True) if effect_ok(view) else view
+    ok = effect_fields_ok(effect_key, action, state, action_id, attempt, lease, resolved_by, pending, mac)
+    return EffectView(effect_key, action, state, action_id, attempt, lease, error, resolved_by, failures, after,
+                      created, updated, ok, pending, mac)
 
 
 def peek(effect_key: str, *, lock: bool = True) -> EffectView | None:

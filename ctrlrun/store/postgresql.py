@@ -11,8 +11,6 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from django.db import transaction
-
 from .. import conf
 from . import sql
 
@@ -26,11 +24,6 @@ SHARE_LOCK = " FOR SHARE"
 
 #: A reservation's first statement: the server's time, the chain head and the key's record (locked).
 OPEN_RESERVATION = sql.OPEN_POSTGRESQL
-
-
-def phase_transaction(connection: Any) -> Any:
-    """A phase's transaction: Django's ``atomic(durable=True)`` (refused inside a caller's own)."""
-    return transaction.atomic(using=connection.alias, durable=True)
 
 
 def driver_statement(text: str) -> str:

@@ -45,8 +45,18 @@ def effect_mac(key: str, action: str, state: str, action_id: str, attempt: int, 
 
 def effect_ok(row: Any) -> bool:
     """Whether an effect record (model or view) carries ctrlrun's signature of its deciding fields."""
-    return _signed_ok(EFFECT_DOMAIN, lambda r: _effect_fields(
-        r.effect_key, r.action, r.state, r.action_id, r.attempt, r.lease_expires_at, r.resolved_by, r.pending), row)
+    return effect_fields_ok(row.effect_key, row.action, row.state, row.action_id, row.attempt, row.lease_expires_at,
+                            row.resolved_by, row.pending, row.mac)
+
+
+def effect_fields_ok(key: Any, action: Any, state: Any, action_id: Any, attempt: Any, lease: Any, resolved_by: Any,
+                     pending: Any, mac: str | None) -> bool:
+    """The same, for the columns as read (a row too damaged to build its document from is not signed)."""
+    try:
+        fields = _effect_fields(key, action, state, action_id, attempt, lease, resolved_by, pending)
+    except (TypeError, ValueError, AttributeError):
+        return False
+    return signing.is_valid(EFFECT_DOMAIN, fields, mac)
 
 
 def approval_document(row: Approval) -> tuple:

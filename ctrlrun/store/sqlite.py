@@ -12,8 +12,6 @@ import datetime as dt
 import logging
 from typing import Any
 
-from django.db import transaction
-
 from .. import conf
 from ..errors import InvalidArgument
 from . import checkpoint, sql
@@ -31,14 +29,6 @@ SHARE_LOCK = ""
 OPEN_RESERVATION = sql.OPEN_SQLITE
 
 _qmark: dict[str, str] = {}
-
-
-def phase_transaction(connection: Any) -> Any:
-    """A phase's transaction: Django's ``atomic(durable=True)``; ``BEGIN IMMEDIATE`` comes from the
-    connection's ``transaction_mode``. (The same two statements sent on the driver's connection cost
-    ~35 µs a phase against ~75 µs, but emulating Django's transaction state for a phase's length was
-    reviewed and broke its durable check: docs/performance.md.)"""
-    return transaction.atomic(using=connection.alias, durable=True)
 
 
 def driver_statement(text: str) -> str:
