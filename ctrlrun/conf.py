@@ -28,6 +28,7 @@ __all__ = [
     "reconcile_backoff",
     "chain_check_max_age",
     "sqlite_checkpoint_seconds",
+    "approver_roles_from",
     "now",
     "clock_overridden",
     "set_clock",
@@ -120,6 +121,15 @@ def approval_ttl() -> dt.timedelta:
 #: How often ``wait=True`` asks the store whether a human answered: quick enough to feel live,
 #: slow enough that a waiting agent costs the database two reads a second.
 DEFAULT_APPROVAL_POLL_SECONDS = 0.5
+
+
+def approver_roles_from() -> str:
+    """What an ``approver_role`` names: ``"groups"`` (a Django group, the default) or
+    ``"permissions"`` (a permission ``app_label.codename``); ``settings.CTRLRUN_APPROVER_ROLES``."""
+    value = _setting("CTRLRUN_APPROVER_ROLES", "groups")
+    if value not in ("groups", "permissions"):
+        raise InvalidArgument(f"settings.CTRLRUN_APPROVER_ROLES must be 'groups' or 'permissions', got {value!r}")
+    return value
 
 
 def approval_poll() -> dt.timedelta:

@@ -16,6 +16,7 @@ the work lives in one module per concern:
 - ``paused``      paused runs of agent frameworks (``ctrlrun.resumption``): stored, claimed once
 - ``reports``     small reads behind what the console's pages and the commands claim
 - ``delegations`` grants handed down at runtime (authority, §C3): created or refused, revoked once
+- ``people``      the humans behind an ``approver_role`` (Django groups or permissions): reads only
 
 Its value types live in ``ctrlrun.values`` (no Django); its wording in ``ctrlrun.messages``.
 
@@ -94,7 +95,7 @@ from ..values import (
     Refused,
     Reserved,
 )
-from . import (approvals, base, budgets, chain, delegations, effects, evidence, paused, policies, reports,
+from . import (approvals, base, budgets, chain, delegations, effects, evidence, paused, people, policies, reports,
                resolutions, signatures, sql)
 from .approvals import (
     answer_approval,
@@ -222,6 +223,6 @@ __all__ = [
     "HEAD_DOMAIN", "EFFECT_DOMAIN", "APPROVAL_DOMAIN", "CHECK_DOMAIN", "approval_signature_ok", "effect_signature_ok",
     "TAMPERED_HINT",
     # the modules, for tests and tools that reach one concern
-    "approvals", "base", "budgets", "chain", "delegations", "effects", "evidence", "paused", "policies", "reports",
-    "resolutions", "signatures", "sql",
+    "approvals", "base", "budgets", "chain", "delegations", "effects", "evidence", "paused", "people", "policies",
+    "reports", "resolutions", "signatures", "sql",
 ]
