@@ -8,14 +8,13 @@
 - ``"permissions"``: a permission ``"app_label.codename"``, held as ``user.has_perm`` says (groups,
   user permissions and superusers included, as Django decides).
 
-Reads only; no transaction, no lock.
+Reads only; no transaction, no lock. ``django.contrib.auth`` is imported on use: a plain script's
+embedded store has no auth app, and the store must import there.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from django.contrib.auth import get_user_model
-from django.contrib.auth.models import Permission
 from django.db.models import Q
 
 from .. import conf
@@ -31,6 +30,8 @@ class Person:
 
 
 def _active_users():
+    from django.contrib.auth import get_user_model  # here, not at import: a plain script has no auth app
+
     return get_user_model()._default_manager.db_manager(alias()).filter(is_active=True)
 
 
@@ -40,11 +41,13 @@ def holders(role: str) -> list[Person]:
     if conf.approver_roles_from() == "groups":
         users = users.filter(groups__name=role)
     else:
+        from django.contrib.auth.models import Permission
+
         app_label, _, codename = role.partition(".")
         permission = Permission.objects.db_manager(alias()).filter(codename=codename, content_type__app_label=app_label)
         users = users.filter(Q(is_superuser=True) | Q(user_permissions__in=permission)
                              | Q(groups__permissions__in=permission))
-    model = get_user_model()
+    model = users.model
     return [Person(getattr(u, model.USERNAME_FIELD), getattr(u, model.get_email_field_name(), "") or "")
             for u in users.distinct().order_by(model.USERNAME_FIELD)]
 
