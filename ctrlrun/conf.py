@@ -29,6 +29,8 @@ __all__ = [
     "chain_check_max_age",
     "sqlite_checkpoint_seconds",
     "approver_roles_from",
+    "webhook_secret_file",
+    "webhook_replay_window",
     "now",
     "clock_overridden",
     "set_clock",
@@ -130,6 +132,21 @@ def approver_roles_from() -> str:
     if value not in ("groups", "permissions"):
         raise InvalidArgument(f"settings.CTRLRUN_APPROVER_ROLES must be 'groups' or 'permissions', got {value!r}")
     return value
+
+
+def webhook_secret_file() -> Path | None:
+    """The file holding the webhook answers' shared secret (``CTRLRUN_WEBHOOK_SECRET_FILE``); None
+    leaves it to ``$CTRLRUN_WEBHOOK_SECRET`` (``ctrlrun.webhook.webhook_secret``)."""
+    configured = _setting("CTRLRUN_WEBHOOK_SECRET_FILE")
+    return Path(configured) if configured else None
+
+
+#: A signed webhook answer is accepted for five minutes either side of its timestamp.
+DEFAULT_WEBHOOK_REPLAY_WINDOW_SECONDS = 300
+
+
+def webhook_replay_window() -> float:
+    return _positive_seconds("CTRLRUN_WEBHOOK_REPLAY_WINDOW_SECONDS", DEFAULT_WEBHOOK_REPLAY_WINDOW_SECONDS).total_seconds()
 
 
 def approval_poll() -> dt.timedelta:
