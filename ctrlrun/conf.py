@@ -149,6 +149,15 @@ def webhook_replay_window() -> float:
     return _positive_seconds("CTRLRUN_WEBHOOK_REPLAY_WINDOW_SECONDS", DEFAULT_WEBHOOK_REPLAY_WINDOW_SECONDS).total_seconds()
 
 
+def require_approved_policy() -> bool:
+    """``settings.CTRLRUN_REQUIRE_APPROVED_POLICY`` (default False): every call first needs a policy
+    approved through ``policy propose`` (§D7). Set in code, never in the policy file."""
+    value = _setting("CTRLRUN_REQUIRE_APPROVED_POLICY", False)
+    if not isinstance(value, bool):
+        raise InvalidArgument(f"settings.CTRLRUN_REQUIRE_APPROVED_POLICY must be True or False, got {value!r}")
+    return value
+
+
 def approval_poll() -> dt.timedelta:
     return _positive_seconds("CTRLRUN_APPROVAL_POLL_SECONDS", DEFAULT_APPROVAL_POLL_SECONDS)
 

@@ -68,7 +68,8 @@ class Control:
                  clock: Callable[[], dt.datetime] | None = None, approvals: Any = None,
                  observers: Sequence[Any] = (), lease: dt.timedelta | float | None = None,
                  approval_ttl: dt.timedelta | float | None = None, environment: str | None = None,
-                 authority: str | Path | AuthorityDocument | None = None) -> None:
+                 authority: str | Path | AuthorityDocument | None = None,
+                 require_approved_policy: bool | None = None) -> None:
         if authority is not None and not isinstance(authority, AuthorityDocument):
             if not isinstance(authority, (str, Path)):
                 raise InvalidArgument(f"Control(authority=...) is the path of an authority file (or a parsed "
@@ -99,6 +100,11 @@ class Control:
         for observer in observers:
             if not (callable(getattr(observer, "on_event", None)) or callable(getattr(observer, "on_receipt", None))):
                 raise InvalidArgument(f"Control(observers=...): {observer!r} has neither on_event() nor on_receipt()")
+        if require_approved_policy is not None and not isinstance(require_approved_policy, bool):
+            raise InvalidArgument(f"Control(require_approved_policy=...) must be True or False (None: the "
+                                  f"CTRLRUN_REQUIRE_APPROVED_POLICY setting), got {require_approved_policy!r}")
+        self._require_approved = require_approved_policy
+        self._approved_policies: set[tuple[str, str]] = set()  # (database alias, policy hash) seen approved
         self._policy: Policy | None = policy
         #: Whether the policy comes from settings' files (read again when they change), not given here.
         self._from_settings = policy is None
@@ -176,6 +182,52 @@ class Control:
     @property
     def approval_ttl(self) -> dt.timedelta:
         return self._approval_ttl or conf.approval_ttl()
+
+    @property
+    def require_approved_policy(self) -> bool:
+        """Whether every call first needs its policy approved (§D7): ``Control(require_approved_policy=)``,
+        else the ``CTRLRUN_REQUIRE_APPROVED_POLICY`` setting (default False). Never in the policy file."""
+        if self._require_approved is not None:
+            return self._require_approved
+        return conf.require_approved_policy()
+
+    @property
+    def policy_command(self) -> str:
+        from .messages import command
+
+        return command("policy").strip("'").split("' (or")[0]
+
+    def policy_known_approved(self, policy_hash: str) -> bool:
+        return (self._alias_now(), policy_hash) in self._approved_policies
+
+    def note_policy_approved(self, policy_hash: str) -> None:
+        self._approved_policies.add((self._alias_now(), policy_hash))
+
+    def read_candidate(self, candidate: Policy | str | Path, *, source: str | None = None) -> Policy:
+        """A candidate policy (a path, or a Policy; with ``source``, ``candidate`` is its text) read as
+        this Control would read it once installed: the same environment override and standalone
+        authority file, so its hash is the one it will have in force (§D7). Stores nothing."""
+        current = self._read()
+        environment, authority = self._environment or _environment(), current.authority_document
+        if source is not None:
+            if not isinstance(candidate, str):
+                raise InvalidArgument(f"a candidate policy's text must be a str, not {type(candidate).__name__}")
+            return parse_policy(candidate, source, environment=environment, authority=authority)
+        if isinstance(candidate, Policy):
+            return parse_policy(candidate.text, candidate.source, environment=environment, authority=authority)
+        if isinstance(candidate, (str, Path)):
+            return load_policy(candidate, environment=environment, authority=authority)
+        raise InvalidArgument(f"a candidate policy is a path or a Policy, not {type(candidate).__name__}")
+
+    def _propose_policy(self, candidate: Policy | str | Path, *, approval: str | None = None,
+                        principal: Principal | str | None = None) -> Any:
+        """Propose ``candidate`` (a policy file, or its text) as this Control's next policy (§D7): the
+        protected action ``ctrlrun.policy.change``, decided by the policy in force. Returns the
+        proposal's result ``{"approved": <hash>}`` once an approval was presented and used; raises
+        ``ApprovalRequired`` first. The file is not installed. See ``ctrlrun.proposals``."""
+        from . import proposals
+
+        return proposals.propose(self, candidate, approval=approval, principal=principal)
 
     @property
     def poll_interval(self) -> float:

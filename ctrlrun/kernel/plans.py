@@ -10,6 +10,7 @@ from typing import Any
 
 from ..canonical import Template
 from ..errors import InvalidArgument
+from ..policy.schema import POLICY_CHANGE_ACTION
 from .steps import Plan
 
 __all__ = ["OPTIONS", "plan_for", "check_placeholders"]
@@ -40,6 +41,9 @@ def plan_for(name: str, options: Mapping[str, Any]) -> Plan:
     reconcile_eagerly, wait = chosen["reconcile_eagerly"], chosen["wait"]
     if not isinstance(name, str) or not name.strip():
         raise InvalidArgument("protect(name=...) must be a non-empty action name")
+    if name == POLICY_CHANGE_ACTION:
+        raise InvalidArgument(f"{name!r} is reserved for ctrlrun's approved-policy flow: it cannot be protected or "
+                              f"called directly; propose a policy with 'ctrlrun policy propose --file NEW.yaml'")
     effect_template = _template(effect, "effect", name)
     if effect_template is not None and effect_template.text.startswith("policy:"):
         raise InvalidArgument(f"protect({name!r}, effect=...): effect keys starting 'policy:' are reserved")

@@ -48,3 +48,17 @@ class Runtime(Protocol):
 
     def approval_state(self, request_id: str, last: Any) -> tuple[Any, dt.datetime]:
         """The request as it stands now, and the store's time."""
+
+    @property
+    def require_approved_policy(self) -> bool:
+        """Whether a call first needs its policy approved (``kernel/approved.py``, §D7)."""
+
+    @property
+    def policy_command(self) -> str:
+        """How the operator runs the policy command here (``ctrlrun policy``), for the gate's message."""
+
+    def policy_known_approved(self, policy_hash: str) -> bool:
+        """Whether this Control already saw ``policy_hash`` approved (on the database it writes to now)."""
+
+    def note_policy_approved(self, policy_hash: str) -> None:
+        """Remember that ``policy_hash`` is approved there (a yes is cached; a no is read again)."""

@@ -66,6 +66,7 @@ from ..errors import (
 )
 from .. import messages
 from ..states import Decision, Result
+from ..policy.schema import POLICY_CHANGE_ACTION
 from .context import current_principal, presented_approval
 from .runtime import Runtime
 
@@ -192,7 +193,7 @@ def _effect_key(plan: Plan, effect: Template | None, action: Action) -> str | No
             raise EffectKeyError(f"{effect.text!r}: '{{resource}}' is used but the action has no resource")
         values["resource"] = action.resource
     key = effect.render(values)
-    if key.startswith("policy:"):
+    if key.startswith("policy:") and plan.name != POLICY_CHANGE_ACTION:  # the flow's own key (plans.py refuses the name)
         raise EffectKeyError(f"{effect.text!r} renders {key!r}; effect keys starting 'policy:' are reserved")
     return key
 
@@ -314,6 +315,7 @@ class _Running:
     def decide_and_run(self, presented: str | None) -> Steps:
         store = self.control.store
         judged, charges = None, ()
+        yield from approved.gate(self, presented)  # require_approved_policy (§D7), before authority
         if self.policy.authority is not None:
             judged = yield from self.judge_authority()
             if not judged.passed:
@@ -601,3 +603,6 @@ def _best_effort(phase: Phase) -> Steps:
         yield phase
     except Exception:
         logger.error("ctrlrun could not write the evidence of a failing call", exc_info=True)
+
+
+from . import approved  # noqa: E402 - the gate is written as steps over this module's instructions

@@ -245,6 +245,14 @@ class Policy:
         """Whether this policy is in observe mode (nothing is refused; see ``mode``)."""
         return self.mode == "observe"
 
+    def approving_actions(self) -> frozenset[str]:
+        """The actions every verdict of which is ``approve`` (a bare ``decision: approve``, or rules
+        that all decide ``approve``): what the approved-policy flow asks of ``ctrlrun.policy.change``."""
+        return frozenset(
+            name for name, entry in self.actions.items()
+            if (entry.decision is Decision.APPROVE if entry.decision is not None else
+                bool(entry.rules) and all(rule.decision is Decision.APPROVE for rule in entry.rules)))
+
     def entry(self, name: str) -> ActionEntry | None:
         """The entry for ``name`` (matched exactly), or None when the policy does not name it."""
         return self.actions.get(name)

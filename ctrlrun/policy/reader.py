@@ -454,7 +454,6 @@ class Reader:
         if name == POLICY_CHANGE_ACTION:
             if self.version < 6:
                 self.fail(line, where, self.needs_schema(f"the reserved action {name!r}", 6))
-            self.not_built(line, where, "policy_change")
         if not isinstance(entry, dict):
             self.fail(
                 line, where,

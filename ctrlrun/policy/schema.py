@@ -69,7 +69,6 @@ NOT_BUILT = {
     "approvals_required": "'approvals_required' above 1 (M-of-N approvals)",
     "approver_role": "'approver_role' on a control (verified approvers)",
     "upstream": "'upstream' pins (the MCP gateway)",
-    "policy_change": "the 'ctrlrun.policy.change' action (the approved-policy flow)",
 }
 
 #: Action name reserved for the approved-policy flow of v6; no earlier document may use it.

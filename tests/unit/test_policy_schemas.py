@@ -300,8 +300,9 @@ class TestAttemptsAndApprovals:
 
     def test_policy_change_action(self) -> None:
         refused(doc("actions:\n  ctrlrun.policy.change: {decision: approve}\n", 5), "line 3", "ctrlrun.policy/v6")
-        refused(doc("actions:\n  ctrlrun.policy.change: {decision: approve}\n", 6), "line 3", "approved-policy flow",
-                "does not enforce it yet")
+        # Built (the approved-policy flow, docs/policy-changes.md): declarable from v6 on.
+        policy = parse_policy(doc("actions:\n  ctrlrun.policy.change: {decision: approve}\n", 6))
+        assert policy.approving_actions() == frozenset({"ctrlrun.policy.change"})
 
 
 class TestNotBuiltYet:
