@@ -37,6 +37,7 @@ COMMANDS: dict[str, tuple[bool, str]] = {
     "delegate": (True, "delegate a narrower grant from a delegable one (--parent ID --file GRANT.yaml --as AGENT)"),
     "delegations": (False, "list delegations: parent, agent, limits, expiry, revoked (--agent, --active, --json)"),
     "revoke": (False, "revoke a delegation and everything beneath it (ID, or --created-by / --under)"),
+    "policy": (True, "propose a candidate policy for approval, or replay receipts under it (propose|replay --file)"),
     "stats": (False, "count what the receipts of a time window say (--since 24h, --json)"),
     "init": (False, "write a commented starter ctrlrun.yaml and create .ctrlrun/ beside it"),
     "demo": (False, "run the guided scenarios in a scratch store"),
@@ -110,7 +111,9 @@ def _main(argv: list[str] | None) -> int:
         if wants_help or name in NO_STORE:  # the demo keeps a scratch store of its own; init needs none
             standalone.configure_without_store()
         else:
-            standalone.configure(create=COMMANDS[name][0], command=name)
+            # (policy replay only reads: like the read-only commands, it never creates a store)
+            creates = COMMANDS[name][0] and not (name == "policy" and argv[1:2] == ["replay"])
+            standalone.configure(create=creates, command=name)
     except CTRLRunError as exc:
         print(f"Error: {exc}", file=sys.stderr)
         return 1
