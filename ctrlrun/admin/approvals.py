@@ -33,6 +33,7 @@ from .base import (
     _policy_document, _pre, _principal_html, _receipt_rows, refusal_text,
 )
 from .paused import _paused_run_line
+from .policychange import proposal_context
 
 
 # --------------------------------------------------------------------------- approvals
@@ -315,6 +316,7 @@ class ApprovalAdmin(EvidenceAdmin):
                 "used_receipts": _receipt_rows(self.site, receipts),
                 "effect": _stored_effect_link(self.site, approval.effect_key) if approval.effect_key else None,
                 "paused_run": _paused_run_line(self.site, approval.approval_id),
+                **proposal_context(self.site, request, approval),  # a policy change: diff and replay (§D7)
                 **context,
             }
         return super().change_view(request, object_id, form_url, context)

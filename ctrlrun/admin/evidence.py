@@ -474,6 +474,13 @@ class PolicyDocumentAdmin(EvidenceAdmin):
     readonly_fields = ("shown_source", "at_first_seen", "in_force", "signature", "pretty_text")
 
     at_first_seen = _at("first_seen", _("first used at"))
+    change_list_template = "admin/ctrlrun/policychange/policydocument_change_list.html"
+
+    def get_urls(self) -> list[Any]:
+        from .policychange import PROPOSE_URL, propose_view  # the approved-policy flow's page (§D7)
+
+        view = self.admin_site.admin_view(lambda request: propose_view(self, request))
+        return [path("propose/", view, name=PROPOSE_URL), *super().get_urls()]
 
     @admin.display(description=_("hash"), ordering="hash")
     def short_hash(self, obj: PolicyDocument) -> SafeString:
