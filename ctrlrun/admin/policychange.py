@@ -66,7 +66,7 @@ def diff_html(old: str, new: str, old_name: str, new_name: str) -> SafeString:
     if not lines:
         return format_html('<p id="ctrlrun-policy-diff"><em>{}</em></p>', _g("The candidate's text is the same as the policy in force."))
     kinds = {"+": "add", "-": "del", "@": "hunk"}
-    rows = format_html_join("\n", '<span class="ctrlrun-diff-{}">{}</span>', (
+    rows = format_html_join("", '<span class="ctrlrun-diff-{}">{}</span>', (
         ("head" if line.startswith(("+++", "---")) else kinds.get(line[:1], "same"), reveal(line)) for line in lines))
     return format_html('<pre class="ctrlrun-diff" id="ctrlrun-policy-diff">{}</pre>', rows)
 
@@ -133,8 +133,18 @@ def propose_view(model_admin: Any, request: HttpRequest) -> HttpResponse:
         except CTRLRunError as exc:  # a candidate that does not load, observe mode, ...
             model_admin.message_user(request, reveal(refusal_text(exc), multiline=True), messages.ERROR)
     current = current_policy()
+    commit = None
+    asked = request.GET.get("approval")
+    if request.method == "GET" and asked:
+        approval = store.get_approval(asked)
+        if approval is None or approval.action != POLICY_CHANGE_ACTION:
+            model_admin.message_user(request, _g("No policy change request %(id)s.") % {"id": reveal(asked)},
+                                     messages.ERROR)
+        else:
+            commit = {"approval_id": approval.approval_id, "to": approval.arguments.get("to")}
     return model_admin.console_page(request, "admin/ctrlrun/policychange/propose.html", {
-        "title": _g("Propose a policy"), "form": form, "current": current,
+        "title": _g("Run the approved proposal") if commit else _g("Propose a policy"), "form": form,
+        "current": current, "commit": commit,
         "list_url": url(model_admin.site, "ctrlrun_policydocument_changelist"),
     })
 
