@@ -178,3 +178,13 @@ def test_the_setting_must_be_a_bool(governed, settings):
         refund(Control.from_file(governed[0]), "p1", 10)
     with pytest.raises(ctrlrun.InvalidArgument, match="True or False"):
         Control.from_file(governed[0], require_approved_policy="yes")
+
+
+def test_both_drivers_meet_the_gate(governed, drive):
+    """Sync and async calls are refused alike, and run alike once the policy is approved."""
+    control = Control.from_file(governed[0], require_approved_policy=True)
+    with pytest.raises(ctrlrun.ActionDenied) as denied:
+        drive(control, "stripe.refund", {"payment_id": "p1", "amount": 10}, "support-agent")
+    assert denied.value.reason == "policy_unapproved"
+    approve_proposal(control, governed[0])
+    assert drive(control, "stripe.refund", {"payment_id": "p2", "amount": 10}, "support-agent") == "done"
