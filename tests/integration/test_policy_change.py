@@ -188,3 +188,26 @@ def test_both_drivers_meet_the_gate(governed, drive):
     assert denied.value.reason == "policy_unapproved"
     approve_proposal(control, governed[0])
     assert drive(control, "stripe.refund", {"payment_id": "p2", "amount": 10}, "support-agent") == "done"
+
+
+def test_the_application_role_cannot_plant_a_marker_or_a_candidate(governed):
+    """The application's role may INSERT: a COMMITTED marker is refused by the guard (a record starts
+    executing), and a candidate text planted under the candidate's hash before its proposal makes the
+    proposal refuse (EvidenceTampered), so no page shows that text as the candidate."""
+    from django.db import IntegrityError, transaction
+    from django.utils import timezone
+
+    from ctrlrun.models import PolicyDocument
+
+    control = Control.from_file(governed[0], require_approved_policy=True)
+    with pytest.raises(IntegrityError), transaction.atomic():
+        EffectRecord.objects.create(effect_key=f"policy:{control.policy_hash}", action="ctrlrun.policy.change",
+                                    state="committed", action_id="act_forged", attempt=1, created_at=timezone.now(),
+                                    updated_at=timezone.now())
+    wider = Control.from_file(governed[1]).policy_hash
+    PolicyDocument.objects.create(hash=wider, schema="ctrlrun.policy/v6", source="candidate x",
+                                  text=GOVERNED.replace("deny", "allow"), environment="production",
+                                  first_seen=timezone.now(), mac="0" * 64)
+    with pytest.raises(ctrlrun.EvidenceTampered):
+        control._propose_policy(governed[1], principal="ops")
+    assert store.policy_document(wider) is None
