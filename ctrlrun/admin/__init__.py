@@ -27,6 +27,8 @@ which model admin hosts each page that is not a model's list or change form:
 - ``evidence``: ``ReceiptAdmin`` hosts the chain's Verify page (``receipt/verify/``), ``EventAdmin``
   the call page (``event/call/<action id>/``); ``PolicyDocumentAdmin``; ``current_policy()``, the
   policy this server reads;
+- ``policychange``: the approved-policy flow's page (``policydocument/propose/``, hosted by
+  ``PolicyDocumentAdmin``) and what a ``ctrlrun.policy.change`` request's page adds (diff, replay);
 - ``authority``: ``BudgetLedgerAdmin`` hosts the Grants and budgets page (``budgetledger/grants/``);
   ``DelegationAdmin`` shows its list as the delegation tree and hosts the revoke confirmation
   (``delegation/<id>/revoke/``).
