@@ -45,6 +45,34 @@ def check_policy(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMes
 
 
 @checks.register()
+def check_approved_policy(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """``CTRLRUN_REQUIRE_APPROVED_POLICY`` not a bool (ctrlrun.E006); on, with a policy that cannot be
+    approved because it does not declare ``ctrlrun.policy.change`` deciding only ``approve``
+    (ctrlrun.W006): every protected call is refused ``policy_unapproved``, and so is every proposal."""
+    from .control import default_control
+    from .policy.change import POLICY_CHANGE_ACTION, governs_changes
+
+    try:
+        required = conf.require_approved_policy()
+    except CTRLRunError as exc:
+        return [checks.Error(str(exc), id="ctrlrun.E006")]
+    if not required:
+        return []
+    try:
+        policy = default_control().read_policy()
+    except (CTRLRunError, OSError):
+        return []  # check_policy says what is wrong with it
+    if policy.observing or governs_changes(policy):
+        return []
+    return [checks.Warning(
+        f"CTRLRUN_REQUIRE_APPROVED_POLICY is on, and {policy.source} cannot be approved: every protected call is "
+        f"refused policy_unapproved, a proposal included",
+        hint=f"declare {POLICY_CHANGE_ACTION!r} with every rule deciding 'approve' (schema ctrlrun.policy/v6 or "
+             f"later), then propose the policy: see docs/policy-changes.md",
+        id="ctrlrun.W006")]
+
+
+@checks.register()
 def check_time_zone(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """ctrlrun stores aware UTC times; Django must too."""
     from django.conf import settings

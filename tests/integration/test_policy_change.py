@@ -211,3 +211,17 @@ def test_the_application_role_cannot_plant_a_marker_or_a_candidate(governed):
     with pytest.raises(ctrlrun.EvidenceTampered):
         control._propose_policy(governed[1], principal="ops")
     assert store.policy_document(wider) is None
+
+
+def test_manage_py_check_says_when_no_call_can_run(use_policy, settings):
+    """W006: approved policies are required and the policy cannot be approved; E006: not a bool."""
+    from ctrlrun.checks import check_approved_policy
+
+    use_policy(GOVERNED.replace("    decision: approve\n", "    decision: allow\n", 1))
+    assert check_approved_policy() == []
+    settings.CTRLRUN_REQUIRE_APPROVED_POLICY = True
+    assert [m.id for m in check_approved_policy()] == ["ctrlrun.W006"]
+    use_policy(GOVERNED)
+    assert check_approved_policy() == []
+    settings.CTRLRUN_REQUIRE_APPROVED_POLICY = 1
+    assert [m.id for m in check_approved_policy()] == ["ctrlrun.E006"]
