@@ -353,3 +353,27 @@ def test_observe_mode_runs_and_says_the_state_changed(control, drive):
     receipt = receipts()[-1]
     assert (receipt["result"], receipt["would_have"]["blocked_reason"]) == ("observed", "precondition_changed")
     assert receipt["precondition_at_request"] != receipt["precondition_at_recheck"]
+
+
+def test_a_running_attempt_keeps_both_hashes_for_a_sweeper(control):
+    """The call kept on a running attempt's record (what a sweeper writes the receipt from) has both hashes."""
+    from ctrlrun.store.chain import stash, unstash
+
+    ledger = Ledger()
+    with pytest.raises(ctrlrun.ApprovalRequired) as asked:
+        control.call("payments.transfer", transfer(), lambda: "done", principal="app-agent",
+                     preconditions=ledger.state)
+    store.answer_approval(asked.value.request_id, True, by="carol")
+    seen = []
+
+    def executor():  # (sync driver: the function runs where the ORM may be used)
+        seen.append(unstash(EffectRecord.objects.get(effect_key="transfer:t1").pending)[0])
+        return "done"
+
+    with ctrlrun.with_approval(asked.value.request_id):
+        control.call("payments.transfer", transfer(), executor, principal="app-agent", preconditions=ledger.state)
+    [kept] = seen
+    fingerprint = expected({"balance": 900, "account": "acc_1"})
+    assert kept.precondition_at_request == kept.precondition_at_recheck == fingerprint
+    again, _, _ = unstash(stash(kept, 1, []).text)
+    assert (again.precondition_at_request, again.precondition_at_recheck) == (fingerprint, fingerprint)
