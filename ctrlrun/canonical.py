@@ -305,16 +305,17 @@ def sha256_hash(data: bytes) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
-def canonical_arguments(arguments: Mapping[str, Any]) -> dict[str, Any]:
+def canonical_arguments(arguments: Mapping[str, Any], *, what: str = "arguments") -> dict[str, Any]:
     """Validate call arguments and return a fresh plain copy (tuples become lists, subclasses exact).
 
     Limits: :data:`MAX_DEPTH` nested containers in one argument, ints of :data:`MAX_INT_DIGITS`
-    digits, :data:`MAX_ARGUMENTS_SIZE` in all; a value that contains itself is refused.
+    digits, :data:`MAX_ARGUMENTS_SIZE` in all; a value that contains itself is refused. ``what`` is
+    the name an error's path starts with (a precondition's ``state``).
     """
     if not isinstance(arguments, Mapping):
-        raise InvalidArgument(f"arguments must be a mapping of name to value, not {type(arguments).__name__}")
+        raise InvalidArgument(f"{what} must be a mapping of name to value, not {type(arguments).__name__}")
     # The arguments mapping is the one container around each argument's value.
-    return _check_jsonable(arguments, "arguments", _Walk(MAX_DEPTH + 1, MAX_DEPTH, MAX_ARGUMENTS_SIZE))
+    return _check_jsonable(arguments, what, _Walk(MAX_DEPTH + 1, MAX_DEPTH, MAX_ARGUMENTS_SIZE))
 
 
 def new_id(prefix: str) -> str:

@@ -490,7 +490,7 @@ class Control:
 
         ``principal`` is who acts (a ``Principal`` or an agent name; default: ``ctrlrun.context()``).
         ``options`` are ``protect``'s: ``effect``, ``resource``, ``lease``, ``reconcile``,
-        ``reconcile_eagerly``, ``wait``.
+        ``reconcile_eagerly``, ``wait``, ``task``, ``scope``, ``hop``, ``preconditions``.
         """
         return drive.run_sync(self._steps(name, arguments, executor, principal, options, asynchronous=False), self)
 

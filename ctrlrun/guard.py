@@ -62,7 +62,8 @@ _UNIQUE = {"ctrlrun_receipt": ("receipt_id", "seq"), "ctrlrun_event": ("id", "se
            "ctrlrun_policydocument": ("hash",), "ctrlrun_chaincheck": ("id", "nonce")}
 #: What the person deciding read; an approval keeps it for life.
 _APPROVAL_FIXED = ("approval_id", "action", "action_id", "action_hash", "action_json", "agent", "user",
-                   "effect_key", "policy_hash", "decision_reason", "created_at", "expires_at")
+                   "effect_key", "policy_hash", "decision_reason", "created_at", "expires_at",
+                   "precondition_fingerprint")
 #: The approval table's edges that keep the ``returned`` count (all but the give-backs).
 _APPROVAL_EDGES = [edge for edge in APPROVAL_TRANSITIONS if edge not in APPROVAL_GIVE_BACKS]
 

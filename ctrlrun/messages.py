@@ -199,6 +199,24 @@ def approval_expired_ask_again(approval_id: str, expires_at: dt.datetime) -> str
     return f"approval {approval_id} expired at {evidence_time(expires_at)}; ask again"
 
 
+def precondition_changed(approval_id: str, at_request: str, at_recheck: str) -> str:
+    return (f"approval {approval_id} was granted for another state of the world: the preconditions were "
+            f"{at_request} when it was asked, and are {at_recheck} now; it stays granted: ask the approver to look "
+            f"again, or retry once the state is back")
+
+
+def precondition_missing(approval_id: str, at_request: bool) -> str:
+    if at_request:
+        return (f"approval {approval_id} was asked with preconditions, and this call reads none: present it on "
+                f"a call with the same preconditions=...; it stays granted")
+    return (f"approval {approval_id} was asked without preconditions, and this call has some: the approver never "
+            f"saw a state to compare with; ask again with preconditions=...; it stays granted")
+
+
+def precondition_unavailable(approval_id: str, problem: str) -> str:
+    return f"approval {approval_id} cannot be checked against the state now: {problem}; it stays granted"
+
+
 # --------------------------------------------------------------------------- a person's bad arguments
 
 

@@ -231,6 +231,9 @@ class Approval(models.Model):
                                    help_text="The call that used the approval.")
     returned = models.PositiveIntegerField(
         default=0, help_text="How many times an attempt that provably did nothing gave it back (signed; only grows).")
+    precondition_fingerprint = models.CharField(
+        max_length=HASH_LENGTH, null=True, blank=True,
+        help_text="The fingerprint of the state the person approving saw (preconditions; signed, fixed).")
     mac = models.CharField(max_length=MAC_LENGTH, null=True, blank=True,
                            help_text="ctrlrun's signature of the request, its answer and its use.")
 

@@ -77,6 +77,7 @@ def protect(
     scope: Callable[[Any], Any] | None = None,
     hop: str | None = None,
     control: Any = None,
+    preconditions: Callable[[Any], Any] | None = None,
 ) -> Callable[[F], F]:
     """Guard a function that acts on the world: the policy decides, the effect key dedupes.
 
@@ -93,10 +94,14 @@ def protect(
     ``{"resources": [patterns]}``: the resources this call may touch now (e.g. the requesting user's
     own records); a resource outside them is refused ``out_of_scope`` before the key is taken.
     ``hop`` is a template naming the delegation (``Control.hop``) this call is made under
-    (``"{hop_id}"``): then that delegation is the only grant that counts.
+    (``"{hop_id}"``): then that delegation is the only grant that counts. ``preconditions`` is a
+    function of the ``Action`` (plain or ``async def``) returning the state the person approving
+    sees (``{"balance": 900}``): its fingerprint is stored on the request and must be the same when
+    the approval is used (§8.6; only ``approve`` calls read it).
     """
     plan = plan_for(name, {"effect": effect, "resource": resource, "lease": lease, "reconcile": reconcile,
-                           "reconcile_eagerly": reconcile_eagerly, "wait": wait, "task": task, "scope": scope, "hop": hop})
+                           "reconcile_eagerly": reconcile_eagerly, "wait": wait, "task": task, "scope": scope,
+                           "hop": hop, "preconditions": preconditions})
     if control is None:
         return guarded(plan, runtime=default_control, hooks=PROCESS_HOOKS, policy=None)
     if not isinstance(control, Control):

@@ -133,6 +133,11 @@ class Call:
     #: The delegations (``dlg_...``) the call's authority rests on, nearest first: checked again, not
     #: revoked, in the transaction that takes the call's key.
     delegations: tuple[str, ...] = field(default=(), compare=False)
+    #: Preconditions (§8.6): the fingerprint of the state when the request was made (the approval's)
+    #: and when the call presenting it took its key; and why the state could not be read again.
+    precondition_at_request: str | None = None
+    precondition_at_recheck: str | None = None
+    precondition_problem: str | None = field(default=None, compare=False)
 
     @property
     def authority_grant_id(self) -> str | None:
@@ -301,6 +306,8 @@ class ApprovalView:
     consumed_by: str | None
     #: How many times an attempt that provably did nothing gave the approval back (issue 25).
     returned: int = 0
+    #: The fingerprint of the state the person approving saw (``protect(preconditions=...)``), or None.
+    precondition_fingerprint: str | None = None
     #: False when the row does not carry ctrlrun's signature (written around ctrlrun).
     signature_ok: bool = True
 

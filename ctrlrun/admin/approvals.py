@@ -98,7 +98,7 @@ class ApprovalAdmin(EvidenceAdmin):
     fieldsets = [
         (_("What the human is authorising"), {"fields": (
             "shown_action", "canonical_arguments", "principal", "resource", "environment", "action_hash",
-            "shown_effect_key")}),
+            "shown_effect_key", "shown_preconditions")}),
         (_("Why it needs a person"), {"fields": ("shown_reason", "cited_controls", "shown_policy")}),
         (_("The request"), {"fields": (
             "approval_id", "shown_status", "asked_by_call", "at_created_at", "at_expires_at", "shown_approver",
@@ -108,7 +108,7 @@ class ApprovalAdmin(EvidenceAdmin):
                        "shown_effect_key", "shown_reason", "cited_controls", "shown_policy", "shown_status",
                        "asked_by_call",
                        "at_created_at", "at_expires_at", "shown_approver", "shown_note", "at_answered_at",
-                       "at_consumed_at", "used_by_call", "given_back")
+                       "at_consumed_at", "used_by_call", "given_back", "shown_preconditions")
     change_form_template = "admin/ctrlrun/approval/change_form.html"
 
     at_created_at = _at("created_at", _("asked at"))
@@ -197,6 +197,14 @@ class ApprovalAdmin(EvidenceAdmin):
     @admin.display(description=_("used by the call"))
     def used_by_call(self, obj: Approval) -> SafeString:
         return call_link(self.site, obj.consumed_by, short=None)
+
+    @admin.display(description=_("preconditions"))
+    def shown_preconditions(self, obj: Approval) -> str:
+        """The fingerprint of the state the call saw when it asked (``protect(preconditions=...)``)."""
+        if not obj.precondition_fingerprint:
+            return _g("none: the call reads no state of the world")
+        return _g("%(fingerprint)s: the state when this was asked; the approval is used only if the state is the "
+                  "same then") % {"fingerprint": obj.precondition_fingerprint}
 
     @admin.display(description=_("given back"))
     def given_back(self, obj: Approval) -> str:

@@ -27,7 +27,8 @@ def _template(value: Any, what: str, name: str) -> Template | None:
 
 #: The options of one guarded action (``protect``'s, and ``Control.call``'s), with their defaults.
 OPTIONS: dict[str, Any] = {"effect": None, "resource": None, "lease": None, "reconcile": None,
-                           "reconcile_eagerly": False, "wait": False, "task": None, "scope": None, "hop": None}
+                           "reconcile_eagerly": False, "wait": False, "task": None, "scope": None, "hop": None,
+                           "preconditions": None}
 
 
 def plan_for(name: str, options: Mapping[str, Any]) -> Plan:
@@ -69,8 +70,13 @@ def plan_for(name: str, options: Mapping[str, Any]) -> Plan:
     if scope is not None and not callable(scope):
         raise InvalidArgument(f"protect({name!r}, scope=...) must be callable (a function of the Action returning "
                               f"{{'resources': [patterns]}}), not {type(scope).__name__}")
+    preconditions = chosen["preconditions"]
+    if preconditions is not None and not callable(preconditions):
+        raise InvalidArgument(f"protect({name!r}, preconditions=...) must be callable (a function of the Action "
+                              f"returning the state the person approving sees, e.g. {{'balance': 900}}), not "
+                              f"{type(preconditions).__name__}")
     return Plan(name, effect_template, resource_template, lease, reconcile, reconcile_eagerly, wait, task_template,
-                scope, _template(chosen["hop"], "hop", name))
+                scope, _template(chosen["hop"], "hop", name), preconditions)
 
 
 def _unknown_placeholder(template: Template | None, parameters: Any, *, effect: bool) -> str | None:

@@ -65,6 +65,7 @@ from ..errors import (
     NotExecuted,
 )
 from .. import messages
+from ..preconditions import described_failure, fingerprint
 from ..states import Decision, Result
 from ..policy.schema import POLICY_CHANGE_ACTION
 from .context import current_principal, presented_approval
@@ -154,6 +155,9 @@ class Plan:
     task: Template | None = None
     scope: Callable[[Action], Any] | None = None
     hop: Template | None = None
+    #: The state the person approving sees (§8.6): fingerprinted when an ``approve`` call asks, and
+    #: again before the approval is used.
+    preconditions: Callable[[Action], Any] | None = None
 
 
 _warned: set[tuple[str, str]] = set()
@@ -348,6 +352,14 @@ class _Running:
                 refused = yield Phase(store.check_ceiling, (call, ceiling))
                 if refused is not None:
                     raise refused.error
+            if self.plan.preconditions is not None:  # the state the person will see, fingerprinted
+                digest, problem = yield from self.read_preconditions()
+                if problem is not None:
+                    reason = "precondition_unavailable"
+                    yield Record(store.record_denial, (call, {"reason": reason, "error": problem}))
+                    raise ActionDenied(f"{self.name} denied: {reason}: {problem}; no approval was requested",
+                                       reason=reason, action_id=self.action.action_id)
+                call = replace(call, precondition_at_request=digest)
             request = yield Phase(self.control.request_approval, (call,))
             if self.plan.wait:
                 return (yield from self.wait_then_run(request))
@@ -436,6 +448,26 @@ class _Running:
                                           f"({', '.join(patterns) or 'no resources'})")
         return call, None
 
+    def read_preconditions(self) -> Steps:
+        """Ask ``protect(preconditions=...)`` for the state now: (its fingerprint, None), or (None,
+        why it cannot be had: the function raised, or its answer has no fingerprint)."""
+        try:
+            state = yield Consult(self.plan.preconditions, self.action)
+        except Exception as exc:  # the user's function: whatever it raised is the answer "unavailable"
+            return None, described_failure(exc)
+        try:
+            return fingerprint(state), None
+        except InvalidArgument as exc:
+            return None, str(exc)
+
+    def rechecked(self, call: Any, presented: str | None) -> Steps:
+        """An ``approve`` call presenting an approval: the state read again just before the take, for
+        the store to compare with the request's fingerprint in the take's transaction."""
+        if presented is None or call.decision is not Decision.APPROVE or self.plan.preconditions is None:
+            return call
+        digest, problem = yield from self.read_preconditions()
+        return replace(call, precondition_at_recheck=digest, precondition_problem=problem)
+
     def take_and_run(self, call: Any, presented: str | None, ceiling: int | None) -> Steps:
         store, plan = self.control.store, self.plan
         lease = plan.lease or self.control.lease
@@ -444,6 +476,7 @@ class _Running:
             reason, error = problem
             yield Record(store.record_denial, (replace(call, approval_id=presented), {"reason": reason, "error": error}))
             raise ActionDenied(f"{self.name} denied: {reason}: {error}", reason=reason, action_id=self.action.action_id)
+        call = yield from self.rechecked(call, presented)
         key = call.effect_key
         if key is None:
             taken = yield Phase(store.begin_unkeyed, (call, presented))
@@ -462,6 +495,7 @@ class _Running:
                     # caller gets still leaves its receipt (if the store takes it).
                     yield from _best_effort(Record(store.record_refusal, (taken,)))
                     raise
+                call = yield from self.rechecked(call, presented)
                 taken = yield Phase(store.reserve, (call, lease), {
                     "opening": False, "hold_ambiguous": False, "presented": presented,
                     "max_attempts": ceiling})
@@ -478,6 +512,7 @@ class _Running:
         store = self.control.store
         lease = self.plan.lease or self.control.lease
         call, out_of_scope = yield from self.scoped(call)
+        call = yield from self.rechecked(call, presented)
         found = {"budget_problem": unmeasured, "scope_problem": out_of_scope[0] if out_of_scope else None}
         seen = yield Phase(store.observe_begin, (call, lease), {"presented": presented, "max_attempts": ceiling,
                                                                 "with_policy": with_policy, **found})

@@ -48,6 +48,7 @@ def request_approval(call: Call, ttl: dt.timedelta) -> ApprovalView:
             action_json=json.dumps(action.canonical(), ensure_ascii=False, sort_keys=True),
             agent=action.principal.agent, user=action.principal.user, effect_key=call.effect_key,
             policy_hash=call.policy_hash, decision_reason=call.reason, created_at=when, expires_at=when + ttl,
+            precondition_fingerprint=call.precondition_at_request,
         )
         sign_approval(row)
         row.save(using=alias(), force_insert=True)
@@ -193,7 +194,38 @@ def check_presented(call: Call, presented: str, when: dt.datetime,
         _expire(row, when, events, call)
         error = ApprovalMismatch(messages.approval_expired_ask_again(presented, row.expires_at), reason="expired",
                                  approval_id=presented)
+    if genuine and row.action_hash == call.action.hash:
+        call = replace(call, precondition_at_request=row.precondition_fingerprint)
+        if error is None:
+            error = _precondition_refusal(call, presented)
     return call, (row if error is None else None), error
+
+
+def _precondition_refusal(call: Call, presented: str) -> ApprovalMismatch | None:
+    """The state the person saw against the state now (§8.6), or None when neither side has one. A
+    refusal leaves the approval granted: the person can look again, or the state come back."""
+    at_request, at_recheck = call.precondition_at_request, call.precondition_at_recheck
+    if call.precondition_problem is not None:
+        reason, message = "precondition_unavailable", messages.precondition_unavailable(presented,
+                                                                                        call.precondition_problem)
+    elif at_request is None and at_recheck is None:
+        return None
+    elif at_request is None or at_recheck is None:
+        reason, message = "precondition_missing", messages.precondition_missing(presented, at_request is not None)
+    elif at_request != at_recheck:
+        reason, message = "precondition_changed", messages.precondition_changed(presented, at_request, at_recheck)
+    else:
+        return None
+    return ApprovalMismatch(message, reason=reason, approval_id=presented)
+
+
+def precondition_data(call: Call) -> dict[str, Any]:
+    """The precondition hashes an APPROVAL_CONSUMED / APPROVAL_INVALIDATED event carries (none when
+    neither side has one)."""
+    if call.precondition_at_request is None and call.precondition_at_recheck is None:
+        return {}
+    return {"precondition_at_request": call.precondition_at_request,
+            "precondition_at_recheck": call.precondition_at_recheck}
 
 
 def take_presented(call: Call, presented: str | None, when: dt.datetime,
@@ -219,7 +251,8 @@ def take_presented(call: Call, presented: str | None, when: dt.datetime,
         seal(events, [ReceiptSpec(call, Result.DENIED, str(error), None, "approval_denied")], when)
     else:
         events.append(event_row(EventType.APPROVAL_INVALIDATED, call, call.effect_key,
-                                {"reason": error.reason, "action_hash": call.action.hash}, when, presented))
+                                {"reason": error.reason, "action_hash": call.action.hash, **precondition_data(call)},
+                                when, presented))
         seal(events, [ReceiptSpec(call, Result.BLOCKED, str(error), None)], when)
     return call, None, Refused(error, None, True, call)
 
@@ -228,6 +261,7 @@ def consumption_event(row: Approval, call: Call, when: dt.datetime, *, required:
     data: dict[str, Any] = {"approver": row.approver}
     if not required:
         data["required"] = False
+    data.update(precondition_data(call))
     return event_row(EventType.APPROVAL_CONSUMED, call, call.effect_key, data, when, row.approval_id)
 
 

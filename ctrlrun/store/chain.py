@@ -83,6 +83,8 @@ def _receipt_doc(spec: ReceiptSpec, when: dt.datetime) -> dict[str, Any]:
         policy_hash=call.policy_hash,
         policy_version=call.policy_version,
         controls=list(call.controls),
+        precondition_at_request=call.precondition_at_request,
+        precondition_at_recheck=call.precondition_at_recheck,
         authority_grant_id=call.authority_grant_id,
         task=call.task,
         hop=call.hop,
@@ -231,6 +233,8 @@ def stash(call: Call, attempt: int, events: Sequence[EventRow]) -> Pending:
                  **({"task": call.task} if call.task else {}),
                  **({"hop": call.hop} if call.hop else {}),
                  **({"scope_hash": call.scope_hash} if call.scope_hash else {}),
+                 **({"preconditions": [call.precondition_at_request, call.precondition_at_recheck]}
+                    if call.precondition_at_request or call.precondition_at_recheck else {}),
                  **({"would_have": dict(call.would_have)} if call.would_have else {}),
                  **({"budget_charges": [[c.grant_id, c.metric, c.amount, c.limit, c.window_seconds]
                                         for c in call.budget_charges]} if call.budget_charges else {})},
@@ -255,6 +259,8 @@ def unstash(text: str) -> tuple[Call, int, list[EventRow]]:
                 policy_version=info.get("policy_version"), would_have=info.get("would_have"),
                 authority=info.get("authority"), task=info.get("task"), hop=info.get("hop"),
                 scope_hash=info.get("scope_hash"),
+                precondition_at_request=(info.get("preconditions") or [None, None])[0],
+                precondition_at_recheck=(info.get("preconditions") or [None, None])[1],
                 budget_charges=tuple(Charge(*charge) for charge in info.get("budget_charges") or ()))
     return call, info["attempt"], events
 

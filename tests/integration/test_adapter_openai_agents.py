@@ -244,3 +244,18 @@ def test_observe_mode_never_pauses_the_run_and_records_one_observed_call():
     assert (only["result"], only["execution"]) == ("observed", "committed")
     assert (only["would_have"]["decision"], only["would_have"]["blocked_reason"]) == ("approve", "approval_required")
     assert outputs(result) == ["refunded 200000 on txn_big"]
+
+
+def test_preconditions_pass_through_and_a_moved_state_never_reaches_the_tool():
+    """``guarded_tool(..., preconditions=...)``: the request keeps the state the person saw; resumed after
+    it moved, the tool never runs and the model is told why (the approval stays granted)."""
+    control, ran, balance = ctrlrun.Control(), [], {"value": 900}
+    tool = refund_tool(control, ran, preconditions=lambda action: {"balance": balance["value"]})
+    agent, result, request = interrupted(tool)
+    assert store.get_approval(request.request_id).precondition_fingerprint is not None
+    store.answer_approval(request.request_id, True, by="alice")
+    balance["value"] = 100
+    after = resumed(agent, result.to_state())
+    assert ran == []
+    assert "ctrlrun refused" in outputs(after)[0] and "precondition_changed" in outputs(after)[0]
+    assert store.get_approval(request.request_id).status == "granted"
