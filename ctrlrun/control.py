@@ -37,6 +37,7 @@ __all__ = ["Control", "default_control", "reset_default"]
 
 
 _NOTHING = contextlib.nullcontext()
+_FROM_SETTINGS = object()  # the default Control's identity provider: read from settings on first use
 #: How often (seconds, at most) a call looks at the settings' policy files for a change.
 _RECHECK_SECONDS = 1.0
 _store: Any = None  # ctrlrun.store, once Django is ready (see Control.store)
@@ -62,13 +63,15 @@ class Control:
     ``ctrlrun.testing.Clock``). ``approvals``: an approval provider (default: the database's,
     ``LocalApprovalProvider``). ``observers``: objects with ``on_event(event)`` and/or
     ``on_receipt(receipt)``, told what this Control's calls wrote, after each commit.
+    ``identity``: an identity provider that says who acts (``ctrlrun.identity``); without one,
+    ``ctrlrun.context()`` (or ``call(principal=)``) says.
     """
 
     def __init__(self, policy: Policy | str | Path | None = None, *, database: str | None = None,
                  clock: Callable[[], dt.datetime] | None = None, approvals: Any = None,
                  observers: Sequence[Any] = (), lease: dt.timedelta | float | None = None,
                  approval_ttl: dt.timedelta | float | None = None, environment: str | None = None,
-                 authority: str | Path | AuthorityDocument | None = None) -> None:
+                 authority: str | Path | AuthorityDocument | None = None, identity: Any = None) -> None:
         if authority is not None and not isinstance(authority, AuthorityDocument):
             if not isinstance(authority, (str, Path)):
                 raise InvalidArgument(f"Control(authority=...) is the path of an authority file (or a parsed "
@@ -99,6 +102,7 @@ class Control:
         for observer in observers:
             if not (callable(getattr(observer, "on_event", None)) or callable(getattr(observer, "on_receipt", None))):
                 raise InvalidArgument(f"Control(observers=...): {observer!r} has neither on_event() nor on_receipt()")
+        self._identity = _identity_provider(identity)
         self._policy: Policy | None = policy
         #: Whether the policy comes from settings' files (read again when they change), not given here.
         self._from_settings = policy is None
@@ -168,6 +172,18 @@ class Control:
     @property
     def observers(self) -> tuple[Any, ...]:
         return self._observers
+
+    @property
+    def identity(self) -> Any:
+        """The identity provider that says who acts (``Control(identity=...)``; see ``ctrlrun.identity``),
+        or None: then ``ctrlrun.context()`` says. The default Control's is ``CTRLRUN_IDENTITY_PROVIDER``."""
+        if self._identity is _FROM_SETTINGS:
+            from django.conf import settings
+
+            if not settings.configured:
+                return None
+            self._identity = _identity_provider(conf.identity_provider())
+        return self._identity
 
     @property
     def lease(self) -> dt.timedelta:
@@ -388,6 +404,11 @@ class Control:
             raise InvalidArgument(f"delegate(grant=...) must be a ctrlrun Grant or a grant document (YAML text), "
                                   f"not {type(grant).__name__}")
         with self.scope():
+            if by.expires_at is not None and by.expired(self.store.now()):  # rule 0: an expired credential
+                from .errors import IdentityError
+                from .identity import expired_message
+
+                raise IdentityError(expired_message("delegate", by))
             made = self.store.create_delegation(policy.authority, parent_id, grant, agent=by.agent, user=by.user,
                                                 via=via, action_id=action_id)
         if isinstance(made, self.store.delegations.Rejected):
@@ -475,6 +496,12 @@ class Control:
                           principal=principal)
 
 
+def _identity_provider(identity: Any) -> Any:
+    from .identity import check_provider
+
+    return check_provider(identity)
+
+
 def _check_database(database: Any) -> None:
     if not isinstance(database, str) or not database.strip():
         raise InvalidArgument("Control(database=...) must name an entry of settings.DATABASES")
@@ -550,6 +577,7 @@ def default_control() -> Control:
         with _default_lock:
             if _default is None:
                 control = Control()
+                control._identity = _FROM_SETTINGS  # CTRLRUN_IDENTITY_PROVIDER, read on first use
                 control.hooks = PROCESS_HOOKS  # the decorators' registry, filled at import time
                 _default = control
     return _default

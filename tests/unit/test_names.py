@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from ctrlrun.identity import normalize_identity, same_person
+from ctrlrun.names import normalize_identity, same_person
 
 SAME_AS_ALICE = [
     "alice",
