@@ -453,26 +453,34 @@ class Control:
         return self._read().evaluate(name, canonical_arguments(_arguments(name, arguments)))
 
     def call(self, name: str, arguments: Mapping[str, Any], executor: Callable[[], Any], *,
-             principal: Principal | str | None = None, **options: Any) -> Any:
+             principal: Principal | str | None = None, headers: Mapping[str, str] | None = None,
+             **options: Any) -> Any:
         """Guard one call of ``name`` with JSON ``arguments``: the policy decides, the effect key
         dedupes, ``executor()`` (no arguments) acts. Returns what the executor returns.
 
         ``principal`` is who acts (a ``Principal`` or an agent name; default: ``ctrlrun.context()``).
-        ``options`` are ``protect``'s: ``effect``, ``resource``, ``lease``, ``reconcile``,
+        ``headers`` are the request's (a gateway's): only the identity provider reads them, and
+        without one they mean nothing. ``options`` are ``protect``'s: ``effect``, ``resource``, ``lease``, ``reconcile``,
         ``reconcile_eagerly``, ``wait``.
         """
-        return drive.run_sync(self._steps(name, arguments, executor, principal, options, asynchronous=False), self)
+        return drive.run_sync(self._steps(name, arguments, executor, principal, options, asynchronous=False,
+                                          headers=headers), self)
 
     async def acall(self, name: str, arguments: Mapping[str, Any], executor: Callable[[], Any], *,
-                    principal: Principal | str | None = None, **options: Any) -> Any:
+                    principal: Principal | str | None = None, headers: Mapping[str, str] | None = None,
+                    **options: Any) -> Any:
         """``call`` from an event loop: the executor may be ``async def`` (awaited) or a plain
         function (run in a thread); the store is never waited on in the loop."""
-        return await drive.run_async(self._steps(name, arguments, executor, principal, options, asynchronous=True),
-                                     self)
+        return await drive.run_async(self._steps(name, arguments, executor, principal, options, asynchronous=True,
+                                                 headers=headers), self)
 
     def _steps(self, name: str, arguments: Mapping[str, Any], executor: Callable[[], Any],
-               principal: Principal | str | None, options: dict[str, Any], *, asynchronous: bool) -> Any:
+               principal: Principal | str | None, options: dict[str, Any], *, asynchronous: bool,
+               headers: Mapping[str, str] | None = None) -> Any:
         plan = plan_for(name, options)
+        if headers is not None and not (isinstance(headers, Mapping) and all(
+                isinstance(k, str) and isinstance(v, str) for k, v in headers.items())):
+            raise InvalidArgument(f"{name}: headers must be a mapping of header name to text value")
         if not callable(executor):
             raise InvalidArgument(f"{name}: the executor must be callable (a function of no arguments), "
                                   f"not {type(executor).__name__}")
@@ -493,7 +501,7 @@ class Control:
             # Deferred reconciliation (reconcile.run_once(control=...)) finds the hook by action name.
             self.register_hook(name, plan.reconcile)
         return call_steps(self, plan, lambda: given, lambda action: executor(), awaitable=awaitable,
-                          principal=principal)
+                          principal=principal, headers=headers)
 
 
 def _identity_provider(identity: Any) -> Any:

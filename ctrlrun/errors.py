@@ -160,11 +160,12 @@ class IdentityError(CTRLRunError):
 class MissingDependency(CTRLRunError):
     """An optional feature needs a package that is not installed; the message names the pip line."""
 
-    def __init__(self, module: str, extra: str) -> None:
+    def __init__(self, module: str, extra: str, requirement: str | None = None) -> None:
         self.module = module
         self.extra = extra
-        super().__init__(f"{module!r} is not installed; it comes with the {extra!r} extra: "
-                         f"pip install 'ctrlrun[{extra}]'")
+        how = (f"pip install '{requirement}' (django-ctrlrun's {extra} extra)" if requirement else
+               f"install django-ctrlrun's {extra} extra (pip install -e '.[{extra}]' in a clone)")
+        super().__init__(f"{module!r} is not installed; {how}")
 
 
 class StoreUnavailable(CTRLRunError):

@@ -222,7 +222,8 @@ def _denial_message(name: str, reason: str) -> str:
 
 
 def call_steps(control: Runtime, plan: Plan, bind: Callable[[], Mapping[str, Any]], invoke: Callable[[Action], Any],
-               *, awaitable: bool = False, principal: Principal | None = None) -> Steps:
+               *, awaitable: bool = False, principal: Principal | None = None,
+               headers: Mapping[str, str] | None = None) -> Steps:
     """The steps of one call of ``plan`` under ``control``; its value is the function's.
 
     ``bind()`` gives the call's arguments by name (defaults applied); ``invoke(action)`` runs the
@@ -236,7 +237,7 @@ def call_steps(control: Runtime, plan: Plan, bind: Callable[[], Mapping[str, Any
     if policy is None:
         policy = yield Phase(control.load)
     if provider is not None:
-        principal = yield from _identified(control, plan.name, policy, provider, principal)
+        principal = yield from _identified(control, plan.name, policy, provider, principal, headers)
     store = control.store
     # Keys and the hash come from the same canonical values: Color.RED and "red" are one key.
     arguments = canonical_arguments(bind())
@@ -283,9 +284,10 @@ def _no_principal(name: str) -> ActionDenied:
                         reason="no_principal")
 
 
-def _identified(control: Runtime, name: str, policy: Any, provider: Any, asserted: Principal | None) -> Steps:
+def _identified(control: Runtime, name: str, policy: Any, provider: Any, asserted: Principal | None,
+                headers: Mapping[str, str] | None) -> Steps:
     """The principal under an identity provider (the resolution table in ``ctrlrun.identity``)."""
-    asked = IdentityContext(action=name, environment=policy.environment,
+    asked = IdentityContext(action=name, environment=policy.environment, headers=headers or {},
                             agent=asserted.agent if asserted else None, user=asserted.user if asserted else None)
     try:
         answer = answer_of(provider, name, (yield Consult(provider.resolve, asked)))
