@@ -247,10 +247,17 @@ def test_a_spoofed_header_is_ignored_without_a_header_provider(tmp_path):
         def resolve(self, context):
             return None
 
-    control = _control(tmp_path, FromContextOnly())
-    with ctrlrun.context(agent="ctx-agent"):
-        control.call("tickets.close", {"ticket": "s1"}, lambda: "ok")
-    assert receipts()[-1]["principal"]["agent"] == "ctx-agent"
+    spoofed = {"X-Agent": "admin", "X-User": "root"}
+    for n, provider in enumerate((FromContextOnly(), None)):
+        control = _control(tmp_path, provider)
+        with ctrlrun.context(agent="ctx-agent"):
+            control.call("tickets.close", {"ticket": f"s1-{n}"}, lambda: "ok", headers=spoofed)
+        assert (receipts()[-1]["principal"]["agent"], receipts()[-1]["principal"]["user"]) == ("ctx-agent", None)
+        with pytest.raises(ctrlrun.ActionDenied) as denied:  # and without context(), the headers name nobody
+            control.call("tickets.close", {"ticket": "s2"}, lambda: "ok", headers=spoofed)
+        assert denied.value.reason == "no_principal"
+    with pytest.raises(ctrlrun.InvalidArgument, match="headers must be a mapping"):
+        control.call("tickets.close", {"ticket": "s3"}, lambda: "ok", headers={"x-agent": 1})
 
 
 def test_bad_wiring_is_a_clear_error(tmp_path):
@@ -284,3 +291,20 @@ def test_an_expired_principal_cannot_delegate():
     assert not Delegation.objects.exists()
     made = control.delegate("support", CHILD, by=Principal("orchestrator", expires_at=clock.now + dt.timedelta(1)))
     assert made.id.startswith("dlg_")
+
+
+def test_a_sweepers_receipt_keeps_the_verified_principal():
+    """A running attempt's call is kept on its record (the stash) for a sweeper that writes the receipt
+    of a worker that never came back: the principal's claims, issuer and expiry travel with it."""
+    from ctrlrun.states import Decision
+    from ctrlrun.store.chain import stash, unstash
+    from ctrlrun.values import Call
+
+    principal = Principal("bot-7", "dana", claims={"tenant": "t1"}, issuer="https://idp",
+                          expires_at=dt.datetime(2031, 1, 1, 12, 30, 5, 123000, tzinfo=dt.timezone.utc))
+    call = Call(ctrlrun.Action("tickets.close", {"ticket": "t"}, principal), Decision.ALLOW, "decision", None, "close:t")
+    kept, _, _ = unstash(stash(call, 1, []).text)
+    assert kept.action.principal == principal and kept.action.hash == call.action.hash
+    plain = Call(ctrlrun.Action("tickets.close", {"ticket": "t"}, Principal("bot-7")), Decision.ALLOW, "decision",
+                 None, "close:t")
+    assert "credential" not in stash(plain, 1, []).text  # a principal without one stashes as before
