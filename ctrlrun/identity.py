@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -57,8 +58,6 @@ def clean_header(value: Any) -> str | None:
         logger.warning("a header value of %d characters was ignored (at most %d are read)", len(value),
                        MAX_HEADER_LENGTH)
         return None
-    import unicodedata
-
     if any(unicodedata.category(char) in ("Cc", "Cf", "Zl", "Zp") for char in value):
         logger.warning("a header value carrying control or invisible formatting characters was ignored")
         return None
