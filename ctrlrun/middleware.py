@@ -44,7 +44,7 @@ from .errors import IdentityError, InvalidArgument
 from .identity import IdentityContext, clean_header
 
 __all__ = ["IdentityMiddleware", "DjangoRequestIdentityProvider", "RequestIdentity", "request_identity",
-           "key_digest"]
+           "key_digest", "settings_problem"]
 
 logger = logging.getLogger("ctrlrun.identity")
 
@@ -91,6 +91,15 @@ def _settings() -> tuple[str, Mapping[str, str], str, str | None]:
         raise InvalidArgument("CTRLRUN_AGENT_API_KEYS maps 'sha256:<64 hex digits>' (the key's digest, see "
                               "ctrlrun.middleware.key_digest) to an agent name; never list a key itself")
     return header, keys, group, default_agent
+
+
+def settings_problem() -> str | None:
+    """What is wrong with the middleware's settings (``manage.py check``, ctrlrun.E006), or None."""
+    try:
+        _settings()
+    except InvalidArgument as exc:
+        return str(exc)
+    return None
 
 
 def _identify(request: Any, user: Any, in_group: Callable[[Any, str], bool]) -> RequestIdentity | None:

@@ -115,3 +115,22 @@ def test_the_default_control_reads_the_provider_setting(site):
             default_control().identity  # noqa: B018
     finally:
         reset_default()
+
+
+def test_outside_a_request_the_provider_declines():
+    from ctrlrun import IdentityContext
+    from ctrlrun.middleware import DjangoRequestIdentityProvider, request_identity
+
+    assert request_identity() is None
+    assert DjangoRequestIdentityProvider().resolve(IdentityContext(action="a", environment="production")) is None
+
+
+def test_manage_py_check_names_bad_identity_settings(site):
+    from ctrlrun.checks import check_identity
+
+    assert check_identity() == []
+    site.CTRLRUN_AGENT_API_KEYS = {"my-plain-key": "billing-bot"}
+    site.CTRLRUN_IDENTITY_PROVIDER = "ctrlrun.nowhere.Provider"
+    found = check_identity()
+    assert [message.id for message in found] == ["ctrlrun.E006", "ctrlrun.E006"]
+    assert "cannot be imported" in found[0].msg and "never list a key itself" in found[1].msg
