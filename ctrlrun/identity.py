@@ -130,6 +130,11 @@ def _warn_unverified(kind: str, what: str) -> None:
                    kind, what)
 
 
+def _present(context: IdentityContext, name: str) -> bool:
+    value = context.headers.get(name)
+    return isinstance(value, str) and bool(value.strip()) or (value is not None and not isinstance(value, str))
+
+
 class StaticIdentityProvider:
     """Always the same principal (development and tests). Warns once, when built."""
 
@@ -148,7 +153,8 @@ class StaticIdentityProvider:
 class HeaderIdentityProvider:
     """The agent (and user) named by request headers a trusted proxy sets; no claims. Warns once.
 
-    A missing, blank, oversized header, or one with control or bidi characters, declines.
+    A missing or blank agent header declines; a header sent but unusable (oversized, or with control
+    or bidi characters) is ``IdentityError("credential rejected")``, never a silent fallback.
     """
 
     def __init__(self, agent_header: str, user_header: str | None = None, issuer: str | None = None) -> None:
@@ -169,8 +175,12 @@ class HeaderIdentityProvider:
     def resolve(self, context: IdentityContext) -> Principal | None:
         agent = context.header(self.agent_header)
         if agent is None:
+            if _present(context, self.agent_header):  # sent, but oversized or with control/bidi characters
+                raise IdentityError("credential rejected")
             return None
         user = context.header(self.user_header) if self.user_header else None
+        if user is None and self.user_header and _present(context, self.user_header):
+            raise IdentityError("credential rejected")
         try:
             return Principal(agent, user, issuer=self.issuer)
         except InvalidArgument as exc:

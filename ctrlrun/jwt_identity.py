@@ -45,6 +45,7 @@ REQUIREMENT = "PyJWT[crypto]>=2.8"
 MAX_TOKEN_LENGTH = 8192
 MAX_JWKS_BYTES = 1024 * 1024
 _HMAC = frozenset({"HS256", "HS384", "HS512"})
+_YEAR_10000 = 253402300800  # seconds since the epoch: a time past it is no time a datetime holds
 
 
 def _jwt() -> Any:
@@ -184,7 +185,10 @@ class JWTIdentityProvider:
             raise _Rejected(f"alg {alg!r} is not one of {list(self.algorithms)}")
         if self.token_type is not None and _typ(header.get("typ")) != self.token_type:
             raise _Rejected(f"typ {header.get('typ')!r} is not {self.token_type!r}")
-        key = self._key if self._jwks is None else self._jwks.key(header.get("kid"))
+        kid = header.get("kid")
+        if kid is not None and (not isinstance(kid, str) or len(kid) > 256):
+            raise _Rejected("the header's kid is not a short string")
+        key = self._key if self._jwks is None else self._jwks.key(kid)
         try:
             claims = jwt.decode(token, key, algorithms=[alg], issuer=self.issuer, audience=list(self.audience),
                                 options={"require": ["exp", "iss"], "verify_exp": False, "verify_nbf": False,
@@ -211,7 +215,7 @@ class JWTIdentityProvider:
             value = claims.get(name)
             if value is None:
                 continue
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not -2**40 < value < 2**40:
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < _YEAR_10000:
                 raise _Rejected(f"claim {name!r} is not a number of seconds")
             times[name] = dt.datetime.fromtimestamp(value, dt.timezone.utc)
         if now > times["exp"] + leeway:

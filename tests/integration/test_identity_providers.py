@@ -232,11 +232,14 @@ def test_header_provider_reads_only_its_headers():
 
 
 @pytest.mark.parametrize("value", ["bot\u202eevil", "bot\x00", "bot\r\nx-user: root", "bot\u200b", "b" * 9000])
-def test_header_values_with_controls_bidi_or_huge_decline(value, caplog):
-    provider = HeaderIdentityProvider("x-agent")
+def test_header_values_with_controls_bidi_or_huge_are_rejected(value, caplog):
+    provider = HeaderIdentityProvider("x-agent", user_header="x-user")
     with caplog.at_level(logging.WARNING, logger="ctrlrun.identity"):
-        assert provider.resolve(IdentityContext(action="a", environment="production", headers={"x-agent": value})) \
+        assert IdentityContext(action="a", environment="production", headers={"x-agent": value}).header("x-agent") \
             is None
+        for headers in ({"x-agent": value}, {"x-agent": "bot-1", "x-user": value}):
+            with pytest.raises(IdentityError, match="^credential rejected$"):
+                provider.resolve(IdentityContext(action="a", environment="production", headers=headers))
     assert any("ignored" in r.getMessage() for r in caplog.records)
 
 

@@ -180,6 +180,27 @@ def test_huge_malformed_or_hostile_headers_are_refused_coarsely(header, caplog):
         _hs().resolve(ask)
 
 
+@pytest.mark.parametrize("changes", [{"exp": 2**41}, {"exp": -1}, {"exp": "tomorrow"}, {"exp": True},
+                                     {"nbf": 1e300}, {"sub": 7}, {"act_for": ["dana"]}, {"tenant": 1.5}])
+def test_hostile_claims_are_refused_coarsely(changes, caplog):
+    token = sign(_claims(**changes), SECRET, alg="HS256")
+    with pytest.raises(IdentityError, match="^credential rejected$"):
+        _hs().resolve(_ask(token))
+
+
+@pytest.mark.parametrize("kid", [{"a": 1}, ["k1"], 7, "k" * 300])
+def test_a_hostile_kid_is_refused_coarsely(key, kid):
+    served = Served(json.dumps({"keys": [jwk_of(key, "k1", use="sig")]}).encode())
+    head = pyjwt.utils.base64url_encode(json.dumps({"alg": "RS256", "typ": "at+jwt", "kid": kid}).encode())
+    token = sign(_claims(), key, kid="k1")
+    forged = head.decode() + token[token.index("."):]
+    with serve(served):
+        provider = JWTIdentityProvider(jwks_url=served.url, algorithms=["RS256"], issuer=ISSUER, audience=AUDIENCE,
+                                       token_type="at+jwt", clock=lambda: NOW)
+        with pytest.raises(IdentityError, match="^credential rejected$"):
+            provider.resolve(_ask(forged))
+
+
 def test_a_jwks_server_on_loopback_with_rate_limited_refresh(key, caplog):
     other = rsa_key()
     served = Served(json.dumps({"keys": [
