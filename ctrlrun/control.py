@@ -460,8 +460,8 @@ class Control:
 
         ``principal`` is who acts (a ``Principal`` or an agent name; default: ``ctrlrun.context()``).
         ``headers`` are the request's (a gateway's): only the identity provider reads them, and
-        without one they mean nothing. ``options`` are ``protect``'s: ``effect``, ``resource``, ``lease``, ``reconcile``,
-        ``reconcile_eagerly``, ``wait``.
+        without one they mean nothing. ``options`` are ``protect``'s: ``effect``, ``resource``,
+        ``lease``, ``reconcile``, ``reconcile_eagerly``, ``wait``.
         """
         return drive.run_sync(self._steps(name, arguments, executor, principal, options, asynchronous=False,
                                           headers=headers), self)

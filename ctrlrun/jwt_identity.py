@@ -229,7 +229,8 @@ class JWTIdentityProvider:
     def _not_revoked(self, claims: dict[str, Any]) -> None:
         subject, token_id = claims.get("sub"), claims.get("jti")
         try:
-            revoked = self.revocations.revoked(issuer=claims["iss"], subject=subject if isinstance(subject, str) else None,
+            revoked = self.revocations.revoked(issuer=claims["iss"],
+                                               subject=subject if isinstance(subject, str) else None,
                                                token_id=token_id if isinstance(token_id, str) else None)
         except Exception as exc:  # noqa: BLE001 - a feed that cannot answer refuses
             raise _Rejected(f"the revocation feed failed ({type(exc).__name__}: {exc})") from None

@@ -22,9 +22,11 @@ The order of one call:
 
 1. the principal (``context()``, or the programmatic entry's) - none: ``ActionDenied(no_principal)``,
    nothing recorded;
-2. the Control's policy (loaded and stored on first use);
-3. the arguments bound and canonicalised, the Action, its resource and effect key (a template
-   error is recorded and raised as ``EffectKeyError``);
+2. the Control's policy (loaded and stored on first use); with an identity provider, the
+   principal is then the provider's (the resolution table in ``ctrlrun.identity``);
+3. the arguments bound and canonicalised, the Action; a principal whose credential has expired is
+   recorded (``principal_expired``) and refused with ``IdentityError``; then its resource and
+   effect key (a template error is recorded and raised as ``EffectKeyError``);
 4. the policy's verdict: deny - recorded, ``ActionDenied``; approve without a presented approval -
    a request through the Control's approval provider, then ``ApprovalRequired`` or (``wait=True``)
    pauses until a person answers; allow (or an approval presented) - take the key (one phase),
