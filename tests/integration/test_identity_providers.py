@@ -311,3 +311,20 @@ def test_a_sweepers_receipt_keeps_the_verified_principal():
     plain = Call(ctrlrun.Action("tickets.close", {"ticket": "t"}, Principal("bot-7")), Decision.ALLOW, "decision",
                  None, "close:t")
     assert "credential" not in stash(plain, 1, []).text  # a principal without one stashes as before
+
+
+def test_an_async_provider_is_awaited_by_both_drivers(tmp_path):
+    class Remote:
+        async def resolve(self, context):
+            await asyncio.sleep(0)
+            return Principal("async-bot", claims={"via": context.action})
+
+    control = _control(tmp_path, Remote())
+    control.call("tickets.close", {"ticket": "as1"}, lambda: "ok")
+
+    async def go():
+        return await control.acall("tickets.close", {"ticket": "as2"}, lambda: "ok")
+
+    asyncio.run(go())
+    assert [r["principal"]["agent"] for r in receipts()] == ["async-bot", "async-bot"]
+    assert receipts()[-1]["principal"]["claims"] == {"via": "tickets.close"}
