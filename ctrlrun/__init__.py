@@ -28,13 +28,16 @@ from .errors import (
     DuplicateEffect,
     EffectKeyError,
     EvidenceTampered,
+    IdentityError,
     InvalidArgument,
+    MissingDependency,
     NotExecuted,
     PolicyError,
     StateConflict,
     StoreUnavailable,
 )
 from .control import Control
+from .identity import HeaderIdentityProvider, IdentityContext, IdentityProvider, StaticIdentityProvider
 from .protect import context, idempotency_token, protect, with_approval
 
 
@@ -82,5 +85,11 @@ __all__ = [
     "AmbiguousEffect",
     "NotExecuted",
     "StoreUnavailable",
+    "IdentityError",
+    "MissingDependency",
+    "IdentityProvider",
+    "IdentityContext",
+    "StaticIdentityProvider",
+    "HeaderIdentityProvider",
     "__version__",
 ]

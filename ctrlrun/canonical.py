@@ -5,6 +5,7 @@ processes (or two implementations) that see the same action compute the same has
 """
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import json
 import re
@@ -12,6 +13,7 @@ import secrets
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 from .errors import EffectKeyError, InvalidArgument
@@ -325,13 +327,15 @@ def new_id(prefix: str) -> str:
 
 @dataclass(frozen=True)
 class Principal:
-    """Who is acting. Only ``agent`` and ``user`` are part of the action hash."""
+    """Who is acting. Only ``agent`` and ``user`` are part of the action hash: ``claims`` (values a
+    verified credential carried), ``issuer`` and ``expires_at`` (an aware datetime) are evidence in
+    the receipt's ``principal``, and the expiry is checked before anything else is decided."""
 
     agent: str
     user: str | None = None
     claims: Mapping[str, Any] = field(default_factory=dict)
     issuer: str | None = None
-    expires_at: str | None = None
+    expires_at: dt.datetime | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "agent", _exact_str(self.agent))
@@ -343,6 +347,12 @@ class Principal:
         for what, value in (("agent", self.agent), ("user", self.user)):
             if value is not None:
                 check_name(value, what)
+        if self.claims or self.issuer is not None or self.expires_at is not None:
+            _check_credential(self)
+
+    def expired(self, now: dt.datetime) -> bool:
+        """Whether the credential this principal came from has expired by ``now``."""
+        return self.expires_at is not None and self.expires_at <= now
 
     def as_evidence(self) -> dict[str, Any]:
         return {
@@ -350,8 +360,26 @@ class Principal:
             "user": self.user,
             "claims": dict(self.claims),
             "issuer": self.issuer,
-            "expires_at": self.expires_at,
+            "expires_at": evidence_time(self.expires_at),
         }
+
+
+def _check_credential(principal: Principal) -> None:
+    """A principal's claims, issuer and expiry: JSON claim values, a string issuer, an aware time."""
+    claims, issuer, expires = principal.claims, principal.issuer, principal.expires_at
+    if not isinstance(claims, Mapping):
+        raise InvalidArgument(f"principal.claims must be a mapping of claim name to value, not {type(claims).__name__}")
+    object.__setattr__(principal, "claims", MappingProxyType(_check_jsonable(dict(claims), "principal.claims")))
+    if issuer is not None:
+        issuer = _exact_str(issuer)
+        if type(issuer) is not str or not issuer.strip():
+            raise InvalidArgument("principal.issuer must be None or a non-empty string")
+        if "\x00" in issuer or len(issuer) > 2048:
+            raise InvalidArgument("principal.issuer must be at most 2048 characters, with no NUL character")
+        object.__setattr__(principal, "issuer", _check_jsonable(issuer, "principal.issuer"))
+    if expires is not None and (not isinstance(expires, dt.datetime) or expires.utcoffset() is None):
+        raise InvalidArgument("principal.expires_at must be a timezone-aware datetime (or None); a naive one names "
+                              "no instant a clock can be compared with")
 
 
 @dataclass(frozen=True, eq=False)

@@ -118,6 +118,22 @@ def check_durations(app_configs: Any = None, **kwargs: Any) -> list[checks.Check
     return problems
 
 
+@checks.register()
+def check_identity(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """The identity settings (``CTRLRUN_IDENTITY_PROVIDER``, the middleware's API keys) are usable."""
+    from .middleware import settings_problem
+
+    problems = []
+    try:
+        conf.identity_provider()
+    except CTRLRunError as exc:
+        problems.append(checks.Error(str(exc), hint="see docs/identity.md", id="ctrlrun.E007"))
+    problem = settings_problem()
+    if problem is not None:
+        problems.append(checks.Error(problem, hint="see docs/identity.md", id="ctrlrun.E007"))
+    return problems
+
+
 def _migrating() -> bool:
     """Whether these checks run inside ``migrate`` (which runs them first, then makes the tables): an
     instance of Django's migrate command (or a project's subclass) on the stack."""

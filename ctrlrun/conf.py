@@ -294,6 +294,26 @@ def tools_module() -> str | None:
     return _setting("CTRLRUN_TOOLS_MODULE", "tools") or None
 
 
+def identity_provider() -> Any:
+    """The default Control's identity provider: ``CTRLRUN_IDENTITY_PROVIDER``, the dotted path of a
+    provider class (or factory) called with no arguments, e.g.
+    ``"ctrlrun.middleware.DjangoRequestIdentityProvider"``; None (the default) for ``context()`` alone."""
+    path = _setting("CTRLRUN_IDENTITY_PROVIDER")
+    if path is None:
+        return None
+    if not isinstance(path, str) or not path.strip():
+        raise InvalidArgument("CTRLRUN_IDENTITY_PROVIDER must be the dotted path of an identity provider class, "
+                              "e.g. 'ctrlrun.middleware.DjangoRequestIdentityProvider'")
+    from django.utils.module_loading import import_string
+
+    try:
+        factory = import_string(path.strip())
+    except ImportError as exc:
+        raise InvalidArgument(f"CTRLRUN_IDENTITY_PROVIDER={path!r} cannot be imported ({exc}); name a class such "
+                              f"as 'ctrlrun.middleware.DjangoRequestIdentityProvider'") from None
+    return factory()
+
+
 def hook_modules() -> list[str]:
     """Extra dotted modules to import so their reconcile hooks are found by ``reconcile``."""
     return list(_setting("CTRLRUN_HOOK_MODULES", []))

@@ -37,6 +37,7 @@ __all__ = ["Control", "default_control", "reset_default"]
 
 
 _NOTHING = contextlib.nullcontext()
+_FROM_SETTINGS = object()  # the default Control's identity provider: read from settings on first use
 #: How often (seconds, at most) a call looks at the settings' policy files for a change.
 _RECHECK_SECONDS = 1.0
 _store: Any = None  # ctrlrun.store, once Django is ready (see Control.store)
@@ -62,6 +63,8 @@ class Control:
     ``ctrlrun.testing.Clock``). ``approvals``: an approval provider (default: the database's,
     ``LocalApprovalProvider``). ``observers``: objects with ``on_event(event)`` and/or
     ``on_receipt(receipt)``, told what this Control's calls wrote, after each commit.
+    ``identity``: an identity provider that says who acts (``ctrlrun.identity``); without one,
+    ``ctrlrun.context()`` (or ``call(principal=)``) says.
     """
 
     def __init__(self, policy: Policy | str | Path | None = None, *, database: str | None = None,
@@ -69,7 +72,7 @@ class Control:
                  observers: Sequence[Any] = (), lease: dt.timedelta | float | None = None,
                  approval_ttl: dt.timedelta | float | None = None, environment: str | None = None,
                  authority: str | Path | AuthorityDocument | None = None,
-                 require_approved_policy: bool | None = None) -> None:
+                 require_approved_policy: bool | None = None, identity: Any = None) -> None:
         if authority is not None and not isinstance(authority, AuthorityDocument):
             if not isinstance(authority, (str, Path)):
                 raise InvalidArgument(f"Control(authority=...) is the path of an authority file (or a parsed "
@@ -105,6 +108,7 @@ class Control:
                                   f"CTRLRUN_REQUIRE_APPROVED_POLICY setting), got {require_approved_policy!r}")
         self._require_approved = require_approved_policy
         self._approved_policies: set[tuple[str, str]] = set()  # (database alias, policy hash) seen approved
+        self._identity = _identity_provider(identity)
         self._policy: Policy | None = policy
         #: Whether the policy comes from settings' files (read again when they change), not given here.
         self._from_settings = policy is None
@@ -174,6 +178,18 @@ class Control:
     @property
     def observers(self) -> tuple[Any, ...]:
         return self._observers
+
+    @property
+    def identity(self) -> Any:
+        """The identity provider that says who acts (``Control(identity=...)``; see ``ctrlrun.identity``),
+        or None: then ``ctrlrun.context()`` says. The default Control's is ``CTRLRUN_IDENTITY_PROVIDER``."""
+        if self._identity is _FROM_SETTINGS:
+            from django.conf import settings
+
+            if not settings.configured:
+                return None
+            self._identity = _identity_provider(conf.identity_provider())
+        return self._identity
 
     @property
     def lease(self) -> dt.timedelta:
@@ -440,6 +456,11 @@ class Control:
             raise InvalidArgument(f"delegate(grant=...) must be a ctrlrun Grant or a grant document (YAML text), "
                                   f"not {type(grant).__name__}")
         with self.scope():
+            if by.expires_at is not None and by.expired(self.store.now()):  # rule 0: an expired credential
+                from .errors import IdentityError
+                from .identity import expired_message
+
+                raise IdentityError(expired_message("delegate", by))
             made = self.store.create_delegation(policy.authority, parent_id, grant, agent=by.agent, user=by.user,
                                                 via=via, action_id=action_id)
         if isinstance(made, self.store.delegations.Rejected):
@@ -484,26 +505,35 @@ class Control:
         return self._read().evaluate(name, canonical_arguments(_arguments(name, arguments)))
 
     def call(self, name: str, arguments: Mapping[str, Any], executor: Callable[[], Any], *,
-             principal: Principal | str | None = None, **options: Any) -> Any:
+             principal: Principal | str | None = None, headers: Mapping[str, str] | None = None,
+             **options: Any) -> Any:
         """Guard one call of ``name`` with JSON ``arguments``: the policy decides, the effect key
         dedupes, ``executor()`` (no arguments) acts. Returns what the executor returns.
 
         ``principal`` is who acts (a ``Principal`` or an agent name; default: ``ctrlrun.context()``).
-        ``options`` are ``protect``'s: ``effect``, ``resource``, ``lease``, ``reconcile``,
-        ``reconcile_eagerly``, ``wait``, ``task``, ``scope``, ``hop``, ``preconditions``.
+        ``headers`` are the request's (a gateway's): only the identity provider reads them, and
+        without one they mean nothing. ``options`` are ``protect``'s: ``effect``, ``resource``,
+        ``lease``, ``reconcile``, ``reconcile_eagerly``, ``wait``, ``task``, ``scope``, ``hop``,
+        ``preconditions``.
         """
-        return drive.run_sync(self._steps(name, arguments, executor, principal, options, asynchronous=False), self)
+        return drive.run_sync(self._steps(name, arguments, executor, principal, options, asynchronous=False,
+                                          headers=headers), self)
 
     async def acall(self, name: str, arguments: Mapping[str, Any], executor: Callable[[], Any], *,
-                    principal: Principal | str | None = None, **options: Any) -> Any:
+                    principal: Principal | str | None = None, headers: Mapping[str, str] | None = None,
+                    **options: Any) -> Any:
         """``call`` from an event loop: the executor may be ``async def`` (awaited) or a plain
         function (run in a thread); the store is never waited on in the loop."""
-        return await drive.run_async(self._steps(name, arguments, executor, principal, options, asynchronous=True),
-                                     self)
+        return await drive.run_async(self._steps(name, arguments, executor, principal, options, asynchronous=True,
+                                                 headers=headers), self)
 
     def _steps(self, name: str, arguments: Mapping[str, Any], executor: Callable[[], Any],
-               principal: Principal | str | None, options: dict[str, Any], *, asynchronous: bool) -> Any:
+               principal: Principal | str | None, options: dict[str, Any], *, asynchronous: bool,
+               headers: Mapping[str, str] | None = None) -> Any:
         plan = plan_for(name, options)
+        if headers is not None and not (isinstance(headers, Mapping) and all(
+                isinstance(k, str) and isinstance(v, str) for k, v in headers.items())):
+            raise InvalidArgument(f"{name}: headers must be a mapping of header name to text value")
         if not callable(executor):
             raise InvalidArgument(f"{name}: the executor must be callable (a function of no arguments), "
                                   f"not {type(executor).__name__}")
@@ -524,7 +554,13 @@ class Control:
             # Deferred reconciliation (reconcile.run_once(control=...)) finds the hook by action name.
             self.register_hook(name, plan.reconcile)
         return call_steps(self, plan, lambda: given, lambda action: executor(), awaitable=awaitable,
-                          principal=principal)
+                          principal=principal, headers=headers)
+
+
+def _identity_provider(identity: Any) -> Any:
+    from .identity import check_provider
+
+    return check_provider(identity)
 
 
 def _check_database(database: Any) -> None:
@@ -602,6 +638,7 @@ def default_control() -> Control:
         with _default_lock:
             if _default is None:
                 control = Control()
+                control._identity = _FROM_SETTINGS  # CTRLRUN_IDENTITY_PROVIDER, read on first use
                 control.hooks = PROCESS_HOOKS  # the decorators' registry, filled at import time
                 _default = control
     return _default

@@ -27,6 +27,8 @@ __all__ = [
     "EvidenceTampered",
     "StateConflict",
     "IllegalTransition",
+    "IdentityError",
+    "MissingDependency",
 ]
 
 
@@ -144,6 +146,26 @@ class NotExecuted(CTRLRunError):
     Raise it only when the remote is certain not to have acted (e.g. the connection was refused
     before a byte was sent). Anything else a function raises leaves the effect AMBIGUOUS.
     """
+
+
+class IdentityError(CTRLRunError):
+    """Who acts could not be established: a credential was rejected, the principal's credential
+    expired, or the identity provider failed. Nothing ran.
+
+    A rejected credential's message is deliberately coarse (``credential rejected``): what was wrong
+    with it goes to the ``ctrlrun.identity`` log only, never to whoever presented it.
+    """
+
+
+class MissingDependency(CTRLRunError):
+    """An optional feature needs a package that is not installed; the message names the pip line."""
+
+    def __init__(self, module: str, extra: str, requirement: str | None = None) -> None:
+        self.module = module
+        self.extra = extra
+        how = (f"pip install '{requirement}' (django-ctrlrun's {extra} extra)" if requirement else
+               f"install django-ctrlrun's {extra} extra (pip install -e '.[{extra}]' in a clone)")
+        super().__init__(f"{module!r} is not installed; {how}")
 
 
 class StoreUnavailable(CTRLRunError):

@@ -30,6 +30,10 @@ class Runtime(Protocol):
         """Read the policy and store its row (a store phase); returns the ``Policy``."""
 
     @property
+    def identity(self) -> Any:
+        """The identity provider (``resolve(IdentityContext) -> Principal | None``), or None."""
+
+    @property
     def lease(self) -> dt.timedelta:
         """The lease a call's effect record is held under, unless its plan names one."""
 

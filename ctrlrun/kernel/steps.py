@@ -22,9 +22,11 @@ The order of one call:
 
 1. the principal (``context()``, or the programmatic entry's) - none: ``ActionDenied(no_principal)``,
    nothing recorded;
-2. the Control's policy (loaded and stored on first use);
-3. the arguments bound and canonicalised, the Action, its resource and effect key (a template
-   error is recorded and raised as ``EffectKeyError``);
+2. the Control's policy (loaded and stored on first use); with an identity provider, the
+   principal is then the provider's (the resolution table in ``ctrlrun.identity``);
+3. the arguments bound and canonicalised, the Action; a principal whose credential has expired is
+   recorded (``principal_expired``) and refused with ``IdentityError``; then its resource and
+   effect key (a template error is recorded and raised as ``EffectKeyError``);
 4. the policy's verdict: deny - recorded, ``ActionDenied``; approve without a presented approval -
    a request through the Control's approval provider, then ``ApprovalRequired`` or (``wait=True``)
    pauses until a person answers; allow (or an approval presented) - take the key (one phase),
@@ -61,10 +63,12 @@ from ..errors import (
     AuthorityDenied,
     BudgetRefused,
     EffectKeyError,
+    IdentityError,
     InvalidArgument,
     NotExecuted,
 )
 from .. import messages
+from ..identity import IdentityContext, answer_of, expired_message, wrapped
 from ..preconditions import described_failure, fingerprint
 from ..states import Decision, Result
 from ..policy.schema import POLICY_CHANGE_ACTION
@@ -225,23 +229,22 @@ def _denial_message(name: str, reason: str) -> str:
 
 
 def call_steps(control: Runtime, plan: Plan, bind: Callable[[], Mapping[str, Any]], invoke: Callable[[Action], Any],
-               *, awaitable: bool = False, principal: Principal | None = None) -> Steps:
+               *, awaitable: bool = False, principal: Principal | None = None,
+               headers: Mapping[str, str] | None = None) -> Steps:
     """The steps of one call of ``plan`` under ``control``; its value is the function's.
 
     ``bind()`` gives the call's arguments by name (defaults applied); ``invoke(action)`` runs the
     function on a fresh copy of the action's canonical arguments.
     """
     principal = principal or current_principal()
-    if principal is None:
-        logger.warning("%s refused: no principal (wrap the call in ctrlrun.context(agent=...))", plan.name)
-        raise ActionDenied(
-            f"{plan.name}: no principal is available; wrap the call in 'with ctrlrun.context(agent=...)' "
-            f"naming the agent that acts",
-            reason="no_principal",
-        )
+    provider = control.identity
+    if principal is None and provider is None:
+        raise _no_principal(plan.name)
     policy = control.loaded_policy
     if policy is None:
         policy = yield Phase(control.load)
+    if provider is not None:
+        principal = yield from _identified(control, plan.name, policy, provider, principal, headers)
     store = control.store
     # Keys and the hash come from the same canonical values: Color.RED and "red" are one key.
     arguments = canonical_arguments(bind())
@@ -250,6 +253,11 @@ def call_steps(control: Runtime, plan: Plan, bind: Callable[[], Mapping[str, Any
     resource_tpl = _choose(plan, "resource", plan.resource, entry.resource if entry else None)
     resource = resource_tpl.render(arguments, error=InvalidArgument) if resource_tpl else None
     action = Action(plan.name, arguments, principal, resource=resource, environment=policy.environment)
+    if principal.expires_at is not None and principal.expired((yield Phase(store.now))):
+        yield Record(store.record_denial, (store.Call(action, Decision.DENY, "principal_expired", policy.hash, None,
+                                                      policy_version=policy.version),
+                                           {"reason": "principal_expired"}), {"with_policy": False})
+        raise IdentityError(expired_message(plan.name, principal))
     effect_key, named, problem = None, {"task": None, "hop": None}, None
     try:
         effect_key = _effect_key(plan, effect, action)
@@ -274,6 +282,35 @@ def call_steps(control: Runtime, plan: Plan, bind: Callable[[], Mapping[str, Any
         raise exc
     run = _Running(control, plan, policy, action, effect_key, invoke, awaitable, named["task"], named["hop"])
     return (yield from run.decide_and_run(presented_approval()))
+
+
+def _no_principal(name: str) -> ActionDenied:
+    logger.warning("%s refused: no principal (wrap the call in ctrlrun.context(agent=...))", name)
+    return ActionDenied(f"{name}: no principal is available; wrap the call in 'with ctrlrun.context(agent=...)' "
+                        f"naming the agent that acts, or give the Control an identity provider that answers",
+                        reason="no_principal")
+
+
+def _identified(control: Runtime, name: str, policy: Any, provider: Any, asserted: Principal | None,
+                headers: Mapping[str, str] | None) -> Steps:
+    """The principal under an identity provider (the resolution table in ``ctrlrun.identity``)."""
+    asked = IdentityContext(action=name, environment=policy.environment, headers=headers or {},
+                            agent=asserted.agent if asserted else None, user=asserted.user if asserted else None)
+    try:
+        answer = answer_of(provider, name, (yield Consult(provider.resolve, asked)))
+    except IdentityError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a provider's failure refuses the call, never falls back
+        raise wrapped(provider, name, exc) from exc
+    if answer is None:
+        if policy.authority is not None or asserted is None:  # a grant is only worth a resolved identity
+            raise _no_principal(name)
+        return asserted
+    if asserted is not None and (asserted.agent, asserted.user) != (answer.agent, answer.user):
+        _warn_once("identity", "", "%s: the identity provider says %r/%r and ctrlrun.context() says %r/%r; the "
+                   "provider's principal acts", name, answer.agent, answer.user, asserted.agent, asserted.user,
+                   scope=control)
+    return answer
 
 
 @dataclass(frozen=True)

@@ -237,10 +237,27 @@ def stash(call: Call, attempt: int, events: Sequence[EventRow]) -> Pending:
                     if call.precondition_at_request or call.precondition_at_recheck else {}),
                  **({"would_have": dict(call.would_have)} if call.would_have else {}),
                  **({"budget_charges": [[c.grant_id, c.metric, c.amount, c.limit, c.window_seconds]
-                                        for c in call.budget_charges]} if call.budget_charges else {})},
+                                        for c in call.budget_charges]} if call.budget_charges else {}),
+                 **_credential(call.action.principal)},
         "events": [[event_time(e.ts), e.type, e.action_id, e.effect_key, e.approval_id, e.text] for e in rows],
     }
     return Pending(dumps_json(document), rows)
+
+
+def _credential(principal: Principal) -> dict[str, Any]:
+    """What a verified principal carried beyond its hashed agent and user, kept for the sweeper's receipt."""
+    if not principal.claims and principal.issuer is None and principal.expires_at is None:
+        return {}
+    return {"credential": {"claims": dict(principal.claims), "issuer": principal.issuer,
+                           "expires_at": iso_text(principal.expires_at)}}
+
+
+def _principal(hashed: dict[str, Any], credential: dict[str, Any] | None) -> Principal:
+    if not credential:
+        return Principal(hashed["agent"], hashed["user"])
+    expires = credential.get("expires_at")
+    return Principal(hashed["agent"], hashed["user"], claims=credential.get("claims") or {},
+                     issuer=credential.get("issuer"), expires_at=dt.datetime.fromisoformat(expires) if expires else None)
 
 
 def unstash(text: str) -> tuple[Call, int, list[EventRow]]:
@@ -250,7 +267,7 @@ def unstash(text: str) -> tuple[Call, int, list[EventRow]]:
               for ts, type_, action_id, key, approval_id, data in document["events"]]
     canonical = info["action"] or next(e.data["action"] for e in events if e.type == EventType.ACTION_PROPOSED.value)
     principal = canonical["principal"]
-    action = Action(canonical["name"], canonical["arguments"], Principal(principal["agent"], principal["user"]),
+    action = Action(canonical["name"], canonical["arguments"], _principal(principal, info.get("credential")),
                     resource=canonical["resource"], environment=canonical["environment"],
                     action_id=info["action_id"])
     call = Call(action, Decision(info["decision"]), info["reason"], info["policy_hash"], info["effect_key"],

@@ -185,7 +185,8 @@ def test_action_schema_constant() -> None:
 
 def test_action_hash_ignores_unhashed_principal_fields() -> None:
     """Claims, issuer and expiry are not part of the action hash."""
-    principal = Principal("support-agent", claims={"role": "x"}, issuer="iss", expires_at="2030")
+    principal = Principal("support-agent", claims={"role": "x"}, issuer="iss",
+                          expires_at=dt.datetime(2030, 1, 1, tzinfo=dt.timezone.utc))
     assert _vector_action(principal=principal).hash == VECTOR_HASH
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from ctrlrun.identity import normalize_identity, same_person
+from ctrlrun.names import normalize_identity, same_person
 
 SAME_AS_ALICE = [
     "alice",
@@ -77,3 +77,12 @@ def test_nobody_is_nobodys_self(a, b):
 def test_result_is_text():
     """normalize_identity returns a str even for an empty name."""
     assert normalize_identity("") == "" and isinstance(normalize_identity("X"), str)
+
+
+def test_the_old_import_path_still_works():
+    """Name normalisation moved to ctrlrun.names; ctrlrun.identity (now the identity providers) re-exports it."""
+    import ctrlrun.identity
+    import ctrlrun.names
+
+    assert ctrlrun.identity.same_person is ctrlrun.names.same_person
+    assert ctrlrun.identity.normalize_identity is ctrlrun.names.normalize_identity
