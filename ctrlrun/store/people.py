@@ -14,8 +14,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from django.contrib.auth import get_user_model
-from django.contrib.auth.models import Permission
 from django.db.models import Q
 
 from .. import conf
@@ -31,11 +29,16 @@ class Person:
 
 
 def _active_users():
+    from django.contrib.auth import get_user_model  # a project's auth: a plain script's store has none
+
     return get_user_model()._default_manager.db_manager(alias()).filter(is_active=True)
 
 
 def holders(role: str) -> list[Person]:
     """Every active user who holds ``role``, by username."""
+    from django.contrib.auth import get_user_model
+    from django.contrib.auth.models import Permission
+
     users = _active_users()
     if conf.approver_roles_from() == "groups":
         users = users.filter(groups__name=role)

@@ -1,0 +1,64 @@
+"""A real SMTP server on loopback (aiosmtpd, in a thread of the test process), one that refuses every
+mail, and a port where nothing listens; Django's smtp EmailBackend pointed at each."""
+from __future__ import annotations
+
+import socket
+from email import message_from_bytes, policy
+from email.message import EmailMessage
+
+from aiosmtpd.controller import Controller
+
+__all__ = ["SmtpServer", "closed_port", "smtp_settings"]
+
+
+class _Keep:
+    def __init__(self, refuse: str | None) -> None:
+        self.refuse = refuse
+        self.mails: list[EmailMessage] = []
+
+    async def handle_RCPT(self, server, session, envelope, address, rcpt_options):  # noqa: N802
+        if self.refuse:
+            return self.refuse
+        envelope.rcpt_tos.append(address)
+        return "250 OK"
+
+    async def handle_DATA(self, server, session, envelope):  # noqa: N802
+        mail = message_from_bytes(envelope.original_content or envelope.content, policy=policy.default)
+        mail["X-Envelope-To"] = ", ".join(envelope.rcpt_tos)
+        self.mails.append(mail)
+        return "250 Message accepted"
+
+
+class SmtpServer:
+    """``with SmtpServer() as smtp: ... smtp.mails``; ``SmtpServer(refuse="451 ...")`` refuses every mail."""
+
+    def __init__(self, refuse: str | None = None) -> None:
+        self.handler = _Keep(refuse)
+        self.port = closed_port()  # a free loopback port (aiosmtpd's start checks the port it was given)
+        self.controller = Controller(self.handler, hostname="127.0.0.1", port=self.port)
+
+    def __enter__(self) -> SmtpServer:
+        self.controller.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.controller.stop()
+
+    @property
+    def mails(self) -> list[EmailMessage]:
+        return self.handler.mails
+
+
+def closed_port() -> int:
+    """A loopback port nothing listens on (bound, then closed): a server that is down."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def smtp_settings(settings, port: int) -> None:
+    """Django's own SMTP backend, to 127.0.0.1:``port``, with a bounded timeout."""
+    settings.EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
+    settings.EMAIL_HOST, settings.EMAIL_PORT, settings.EMAIL_TIMEOUT = "127.0.0.1", port, 10
+    settings.EMAIL_USE_TLS = settings.EMAIL_USE_SSL = False
+    settings.EMAIL_HOST_USER = settings.EMAIL_HOST_PASSWORD = ""
