@@ -40,12 +40,20 @@ def deliveries_html(approval_id: str) -> SafeString:
             '<td>{}</td><td>{}</td><td>{}</td></tr>',
             d.recipient, shown(d.recipient), shown(d.address), notify.basis_text(d.basis).replace("you ", "they ", 1),
             status, d.attempts, shown(d.last_error) if d.last_error else "-",
-            when(d.sent_at) if d.sent_at else (when(d.next_try) if d.next_try else "-")))
+            _moment(d)))
     head = format_html_join("", "<th>{}</th>", ((h,) for h in (
         _g("recipient"), _g("address"), _g("why"), _g("status"), _g("attempts"), _g("last error"),
-        _g("sent at / next try"))))
+        _g("when"))))
     return format_html('<table class="ctrlrun-deliveries" id="ctrlrun-deliveries"><thead><tr>{}</tr></thead>'
                        '<tbody>{}</tbody></table>', head, format_html_join("", "{}", ((r,) for r in body)))
+
+
+def _moment(d: Any) -> SafeString:
+    if d.sent_at:
+        return format_html("{} {}", _g("sent"), when(d.sent_at))
+    if d.next_try and d.status == "pending":
+        return format_html("{} {}", _g("next try"), when(d.next_try))
+    return format_html("{}", "-")
 
 
 def link_view(model_admin: Any, request: HttpRequest, object_id: str, token: str) -> HttpResponse:
@@ -80,6 +88,9 @@ def _refusal(model_admin: Any, request: HttpRequest, approval_id: str, found: An
         "title": _g("This link answers nothing"),
         "approval_id": approval_id,
         "outcome": outcome,
+        "heading": {"tampered": _g("Not a link ctrlrun sent"), "not_yours": _g("This link is someone else's"),
+                    "used": _g("This link was already used"), "expired": _g("This link expired")}.get(
+            outcome, _g("Mail links are not set up here")),
         "explanation": problem or _explain(found, request.user.get_username()),
         "change_url": page,
     })

@@ -12,13 +12,15 @@ __all__ = ["SmtpServer", "closed_port", "smtp_settings"]
 
 
 class _Keep:
-    def __init__(self, refuse: str | None) -> None:
-        self.refuse = refuse
+    def __init__(self, refuse: str | None, refuse_to: frozenset[str]) -> None:
+        self.refuse, self.refuse_to = refuse, refuse_to
         self.mails: list[EmailMessage] = []
 
     async def handle_RCPT(self, server, session, envelope, address, rcpt_options):  # noqa: N802
         if self.refuse:
             return self.refuse
+        if address in self.refuse_to:
+            return "450 4.2.1 mailbox busy, try again later"
         envelope.rcpt_tos.append(address)
         return "250 OK"
 
@@ -30,10 +32,11 @@ class _Keep:
 
 
 class SmtpServer:
-    """``with SmtpServer() as smtp: ... smtp.mails``; ``SmtpServer(refuse="451 ...")`` refuses every mail."""
+    """``with SmtpServer() as smtp: ... smtp.mails``; ``SmtpServer(refuse="451 ...")`` refuses every mail,
+    ``refuse_to={address}`` the mails to those addresses (450, try later)."""
 
-    def __init__(self, refuse: str | None = None) -> None:
-        self.handler = _Keep(refuse)
+    def __init__(self, refuse: str | None = None, refuse_to: frozenset[str] | set[str] = frozenset()) -> None:
+        self.handler = _Keep(refuse, frozenset(refuse_to))
         self.port = closed_port()  # a free loopback port (aiosmtpd's start checks the port it was given)
         self.controller = Controller(self.handler, hostname="127.0.0.1", port=self.port)
 
