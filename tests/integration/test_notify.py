@@ -217,3 +217,18 @@ def test_a_wrong_setting_is_one_clear_line(notifier):
 
     with pytest.raises(CommandError, match="CTRLRUN_NOTIFY_RECIPIENTS must be a list of console usernames"):
         call_command("notify")
+
+
+def test_both_drivers_leave_the_call_as_it_was_and_the_mail_recorded(notifier, drive, use_policy):
+    """Sync and async (the async driver's phases, and so the receiver, run on ctrlrun's store threads):
+    the approve decision raises ApprovalRequired as ever, with the SMTP server down."""
+    from ctrlrun.control import Control
+
+    make_user("approver", "ana")
+    smtp_settings(notifier, closed_port())
+    control = Control.from_file(use_policy())
+    with pytest.raises(ctrlrun.ApprovalRequired) as asked:
+        drive(control, "stripe.refund", {"payment_id": "txn_drive", "amount": 60000}, "support-agent")
+    [delivery] = store.notifications.deliveries_for(asked.value.request_id)
+    assert (delivery.status, delivery.attempts) == ("pending", 1)
+    assert delivery.last_error.startswith("ConnectionRefusedError")

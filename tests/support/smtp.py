@@ -2,13 +2,15 @@
 mail, and a port where nothing listens; Django's smtp EmailBackend pointed at each."""
 from __future__ import annotations
 
+import os
 import socket
+from pathlib import Path
 from email import message_from_bytes, policy
 from email.message import EmailMessage
 
 from aiosmtpd.controller import Controller
 
-__all__ = ["SmtpServer", "closed_port", "smtp_settings"]
+__all__ = ["SmtpServer", "closed_port", "smtp_settings", "notify_project"]
 
 
 class _Keep:
@@ -65,3 +67,21 @@ def smtp_settings(settings, port: int) -> None:
     settings.EMAIL_HOST, settings.EMAIL_PORT, settings.EMAIL_TIMEOUT = "127.0.0.1", port, 10
     settings.EMAIL_USE_TLS = settings.EMAIL_USE_SSL = False
     settings.EMAIL_HOST_USER = settings.EMAIL_HOST_PASSWORD = ""
+
+
+def notify_project(folder: Path, port: int) -> dict[str, str]:
+    """The environment of a ``manage.py`` child process on the test database (the tests' settings), mailing
+    through 127.0.0.1:``port``: a settings module written to ``folder``."""
+    from django.db import connection
+
+    from .base import REPO
+
+    (folder / "notify_settings.py").write_text(
+        "from tests.settings import *  # noqa\n"
+        f"DATABASES['default']['NAME'] = {connection.settings_dict['NAME']!r}\n"
+        "EMAIL_BACKEND = 'django.core.mail.backends.smtp.EmailBackend'\n"
+        f"EMAIL_HOST, EMAIL_PORT, EMAIL_TIMEOUT = '127.0.0.1', {port}, 10\n"
+        "CTRLRUN_NOTIFY_BASE_URL = 'https://ops.example.test'\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("CTRLRUN_STATE", "CTRLRUN_STORE_URL")}
+    env.update(PYTHONPATH=f"{REPO}{os.pathsep}{folder}", DJANGO_SETTINGS_MODULE="notify_settings")
+    return env
