@@ -234,6 +234,8 @@ def _still_to_tell(delivery: Any, approval: Any, config: Settings) -> str | None
         return "the user is no longer active"
     if person.email != delivery.address:
         return "the user's email address changed since the mail was planned"
+    if not getattr(user, "is_staff", False):
+        return "they cannot sign in to the console (not staff), where the link leads"
     basis = delivery.basis
     if basis.startswith("role:"):
         for role in json.loads(basis[5:]):

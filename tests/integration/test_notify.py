@@ -83,13 +83,16 @@ def test_the_requesting_user_and_a_user_without_an_address_are_recorded_but_not_
 
 def test_the_configured_list_is_told_when_no_role_is_pinned(notifier, refund):
     make_user("approver", "ana")
-    User.objects.create_user("fay", "fay@example.com")  # not even staff: the list says so
-    notifier.CTRLRUN_NOTIFY_RECIPIENTS = ["fay", "nobody-here"]
+    User.objects.create_user("fay", "fay@example.com", is_staff=True)  # in no group: the list says so
+    User.objects.create_user("gus", "gus@example.com")  # not staff: the link would lead nowhere for him
+    notifier.CTRLRUN_NOTIFY_RECIPIENTS = ["fay", "gus", "nobody-here"]
     with SmtpServer() as smtp:
         smtp_settings(notifier, smtp.port)
         request_id = ask(refund, "txn_list")
     assert [m["To"] for m in smtp.mails] == ["fay@example.com"]
-    assert _deliveries(request_id)["fay"].basis == "setting"
+    found = _deliveries(request_id)
+    assert found["fay"].basis == "setting" and list(found) == ["fay", "gus"]
+    assert found["gus"].status == "dropped" and "not staff" in found["gus"].last_error
 
 
 @pytest.fixture
@@ -125,8 +128,8 @@ def test_the_holders_of_the_pinned_role_are_told_and_override_replaces_them(noti
 
 def test_a_recipient_removed_from_the_role_before_delivery_is_dropped(notifier, refund, roles_built, clock):
     finance = Group.objects.create(name="finance")
-    gil = User.objects.create_user("gil", "gil@example.com")
-    hal = User.objects.create_user("hal", "hal@example.com")
+    gil = User.objects.create_user("gil", "gil@example.com", is_staff=True)
+    hal = User.objects.create_user("hal", "hal@example.com", is_staff=True)
     finance.user_set.add(gil, hal)
     smtp_settings(notifier, closed_port())  # the first try fails: both wait for a retry
     request_id = ask(refund, "txn_left")
