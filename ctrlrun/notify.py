@@ -44,8 +44,9 @@ from .times import when_text
 
 logger = logging.getLogger("ctrlrun.notify")
 
-__all__ = ["Settings", "settings", "roles_for", "recipients", "plan", "attempt", "run_once", "Report", "link_token",
-           "check_link", "LinkCheck", "subject_for", "connect_signal_receiver", "disconnect_signal_receiver"]
+__all__ = ["Settings", "settings", "roles_for", "recipients", "basis_text", "plan", "attempt", "run_once", "Report",
+           "link_token", "check_link", "LinkCheck", "subject_for", "connect_signal_receiver",
+           "disconnect_signal_receiver"]
 
 SALT = "ctrlrun.notify.link"
 PERMISSION = "ctrlrun.decide_approval"

@@ -235,3 +235,14 @@ def test_both_drivers_leave_the_call_as_it_was_and_the_mail_recorded(notifier, d
     [delivery] = store.notifications.deliveries_for(asked.value.request_id)
     assert (delivery.status, delivery.attempts) == ("pending", 1)
     assert delivery.last_error.startswith("ConnectionRefusedError")
+
+
+def test_without_the_console_address_the_mail_waits_and_its_delivery_says_what_to_set(notifier, refund):
+    make_user("approver", "ana")
+    del notifier.CTRLRUN_NOTIFY_BASE_URL
+    with SmtpServer() as smtp:
+        smtp_settings(notifier, smtp.port)
+        request_id = ask(refund, "txn_no_url")
+    assert smtp.mails == []
+    [delivery] = store.notifications.deliveries_for(request_id)
+    assert delivery.status == "pending" and "settings.CTRLRUN_NOTIFY_BASE_URL is not set" in delivery.last_error
