@@ -85,6 +85,10 @@ class CtrlrunConfig(AppConfig):
             from .resumption import connect_signal_receiver
 
             connect_signal_receiver()
+        if getattr(settings, "CTRLRUN_NOTIFY_APPROVERS", False):  # docs/approvals.md#notifications
+            from . import notify
+
+            notify.connect_signal_receiver()
 
 
 def _post_migrate(sender: AppConfig, *, apps: Any = global_apps, using: str = "default", verbosity: int = 1,

@@ -26,6 +26,10 @@
   cannot be erased (or moved) to make room by rewriting a row either.
 - **Delegations are revoked once, never edited or deleted**: a row is inserted unrevoked, and its one
   allowed change sets ``revoked_at``, ``revoked_by`` (and its signature) on a row that had neither.
+- **A mail delivery keeps who and why** (request, recipient, address, basis, link): it is inserted
+  pending with no attempt, only a pending row changes (``attempts`` never goes down), never deleted.
+- **A mail link's use is recorded once**: a link-use row is never changed, replaced or deleted, so a
+  used link cannot be made usable again.
 
 An application's usual database role (SELECT/INSERT/UPDATE/DELETE) cannot disable these: only
 the tables' owner can. What a role *may* still write within the rules (a granted status, a
@@ -160,6 +164,20 @@ def _paused_fixed(same: str) -> str:
     return " AND ".join(_same(c, same) for c in _PAUSED_FIXED)
 _INSERT_OK = f"NEW.state = '{INITIAL_STATE.value}' AND NEW.attempt = 1"
 
+DELIVERY_TABLE, LINK_USE_TABLE = "ctrlrun_delivery", "ctrlrun_linkuse"
+DELIVERY_MESSAGE = ("a ctrlrun mail delivery keeps its request, recipient, address, basis and link, starts pending "
+                    "with no attempt, changes only while pending (attempts never go down) and is never deleted")
+LINK_USE_MESSAGE = "the use of a ctrlrun mail link is recorded once: never changed, replaced or deleted"
+_DELIVERY_FIXED = ("id", "approval_id", "recipient", "address", "basis", "created_at", "link_nonce")
+
+
+def _delivery_moves(same: str) -> str:
+    fixed = " AND ".join(_same(c, same) for c in _DELIVERY_FIXED)
+    return f'{fixed} AND OLD."status" = \'pending\' AND NEW."attempts" >= OLD."attempts"'
+
+
+_DELIVERY_INSERT_OK = 'NEW."status" = \'pending\' AND NEW."attempts" = 0'
+
 # --------------------------------------------------------------------------- SQLite
 
 
@@ -221,6 +239,18 @@ def _sqlite_statements() -> list[tuple[str, str]]:
     add(f"{PAUSED_TABLE}_no_replace", "BEFORE INSERT", PAUSED_TABLE, PAUSED_MESSAGE,
         condition=f'EXISTS (SELECT 1 FROM "{PAUSED_TABLE}" WHERE "id" = NEW."id" OR "approval_id" = '
                   f'NEW."approval_id")')
+
+    add(f"{DELIVERY_TABLE}_insert", "BEFORE INSERT", DELIVERY_TABLE, DELIVERY_MESSAGE,
+        condition=f'NOT ({_DELIVERY_INSERT_OK}) OR EXISTS (SELECT 1 FROM "{DELIVERY_TABLE}" WHERE "id" = NEW."id" '
+                  f'OR "link_nonce" = NEW."link_nonce" OR ("approval_id" = NEW."approval_id" AND "recipient" = '
+                  f'NEW."recipient"))')
+    add(f"{DELIVERY_TABLE}_no_delete", "BEFORE DELETE", DELIVERY_TABLE, DELIVERY_MESSAGE)
+    add(f"{DELIVERY_TABLE}_moves", "BEFORE UPDATE", DELIVERY_TABLE, DELIVERY_MESSAGE,
+        condition=f"NOT ({_delivery_moves('IS')})")
+    add(f"{LINK_USE_TABLE}_no_update", "BEFORE UPDATE", LINK_USE_TABLE, LINK_USE_MESSAGE)
+    add(f"{LINK_USE_TABLE}_no_delete", "BEFORE DELETE", LINK_USE_TABLE, LINK_USE_MESSAGE)
+    add(f"{LINK_USE_TABLE}_no_replace", "BEFORE INSERT", LINK_USE_TABLE, LINK_USE_MESSAGE,
+        condition=f'EXISTS (SELECT 1 FROM "{LINK_USE_TABLE}" WHERE "nonce" = NEW."nonce")')
 
     head = "ctrlrun_chainhead"
     add(f"{head}_no_replace", "BEFORE INSERT", head, "", ignore=True,
@@ -310,6 +340,21 @@ def _postgresql_statements() -> list[str]:
         f'CREATE TRIGGER "{DELEGATION_TABLE}_no_truncate" BEFORE TRUNCATE ON "{DELEGATION_TABLE}" '
         f"FOR EACH STATEMENT EXECUTE FUNCTION ctrlrun_guard_delegation()",
     ]
+    statements.append(_pg_function("ctrlrun_guard_delivery", "\n".join([
+        "IF TG_OP IN ('DELETE', 'TRUNCATE') THEN " + _pg_raise(DELIVERY_MESSAGE) + " END IF;",
+        f"IF TG_OP = 'INSERT' THEN IF NOT ({_DELIVERY_INSERT_OK}) THEN " + _pg_raise(DELIVERY_MESSAGE)
+        + " END IF; RETURN NEW; END IF;",
+        f"IF NOT ({_delivery_moves('IS NOT DISTINCT FROM')}) THEN " + _pg_raise(DELIVERY_MESSAGE) + " END IF;",
+        "RETURN NEW;",
+    ])))
+    statements.append(_pg_function("ctrlrun_guard_linkuse", _pg_raise(LINK_USE_MESSAGE)))
+    for table, function, ops in ((DELIVERY_TABLE, "ctrlrun_guard_delivery", "INSERT OR UPDATE OR DELETE"),
+                                 (LINK_USE_TABLE, "ctrlrun_guard_linkuse", "UPDATE OR DELETE")):
+        statements += [
+            f'CREATE TRIGGER "{table}_guard" BEFORE {ops} ON "{table}" FOR EACH ROW EXECUTE FUNCTION {function}()',
+            f'CREATE TRIGGER "{table}_no_truncate" BEFORE TRUNCATE ON "{table}" '
+            f"FOR EACH STATEMENT EXECUTE FUNCTION {function}()",
+        ]
     for table in EVIDENCE_TABLES:
         statements += [
             f'CREATE TRIGGER "{table}_append_only" BEFORE UPDATE OR DELETE ON "{table}" '

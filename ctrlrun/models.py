@@ -435,3 +435,60 @@ class Delegation(models.Model):
 
     def __str__(self) -> str:
         return f"{self.delegation_id} under {self.parent_id}{' (revoked)' if self.revoked_at else ''}"
+
+
+class Delivery(models.Model):
+    """One mail telling one person about one approval request (``ctrlrun.notify``): who, to which
+    address, why they were chosen, and how sending it went.
+
+    Bookkeeping, not evidence, but a page's claim ("ana was told at 10:02") rests on it, so every
+    column is signed (``store.signatures.delivery_ok``); a row that fails its signature is never sent
+    and the approval's page says it was changed outside ctrlrun. The guard keeps who and why fixed,
+    lets only a ``pending`` row change (``attempts`` never goes down) and refuses a delete.
+    ``link_nonce`` names the one link this mail carries (``LinkUse`` records its use).
+    """
+
+    PENDING, SENT, FAILED, DROPPED = "pending", "sent", "failed", "dropped"
+    STATUSES = (PENDING, SENT, FAILED, DROPPED)
+
+    id = models.BigAutoField(primary_key=True)
+    approval_id = models.CharField(max_length=ID_LENGTH, help_text="The approval request the mail is about.")
+    recipient = models.CharField(max_length=150, help_text="The console user told (their username).")
+    address = models.CharField(max_length=254, help_text="Where the mail goes: the user's email address then.")
+    basis = models.CharField(max_length=400, help_text="Why this person: role:NAME (each role the request pins), "
+                                                       "setting, or permission.")
+    status = models.CharField(max_length=10, choices=[(s, s) for s in STATUSES], default=PENDING)
+    attempts = models.PositiveIntegerField(default=0)
+    last_error = models.TextField(null=True, blank=True, help_text="Why the last attempt failed, or why it "
+                                                                   "was dropped.")
+    next_try = models.DateTimeField(null=True, blank=True, help_text="When a pending mail is tried next.")
+    created_at = models.DateTimeField()
+    sent_at = models.DateTimeField(null=True, blank=True)
+    link_nonce = models.CharField(max_length=40, unique=True, help_text="The identity of the mail's one link.")
+    mac = models.CharField(max_length=MAC_LENGTH, null=True, blank=True,
+                           help_text="ctrlrun's signature of every column.")
+
+    class Meta:
+        ordering = ["approval_id", "recipient"]
+        constraints = [models.UniqueConstraint(fields=["approval_id", "recipient"], name="ctrlrun_delivery_once")]
+        indexes = [models.Index(fields=["status", "next_try"], name="ctrlrun_delivery_due_idx")]
+
+    def __str__(self) -> str:
+        return f"mail about {self.approval_id} to {self.recipient} ({self.status})"
+
+
+class LinkUse(models.Model):
+    """A mail's link was used: it works once. Inserted once, never changed or deleted (the guard);
+    signed, though any row under a nonce, signed or not, is enough to refuse the link again."""
+
+    nonce = models.CharField(max_length=40, primary_key=True, help_text="The link's identity (Delivery.link_nonce).")
+    approval_id = models.CharField(max_length=ID_LENGTH)
+    used_by = models.CharField(max_length=150, help_text="The console user who opened it (its addressee).")
+    used_at = models.DateTimeField()
+    mac = models.CharField(max_length=MAC_LENGTH, null=True, blank=True)
+
+    class Meta:
+        ordering = ["used_at"]
+
+    def __str__(self) -> str:
+        return f"link {self.nonce} used by {self.used_by}"

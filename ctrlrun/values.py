@@ -396,3 +396,34 @@ class PausedRunView:
     def data(self) -> Any:
         """The state parsed as JSON (``ValueError`` if it no longer parses)."""
         return json.loads(self.state)
+
+
+@dataclass(frozen=True)
+class DeliveryView:
+    """One mail about an approval request to one person (``ctrlrun.notify``), as the page shows it."""
+
+    id: int
+    approval_id: str
+    recipient: str
+    address: str
+    basis: str
+    status: str
+    attempts: int
+    last_error: str | None
+    next_try: dt.datetime | None
+    created_at: dt.datetime
+    sent_at: dt.datetime | None
+    link_nonce: str
+    #: False when the row does not carry ctrlrun's signature (written around ctrlrun): never sent.
+    signature_ok: bool = True
+
+
+@dataclass(frozen=True)
+class LinkUseView:
+    """A mail link's one use: who opened it, when."""
+
+    nonce: str
+    approval_id: str
+    used_by: str
+    used_at: dt.datetime
+    signature_ok: bool = True

@@ -32,6 +32,7 @@ from .base import (
     DECIDE, EvidenceAdmin, RevealedValuesFilter, _ago, _approval_fields, _at, _clock, _now, _object_key,
     _policy_document, _pre, _principal_html, _receipt_rows, refusal_text,
 )
+from .notifications import deliveries_html, link_view
 from .paused import _paused_run_line
 from .policychange import proposal_context
 
@@ -103,12 +104,13 @@ class ApprovalAdmin(EvidenceAdmin):
         (_("The request"), {"fields": (
             "approval_id", "shown_status", "asked_by_call", "at_created_at", "at_expires_at", "shown_approver",
             "shown_note", "at_answered_at", "at_consumed_at", "used_by_call", "given_back")}),
+        (_("Who was told"), {"fields": ("mailed",)}),
     ]
     readonly_fields = ("shown_action", "canonical_arguments", "principal", "resource", "environment",
                        "shown_effect_key", "shown_reason", "cited_controls", "shown_policy", "shown_status",
                        "asked_by_call",
                        "at_created_at", "at_expires_at", "shown_approver", "shown_note", "at_answered_at",
-                       "at_consumed_at", "used_by_call", "given_back", "shown_preconditions")
+                       "at_consumed_at", "used_by_call", "given_back", "shown_preconditions", "mailed")
     change_form_template = "admin/ctrlrun/approval/change_form.html"
 
     at_created_at = _at("created_at", _("asked at"))
@@ -216,6 +218,10 @@ class ApprovalAdmin(EvidenceAdmin):
                         "given back %(n)d times: attempts that provably did nothing used it (APPROVAL_RETURNED)",
                         obj.returned) % {"n": obj.returned}
 
+    @admin.display(description=_("mail"))
+    def mailed(self, obj: Approval) -> SafeString:
+        return deliveries_html(obj.approval_id)  # ctrlrun.notify's deliveries (admin/notifications.py)
+
     @admin.display(description=_("arguments"))
     def key_arguments(self, obj: Approval) -> SafeString:
         """``key=value, ...`` cut at about 60 visible characters, escapes highlighted; a badge when any hide."""
@@ -274,7 +280,9 @@ class ApprovalAdmin(EvidenceAdmin):
 
     def get_urls(self) -> list[Any]:
         decide = self.admin_site.admin_view(self.decide_view)
-        return [path("<str:object_id>/decide/<str:answer>/", decide, name="ctrlrun_approval_decide"), *super().get_urls()]
+        link = self.admin_site.admin_view(lambda request, object_id, token: link_view(self, request, object_id, token))
+        return [path("<str:object_id>/decide/<str:answer>/", decide, name="ctrlrun_approval_decide"),
+                path("<str:object_id>/link/<str:token>/", link, name="ctrlrun_approval_link"), *super().get_urls()]
 
     def _answerable(self, request: HttpRequest, approval: Any) -> str | None:
         """Why ``request.user`` cannot answer ``approval`` now, or None when they can."""

@@ -17,6 +17,7 @@ the work lives in one module per concern:
 - ``reports``     small reads behind what the console's pages and the commands claim
 - ``delegations`` grants handed down at runtime (authority, §C3): created or refused, revoked once
 - ``people``      the humans behind an ``approver_role`` (Django groups or permissions): reads only
+- ``notifications`` mail about approval requests (``ctrlrun.notify``): deliveries, each link's one use
 
 Its value types live in ``ctrlrun.values`` (no Django); its wording in ``ctrlrun.messages``.
 
@@ -95,8 +96,8 @@ from ..values import (
     Refused,
     Reserved,
 )
-from . import (approvals, base, budgets, chain, delegations, effects, evidence, paused, people, policies, reports,
-               resolutions, signatures, sql)
+from . import (approvals, base, budgets, chain, delegations, effects, evidence, notifications, paused, people,
+               policies, reports, resolutions, signatures, sql)
 from .approvals import (
     answer_approval,
     approvals_for_hash,
@@ -224,5 +225,5 @@ __all__ = [
     "TAMPERED_HINT",
     # the modules, for tests and tools that reach one concern
     "approvals", "base", "budgets", "chain", "delegations", "effects", "evidence", "paused", "people", "policies",
-    "reports", "resolutions", "signatures", "sql",
+    "reports", "resolutions", "signatures", "sql", "notifications",
 ]

@@ -16,11 +16,11 @@ from typing import Any
 
 from django.db.models import Q
 
-from ..models import BudgetLedger, ChainCheck, Event, PausedRun, PolicyDocument
+from ..models import BudgetLedger, ChainCheck, Delivery, Event, LinkUse, PausedRun, PolicyDocument
 from ..models import Delegation as DelegationRow
 from ..receipts import ChainBreak
 from .base import objects
-from .signatures import check_ok, delegation_ok, ledger_ok, paused_ok, policy_document_ok
+from .signatures import check_ok, delegation_ok, delivery_ok, ledger_ok, link_use_ok, paused_ok, policy_document_ok
 
 _DELEGATION_COLUMNS = ("delegation_id", "parent_id", "depth", "grant_json", "agent", "created_by_agent",
                        "created_by_user", "created_via", "created_at", "revoked_at", "revoked_by", "mac")
@@ -125,4 +125,26 @@ def row_breaks(since: dt.datetime | None, walked: dict[str, set[str]], upto_even
         if not paused_ok(row):
             out.append(_unsigned("paused", row.approval_id, f"the run paused on {row.approval_id} ({row.framework}, "
                                  f"resumer {row.resume_with!r})", "it is never resumed"))
+    mail, mailed = _mail_rows(since)
+    return out + mail, checked + mailed
+
+
+def _mail_rows(since: Any) -> tuple[list[ChainBreak], int]:
+    """Mail deliveries and link uses (``ctrlrun.notify``) that do not carry ctrlrun's signature, and how
+    many rows were checked."""
+    out: list[ChainBreak] = []
+    checked = 0
+    deliveries, uses = objects(Delivery).all(), objects(LinkUse).all()
+    if since is not None:
+        deliveries, uses = deliveries.filter(created_at__gte=since), uses.filter(used_at__gte=since)
+    for row in deliveries.order_by("id").iterator():
+        checked += 1
+        if not delivery_ok(row):
+            out.append(_unsigned("delivery", row.link_nonce, f"the mail about {row.approval_id} to {row.recipient!r} "
+                                 f"({row.status})", "it is never sent, and the approval's page says so"))
+    for row in uses.order_by("used_at").iterator():
+        checked += 1
+        if not link_use_ok(row):
+            out.append(_unsigned("link", row.nonce, f"the use of a mail link about {row.approval_id} by "
+                                 f"{row.used_by!r}", "it can only make that link refused, never usable"))
     return out, checked

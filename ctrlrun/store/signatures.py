@@ -15,7 +15,7 @@ from typing import Any
 
 from .. import messages, signing
 from ..canonical import GENESIS_HASH
-from ..models import Approval, ChainCheck, EffectRecord, PausedRun, PolicyDocument
+from ..models import Approval, ChainCheck, Delivery, EffectRecord, LinkUse, PausedRun, PolicyDocument
 from .base import alias, iso_text, text_digest
 
 #: Signature domains: a MAC made for one kind of row can never pass for another.
@@ -28,6 +28,7 @@ APPROVAL_DOMAIN = "ctrlrun.approval/v3"
 CHECK_DOMAIN_V1, CHECK_DOMAIN = "ctrlrun.check/v1", "ctrlrun.check/v2"
 DELEGATION_DOMAIN, LEDGER_DOMAIN = "ctrlrun.delegation/v1", "ctrlrun.ledger/v1"
 POLICY_DOMAIN, PAUSED_DOMAIN = "ctrlrun.policy-document/v1", "ctrlrun.paused-run/v1"
+DELIVERY_DOMAIN, LINK_USE_DOMAIN = "ctrlrun.delivery/v1", "ctrlrun.link-use/v1"
 #: The head row's columns, in the order ``head_problem`` takes them.
 HEAD_FIELDS = ("seq", "hash", "event_seq", "event_hash", "mac", "key_id")
 
@@ -233,3 +234,33 @@ def paused_mac(row: PausedRun) -> str:
 
 def paused_ok(row: PausedRun) -> bool:
     return _signed_ok(PAUSED_DOMAIN, _paused_fields, row)
+
+
+# --------------------------------------------------------------------------- mail deliveries, link uses
+
+
+def _delivery_fields(row: Delivery) -> tuple:
+    """A delivery as signed: its identity (its link's nonce, and request + recipient, both unique: a copy
+    keeping them is refused) and every column the page shows."""
+    return (row.link_nonce, row.approval_id, row.recipient, row.address, row.basis, str(row.status), row.attempts,
+            text_digest(row.last_error), iso_text(row.next_try), iso_text(row.created_at), iso_text(row.sent_at))
+
+
+def sign_delivery(row: Delivery) -> None:
+    row.mac = signing.sign(DELIVERY_DOMAIN, _delivery_fields(row))
+
+
+def delivery_ok(row: Delivery) -> bool:
+    return _signed_ok(DELIVERY_DOMAIN, _delivery_fields, row)
+
+
+def _link_use_fields(row: LinkUse) -> tuple:
+    return (row.nonce, row.approval_id, row.used_by, iso_text(row.used_at))
+
+
+def sign_link_use(row: LinkUse) -> None:
+    row.mac = signing.sign(LINK_USE_DOMAIN, _link_use_fields(row))
+
+
+def link_use_ok(row: LinkUse) -> bool:
+    return _signed_ok(LINK_USE_DOMAIN, _link_use_fields, row)

@@ -51,8 +51,9 @@ def _prepare(store: RoleStore) -> None:
     assert done[0] == {"value": "refunded"} and done[1]["value"].startswith("dlg_"), done
     assert done[2]["error"] == "ApprovalRequired", done
     [[request_id]] = store.sql('SELECT "approval_id" FROM "ctrlrun_approval"')
-    done = store.agent({"op": "pause", "approval": request_id}, {"op": "check"})
-    assert done[1]["ok"] is True, done
+    done = store.agent({"op": "pause", "approval": request_id}, {"op": "mail", "approval": request_id},
+                       {"op": "check"})
+    assert done[1] == {"value": True} and done[2]["ok"] is True, done
 
 
 @pytest.fixture(scope="module")
@@ -211,6 +212,8 @@ TABLES = {
     "ctrlrun_budgetledger": ("id", "amount", "0"),
     "ctrlrun_delegation": ("delegation_id", "grant_json", "{}"),
     "ctrlrun_pausedrun": ("id", "resume_with", "other"),
+    "ctrlrun_delivery": ("id", "address", "mallory@evil.test"),
+    "ctrlrun_linkuse": ("nonce", "used_by", "mallory"),
 }
 
 #: Plain UPDATE and DELETE statements the database refuses, per table.
@@ -238,6 +241,10 @@ REFUSED = {
     "ctrlrun_pausedrun": ['UPDATE "ctrlrun_pausedrun" SET "state" = \'{"messages": ["forged"]}\'',
                           'UPDATE "ctrlrun_pausedrun" SET "resume_with" = \'other\'',
                           'DELETE FROM "ctrlrun_pausedrun"'],
+    "ctrlrun_delivery": ['UPDATE "ctrlrun_delivery" SET "address" = \'mallory@evil.test\'',
+                         'UPDATE "ctrlrun_delivery" SET "status" = \'pending\' WHERE "status" = \'sent\'',
+                         'DELETE FROM "ctrlrun_delivery"'],
+    "ctrlrun_linkuse": ['UPDATE "ctrlrun_linkuse" SET "used_by" = \'mallory\'', 'DELETE FROM "ctrlrun_linkuse"'],
 }
 
 
@@ -374,6 +381,23 @@ def test_a_paused_run_inserted_by_the_role_is_never_resumed(store):
     assert sorted(status for status, _ in done[1]) == ["resumed"], done  # the forged request cannot be answered
     assert (store.folder / "resumed.log").read_text().split() == [request_id, "granted"]
     assert ("signature_invalid", "paused") in breaks(store.verify())
+
+
+def test_a_delivery_inserted_or_marked_sent_by_the_role_is_unsigned_never_sent_and_named(store):
+    """A mail delivery the role INSERTs (it must start pending, no attempt) to an address of its own is not
+    ctrlrun's: never sent (notify skips it) and named; one inserted already sent is refused."""
+    _copy_with(store, "ctrlrun_delivery", '"recipient" = \'ana\'', recipient="mallory", address="mallory@evil.test",
+               link_nonce="n" * 32, status="pending", attempts=0)
+    with pytest.raises(role_refused(store)):
+        _copy_with(store, "ctrlrun_delivery", '"recipient" = \'ana\'', recipient="eve", link_nonce="e" * 32)
+    assert ("signature_invalid", "delivery") in breaks(store.verify())
+
+
+def test_a_link_use_inserted_by_the_role_only_burns_a_link_and_is_named(store):
+    """A link use the role INSERTs under another mail's nonce is not signed: it can only refuse that link."""
+    [[nonce]] = store.sql('SELECT "link_nonce" FROM "ctrlrun_delivery" WHERE "recipient" = \'bea\'')
+    _copy_with(store, "ctrlrun_linkuse", '"used_by" = \'ana\'', nonce=nonce, used_by="mallory")
+    assert ("signature_invalid", "link") in breaks(store.verify())
 
 
 # --------------------------------------------------------------------------- the guard's version record

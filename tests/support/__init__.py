@@ -11,6 +11,7 @@ concern. ``from tests.support import X`` finds X in whichever module holds it.
 - ``console``: the console through Django's test client and in Chromium at 1280 px;
 - ``resumption``: paused framework runs;
 - ``tokens``: signed JWTs, and the loopback JWKS and revocation-feed servers.
+- ``smtp``: a real SMTP server on loopback (aiosmtpd), a refusing one, a closed port.
 
 The fixtures built on these live in ``tests/conftest.py`` and ``tests/*/conftest.py``.
 """
@@ -23,3 +24,4 @@ from .calls import *  # noqa: F401,F403
 from .console import *  # noqa: F401,F403
 from .resumption import *  # noqa: F401,F403
 from .tokens import *  # noqa: F401,F403
+from .smtp import *  # noqa: F401,F403

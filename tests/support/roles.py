@@ -78,6 +78,13 @@ def run(op):
         return {"value": made.id}
     if kind == "pause":
         return {"value": store.save_paused_run(op["approval"], "pydantic-ai", '{"messages": []}', "matrix").id}
+    if kind == "mail":  # two deliveries about a request (one sent, its link used), as ctrlrun.notify records them
+        from ctrlrun.store.people import Person
+        rows = store.notifications.plan_deliveries(op["approval"], [(Person("ana", "ana@example.test"), "setting", None),
+                                                                    (Person("bea", ""), "setting", "no address")])
+        claimed, _ = store.notifications.begin_attempt(rows[0].id, __import__("datetime").timedelta(minutes=1))
+        store.notifications.finish_attempt(claimed.id, claimed.attempts, "sent", None, None)
+        return {"value": store.notifications.use_link(rows[0].link_nonce, op["approval"], "ana")[0]}
     if kind == "answer":
         store.answer_approval(op["approval"], op.get("granted", True), by="alice")
         return {"value": "answered"}
