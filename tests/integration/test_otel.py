@@ -182,3 +182,19 @@ def test_abandoned_spans_are_evicted_not_ended(traced):
 def test_an_invalid_max_open_spans_is_a_clear_error():
     with pytest.raises(ctrlrun.InvalidArgument, match="max_open_spans"):
         OTelEventSink(max_open_spans=0)
+
+
+def test_events_without_an_action_get_a_span_of_their_own(traced):
+    """DELEGATION_* events have no action: a span each, named by the type, started and ended at the event."""
+    import datetime as dt
+
+    from ctrlrun.values import EventView
+
+    sink, exporter, _ = traced()
+    when = dt.datetime(2026, 12, 3, 10, 0, tzinfo=dt.timezone.utc)
+    sink.on_event(EventView(None, when, "DELEGATION_CREATED", None, None, None,
+                            {"delegation_id": "dlg_1", "depth": 1, "narrowed": ["actions"]}, seq=7))
+    [span] = exporter.get_finished_spans()
+    assert span.name == "DELEGATION_CREATED" and span.start_time == span.end_time
+    assert dict(span.events[0].attributes) == {"ctrlrun.delegation_id": "dlg_1", "ctrlrun.depth": 1}
+    assert sink.open_spans == 0

@@ -128,3 +128,26 @@ def test_a_partial_write_leaves_no_torn_line(tmp_path):
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["True", "1"]
     assert [json.loads(line) for line in path.read_text().splitlines()] == [{"first": 1}]
+
+
+APPENDER = textwrap.dedent("""
+    import sys
+    from pathlib import Path
+    from ctrlrun.sinks import _Appender
+    appender = _Appender(Path(sys.argv[1]), 10)
+    for n in range(150):
+        assert appender.append('{"writer":%s,"n":%d,"pad":"%s"}' % (sys.argv[2], n, "x" * 6000))
+""")
+
+
+@pytest.mark.slow
+def test_processes_appending_together_never_interleave(tmp_path):
+    """Four OS processes append 6 KB lines to one file at once: every line whole, none lost."""
+    path = tmp_path / "events.jsonl"
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    procs = [subprocess.Popen([sys.executable, "-c", APPENDER, str(path), str(w)], env=env) for w in range(4)]
+    assert [p.wait(timeout=120) for p in procs] == [0, 0, 0, 0]
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    assert len(records) == 600
+    for writer in range(4):
+        assert [r["n"] for r in records if r["writer"] == writer] == list(range(150))
