@@ -151,3 +151,17 @@ def test_processes_appending_together_never_interleave(tmp_path):
     assert len(records) == 600
     for writer in range(4):
         assert [r["n"] for r in records if r["writer"] == writer] == list(range(150))
+
+
+@pytest.mark.slow
+def test_the_jsonl_dir_setting_registers_a_process_sink(run_script, tmp_path):
+    """$CTRLRUN_JSONL_DIR (the CTRLRUN_JSONL_DIR setting in a project): every write of the process, no code."""
+    result = run_script("""
+        import ctrlrun
+        from ctrlrun.control import Control
+        print(Control().call("email.send", {"msg_id": "env-1"}, lambda: "sent", principal="mailer"))
+    """, CTRLRUN_JSONL_DIR=str(tmp_path / "evidence"))
+    assert result.returncode == 0, result.stderr
+    [receipt] = lines(tmp_path / "evidence" / "receipts.jsonl")
+    assert receipt["arguments"] == {"msg_id": "env-1"} and receipt == stored_receipts()[-1]
+    assert len(lines(tmp_path / "evidence" / "events.jsonl")) == 5
