@@ -84,11 +84,11 @@ class Command(CtrlrunCommand):
                         returncode=2) from None
 
     def _policy(self, given: str | None) -> tuple[Any, str | None]:
-        from ...policy import load_policy
+        from ...control import Control
 
         if given is not None:
-            try:
-                return load_policy(given), given
+            try:  # a file of the user's choosing, read as a Control reads one (the one reader of policies)
+                return Control.from_file(given).read_policy(), given
             except CTRLRunError as exc:
                 raise Error(reveal(f"--policy {given}: {exc}", multiline=True), returncode=2) from None
         from ... import conf
