@@ -42,6 +42,7 @@ from collections import OrderedDict
 from contextlib import nullcontext
 from typing import Any
 
+from . import observers
 from .errors import CTRLRunError
 
 logger = logging.getLogger("ctrlrun.otel")
@@ -241,8 +242,8 @@ class OTelEventSink:
         """The driver's hook, as the function is about to run: the action's span (opened now, live,
         unless its events were already heard) made current for the run."""
         action_id = getattr(action, "action_id", None)
-        if not isinstance(action_id, str):
-            return nullcontext()
+        if not isinstance(action_id, str) or self not in (observers.wanted() or ()):
+            return nullcontext()  # another Control's call: this sink will never hear its receipt
         with self._lock:
             span = self._spans.get(action_id)
         if span is None:

@@ -138,6 +138,8 @@ def around_function(factory: Callable[[Any], Any]) -> None:
     context: in the calling thread (sync), in the task on the loop (``async def``), and copied into
     the executor thread of a sync function given to ``acall``. So a context variable it sets (an
     OpenTelemetry span made current) is what the function sees. ``action`` is the ``ctrlrun.Action``.
+    The factory itself is called inside the running Control's scope, so ``ctrlrun.observers.wanted()``
+    there names the observers that will hear of this call (the manager is entered outside it).
 
     It cannot break a call: a factory, an ``__enter__`` or an ``__exit__`` that raises is logged and
     the function runs (or its outcome is recorded) as without it; it never swallows the function's
@@ -154,12 +156,13 @@ def remove_around_function(factory: Callable[[Any], Any]) -> None:
 class _Around:
     """One hook's context manager, kept from failing the call."""
 
-    def __init__(self, factory: Callable[[Any], Any], action: Any) -> None:
-        self.factory, self.action, self.manager = factory, action, None
+    def __init__(self, factory: Callable[[Any], Any], action: Any, control: Runtime) -> None:
+        self.factory, self.action, self.control, self.manager = factory, action, control, None
 
     def __enter__(self) -> None:
         try:
-            manager = self.factory(self.action)
+            with self.control.scope():  # so the factory can ask who hears this call (observers.wanted())
+                manager = self.factory(self.action)
             manager.__enter__()
             self.manager = manager
         except Exception:
@@ -193,7 +196,7 @@ class _Running:
                 renewing = heartbeat.hold(op.call, op.attempt, op.lease, self.control.bound_scope())
                 stack.callback(heartbeat.release, renewing)  # the moment the function is done, renewal stops
             for factory in tuple(_around):
-                stack.enter_context(_Around(factory, op.action))
+                stack.enter_context(_Around(factory, op.action, self.control))
         except BaseException:
             stack.close()
             raise

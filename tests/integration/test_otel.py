@@ -198,3 +198,32 @@ def test_events_without_an_action_get_a_span_of_their_own(traced):
     assert span.name == "DELEGATION_CREATED" and span.start_time == span.end_time
     assert dict(span.events[0].attributes) == {"ctrlrun.delegation_id": "dlg_1", "ctrlrun.depth": 1}
     assert sink.open_spans == 0
+
+
+def test_another_controls_calls_get_no_span(traced):
+    """The hook runs for every call of the process; a sink opens spans only for calls it will hear of."""
+    sink, exporter, tracer = traced()
+    refund_control(sink)  # a Control with the sink, unused
+
+    def executor():
+        with tracer.start_as_current_span("elsewhere"):
+            return "ok"
+
+    call_refund(Control(), "txn_6", 100, executor)
+    [span] = exporter.get_finished_spans()
+    assert span.name == "elsewhere" and span.parent is None
+    assert sink.open_spans == 0
+
+
+def test_a_registered_sink_traces_the_default_controls_calls(traced, refund):
+    from ctrlrun import observers
+
+    sink, exporter, _ = traced()
+    observers.register(sink)
+    try:
+        with ctrlrun.context(agent="support-agent"):
+            refund(payment_id="txn_7", amount=100)
+    finally:
+        observers.unregister(sink)
+    [span] = exporter.get_finished_spans()
+    assert span.name == "stripe.refund" and span.status.status_code is StatusCode.OK
