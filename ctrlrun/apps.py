@@ -89,6 +89,25 @@ class CtrlrunConfig(AppConfig):
             from . import notify
 
             notify.connect_signal_receiver()
+        _register_jsonl_sink()
+
+
+#: The process-wide JSONL sink ``CTRLRUN_JSONL_DIR`` asked for (docs/observability.md), once made.
+_jsonl_sink: Any = None
+
+
+def _register_jsonl_sink() -> None:
+    global _jsonl_sink
+    from . import conf
+
+    directory = conf.jsonl_directory()
+    if directory is None or _jsonl_sink is not None:
+        return
+    from . import observers
+    from .sinks import JSONLEventSink
+
+    _jsonl_sink = JSONLEventSink(directory)
+    observers.register(_jsonl_sink)
 
 
 def _post_migrate(sender: AppConfig, *, apps: Any = global_apps, using: str = "default", verbosity: int = 1,

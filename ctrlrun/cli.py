@@ -41,6 +41,7 @@ COMMANDS: dict[str, tuple[bool, str]] = {
     "stats": (False, "count what the receipts of a time window say (--since 24h, --json)"),
     "init": (False, "write a commented starter ctrlrun.yaml and create .ctrlrun/ beside it"),
     "demo": (False, "run the guided scenarios in a scratch store"),
+    "scan": (False, "find consequential calls nothing protects (--coverage: actions no receipt names)"),
 }
 
 #: Console-script names whose management command is called something else (``manage.py init``
@@ -87,6 +88,15 @@ def main(argv: list[str] | None = None) -> int:
     return status
 
 
+def _scan_store(arguments: list[str]) -> None:
+    """``scan --store-url URL`` (or ``--store-url=URL``): the store ``--coverage`` reads, as $CTRLRUN_STORE_URL."""
+    for n, argument in enumerate(arguments):
+        if argument == "--store-url" and n + 1 < len(arguments):
+            os.environ["CTRLRUN_STORE_URL"] = arguments[n + 1]
+        elif argument.startswith("--store-url="):
+            os.environ["CTRLRUN_STORE_URL"] = argument.split("=", 1)[1]
+
+
 def _main(argv: list[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help", "--version"):
@@ -108,7 +118,9 @@ def _main(argv: list[str] | None) -> int:
     try:
         from . import standalone
 
-        if wants_help or name in NO_STORE:  # the demo keeps a scratch store of its own; init needs none
+        if name == "scan":  # reads source; only --coverage reads a store (--store-url URL names it)
+            _scan_store(argv[1:])
+        if wants_help or name in NO_STORE or (name == "scan" and "--coverage" not in argv[1:]):
             standalone.configure_without_store()
         else:
             # (policy replay only reads: like the read-only commands, it never creates a store)
@@ -116,7 +128,7 @@ def _main(argv: list[str] | None) -> int:
             standalone.configure(create=creates, command=name)
     except CTRLRunError as exc:
         print(f"Error: {exc}", file=sys.stderr)
-        return 1
+        return 2 if name == "scan" else 1  # scan's exit 1 says it found something; 2, that it could not run
     from django.core.management import load_command_class
 
     command = load_command_class("ctrlrun", COMMAND_MODULES.get(name, name))

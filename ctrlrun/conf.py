@@ -141,6 +141,16 @@ def webhook_secret_file() -> Path | None:
     return Path(configured) if configured else None
 
 
+def jsonl_directory() -> Path | None:
+    """Where the process-wide JSONL sink writes ``receipts.jsonl`` and ``events.jsonl``
+    (``CTRLRUN_JSONL_DIR``, else ``$CTRLRUN_JSONL_DIR``); None: no such sink (the default)."""
+    configured = _setting("CTRLRUN_JSONL_DIR")
+    if configured:
+        return Path(configured)
+    from_env = _env("CTRLRUN_JSONL_DIR")
+    return Path(from_env) if from_env else None
+
+
 #: A signed webhook answer is accepted for five minutes either side of its timestamp.
 DEFAULT_WEBHOOK_REPLAY_WINDOW_SECONDS = 300
 

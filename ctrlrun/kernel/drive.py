@@ -64,7 +64,8 @@ from .steps import Abandoned, Ask, Consult, Pause, Phase, Record, Run, Steps
 
 logger = logging.getLogger("ctrlrun")
 
-__all__ = ["run_sync", "run_async", "run_phase", "call_hook", "acall_hook", "shutdown", "CANCELLED_BEFORE_START"]
+__all__ = ["run_sync", "run_async", "run_phase", "call_hook", "acall_hook", "shutdown", "CANCELLED_BEFORE_START",
+           "around_function", "remove_around_function"]
 
 CANCELLED_BEFORE_START = "the call was cancelled before its function started; nothing ran"
 
@@ -127,6 +128,54 @@ async def acall_hook(hook: Callable[[str], Any], effect_key: str) -> Any:
 
 # --------------------------------------------------------------------------- the function's run
 
+#: Factories of context managers entered around every run of a user's function (``around_function``).
+_around: list[Callable[[Any], Any]] = []
+
+
+def around_function(factory: Callable[[Any], Any]) -> None:
+    """The driver's one hook: ``factory(action)`` is called as each attempt's function is about to run,
+    sync or async, and the context manager it returns is entered around the run, in the caller's
+    context: in the calling thread (sync), in the task on the loop (``async def``), and copied into
+    the executor thread of a sync function given to ``acall``. So a context variable it sets (an
+    OpenTelemetry span made current) is what the function sees. ``action`` is the ``ctrlrun.Action``.
+    The factory itself is called inside the running Control's scope, so ``ctrlrun.observers.wanted()``
+    there names the observers that will hear of this call (the manager is entered outside it).
+
+    It cannot break a call: a factory, an ``__enter__`` or an ``__exit__`` that raises is logged and
+    the function runs (or its outcome is recorded) as without it; it never swallows the function's
+    exception. Enter order is registration order; ``remove_around_function`` takes one away."""
+    if factory not in _around:
+        _around.append(factory)
+
+
+def remove_around_function(factory: Callable[[Any], Any]) -> None:
+    if factory in _around:
+        _around.remove(factory)
+
+
+class _Around:
+    """One hook's context manager, kept from failing the call."""
+
+    def __init__(self, factory: Callable[[Any], Any], action: Any, control: Runtime) -> None:
+        self.factory, self.action, self.control, self.manager = factory, action, control, None
+
+    def __enter__(self) -> None:
+        try:
+            with self.control.scope():  # so the factory can ask who hears this call (observers.wanted())
+                manager = self.factory(self.action)
+            manager.__enter__()
+            self.manager = manager
+        except Exception:
+            logger.exception("a ctrlrun around_function hook %r failed before the function ran", self.factory)
+
+    def __exit__(self, *exc: Any) -> bool:
+        if self.manager is not None:
+            try:
+                self.manager.__exit__(*exc)
+            except Exception:
+                logger.exception("a ctrlrun around_function hook %r failed after the function ran", self.factory)
+        return False
+
 
 class _Running:
     """Around the user's function: the transport register open (so ``ctrlrun.transport`` can tell
@@ -146,6 +195,8 @@ class _Running:
             if op.call is not None:
                 renewing = heartbeat.hold(op.call, op.attempt, op.lease, self.control.bound_scope())
                 stack.callback(heartbeat.release, renewing)  # the moment the function is done, renewal stops
+            for factory in tuple(_around):
+                stack.enter_context(_Around(factory, op.action, self.control))
         except BaseException:
             stack.close()
             raise
