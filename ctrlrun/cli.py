@@ -40,11 +40,12 @@ COMMANDS: dict[str, tuple[bool, str]] = {
     "stats": (False, "count what the receipts of a time window say (--since 24h, --json)"),
     "init": (False, "write a commented starter ctrlrun.yaml and create .ctrlrun/ beside it"),
     "demo": (False, "run the guided scenarios in a scratch store"),
+    "gateway": (True, "serve an MCP gateway: every tools/call of --upstream a protected call (needs the mcp extra)"),
 }
 
 #: Console-script names whose management command is called something else (``manage.py init``
 #: would be too generic a name inside a project).
-COMMAND_MODULES = {"init": "ctrlrun_init"}
+COMMAND_MODULES = {"init": "ctrlrun_init", "gateway": "mcp_gateway"}
 
 #: Commands that never open a store: the console script configures Django without one.
 NO_STORE = ("demo", "init")

@@ -9,7 +9,8 @@ concern. ``from tests.support import X`` finds X in whichever module holds it.
 - ``sites``: fresh Django projects and script folders built as the README says;
 - ``calls``: calls held open in another OS process; the give-back attack stores;
 - ``console``: the console through Django's test client and in Chromium at 1280 px;
-- ``resumption``: paused framework runs.
+- ``resumption``: paused framework runs;
+- ``mcp_servers``: MCP upstreams (SDK-built and misbehaving) and the gateway as a process.
 
 The fixtures built on these live in ``tests/conftest.py`` and ``tests/*/conftest.py``.
 """
@@ -21,3 +22,4 @@ from .sites import *  # noqa: F401,F403
 from .calls import *  # noqa: F401,F403
 from .console import *  # noqa: F401,F403
 from .resumption import *  # noqa: F401,F403
+from .mcp_servers import *  # noqa: F401,F403
