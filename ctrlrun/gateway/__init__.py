@@ -15,5 +15,6 @@ except ImportError as exc:  # pragma: no cover - the extra is in the test extra
     raise InvalidArgument("the MCP gateway needs the mcp SDK: pip install 'django-ctrlrun[mcp]'") from exc
 
 from ctrlrun.gateway.app import GatewayApp, fixed_principal  # noqa: E402
+from ctrlrun.gateway.asgi import mount  # noqa: E402
 
-__all__ = ["GatewayApp", "fixed_principal"]
+__all__ = ["GatewayApp", "fixed_principal", "mount"]
