@@ -3,7 +3,7 @@
 ``manage.py mcp_gateway`` serve it. Named ``ctrlrun.gateway`` (not ``ctrlrun.mcp``) so that it never
 shadows the ``mcp`` SDK it is built on; its modules import it absolutely.
 
-Importing this package needs the ``mcp`` extra (``pip install 'django-ctrlrun[mcp]'``).
+Importing this package needs the ``mcp`` extra (``mcp``, ``uvicorn``, ``httpx``).
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ try:
 except ImportError as exc:  # pragma: no cover - the extra is in the test extra
     from ctrlrun.errors import InvalidArgument
 
-    raise InvalidArgument("the MCP gateway needs the mcp SDK: pip install 'django-ctrlrun[mcp]'") from exc
+    raise InvalidArgument("the MCP gateway needs the mcp SDK: pip install 'mcp>=2.3' 'uvicorn>=0.30'") from exc
 
 from ctrlrun.gateway.app import GatewayApp, fixed_principal  # noqa: E402
 from ctrlrun.gateway.asgi import mount  # noqa: E402
