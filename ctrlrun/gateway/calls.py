@@ -9,6 +9,7 @@ else raises ``UpstreamAmbiguous`` (recorded ``ambiguous``).
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from typing import Any
@@ -29,6 +30,7 @@ from ctrlrun.errors import (
 from ctrlrun.gateway.outcome import AMBIGUOUS, COMMITTED, Observed, Outcome, classify
 from ctrlrun.gateway.wire import RECEIPT_META, GatewayError, find_unrepresentable
 from ctrlrun.kernel.context import with_approval
+from ctrlrun.states import Decision
 
 __all__ = ["UpstreamAmbiguous", "intercept"]
 
@@ -137,12 +139,6 @@ async def intercept(control: Any, *, alias: str, request_id: Any, params: dict[s
     if not isinstance(arguments, dict):
         raise GatewayError(-32602, "tools/call params.arguments must be an object of argument names to values",
                            400, None, request_id)
-    pointer = find_unrepresentable(arguments)
-    if pointer is not None:
-        raise GatewayError.of("unrepresentable_argument",
-                              f"the argument at {pointer} is a float, which ctrlrun cannot key or hash exactly: "
-                              f"send an integer (minor units) or a string", request_id, pointer=pointer,
-                              reason="unrepresentable_argument")
     if principal is None:
         raise GatewayError.of("no_principal", "the gateway's identity named nobody for this request", request_id)
     name = f"mcp.{alias}.{tool}"
@@ -150,6 +146,13 @@ async def intercept(control: Any, *, alias: str, request_id: Any, params: dict[s
         observers.register(_CATCHER)
 
     policy = control.loaded_policy or await control.aread(control.load)
+    pointer = find_unrepresentable(arguments)
+    if pointer is not None:
+        message = (f"the argument at {pointer} is a float, which ctrlrun cannot key or hash exactly: send an "
+                   f"integer (minor units) or a string")
+        action_id = await _record_unrepresentable(control, policy, name, arguments, principal, pointer, message)
+        raise GatewayError.of("unrepresentable_argument", message, request_id, pointer=pointer,
+                              reason="unrepresentable_argument", action_id=action_id)
     entry = policy.entry(name)
     not_executed_on_error = bool((entry.mcp or {}).get("not_executed_on_error")) if entry is not None else False
 
@@ -200,6 +203,34 @@ async def intercept(control: Any, *, alias: str, request_id: Any, params: dict[s
         answer["_meta"] = {**(answer.get("_meta") or {}), RECEIPT_META: meta}
         return 200, {"jsonrpc": "2.0", "id": request_id, "result": answer}, {}
     return _answered(outcome, request_id, meta)
+
+
+def _as_text(value: Any) -> Any:
+    """The arguments with each float as its JSON text (``1.5`` -> ``"1.5"``), so the refusal can be recorded."""
+    if isinstance(value, float):
+        return json.dumps(value)
+    if isinstance(value, dict):
+        return {key: _as_text(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_as_text(item) for item in value]
+    return value
+
+
+async def _record_unrepresentable(control: Any, policy: Any, name: str, arguments: dict[str, Any],
+                                  principal: Principal, pointer: str, message: str) -> str | None:
+    """The float's refusal in the evidence: ACTION_DENIED and a ``denied`` receipt with reason
+    ``unrepresentable_argument`` (the float kept as its JSON text). Its action id, or None when the
+    arguments are refused for another reason too (the answer is the same; nothing is recorded)."""
+    store = control.store
+    try:
+        action = Action(name, canonical_arguments(_as_text(arguments)), principal, environment=policy.environment)
+    except CTRLRunError:
+        return None
+    call = store.Call(action, Decision.DENY, "unrepresentable_argument", policy.hash, None,
+                      policy_version=policy.version)
+    await control.aread(store.record_denial, call, {"reason": "unrepresentable_argument", "pointer": pointer,
+                                                     "error": message})
+    return action.action_id
 
 
 def _answered(outcome: Outcome, request_id: Any, meta: dict[str, Any]) -> tuple[int, dict[str, Any], dict[str, str]]:

@@ -102,6 +102,11 @@ def test_a_float_argument_is_refused_with_its_pointer(gateway, upstream):
     assert (body["error"]["code"], body["error"]["data"]["pointer"]) == (-41008, "/amount")
     assert body["error"]["data"]["error"] == "ctrlrun.unrepresentable_argument"
     assert executions(upstream) == []
+    denied, = receipts()  # and the refusal is in the evidence, the float kept as its JSON text
+    assert (denied["action"], denied["result"], denied["decision_reason"]) == (
+        "mcp.pay.refund", "denied", "unrepresentable_argument")
+    assert denied["arguments"] == {"payment_id": "p1", "amount": "1.5"}
+    assert denied["action_id"] == body["error"]["data"]["action_id"]
 
 
 def test_hostile_requests_are_refused_before_anything_runs(gateway, upstream):
