@@ -212,3 +212,18 @@ def test_the_command_line_refuses_with_a_reason(tmp_path, store_db, arguments, s
                           env=script_environment(tmp_path, POLICY), capture_output=True, text=True, timeout=120)
     assert done.returncode != 0
     assert says in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+def test_a_legacy_session_client_goes_through_the_gateway_too(gateway, upstream):
+    """The initialize handshake (revision 2025-11-25, a session id, answers as Server-Sent Events)."""
+    from mcp import Client
+
+    async def run():
+        async with Client(gateway.url, mode="legacy") as client:
+            names = [tool.name for tool in (await client.list_tools()).tools]
+            return names, await client.call_tool("refund", {"payment_id": "L1", "amount": 3})
+
+    names, result = asyncio.run(run())
+    assert "refund" in names and result.content[0].text == "refunded 3 on L1"
+    assert result.meta["com.ctrlrun/receipt"]["result"] == "committed"
+    assert executions(upstream) == ["refund L1 3"]
