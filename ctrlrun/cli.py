@@ -42,11 +42,12 @@ COMMANDS: dict[str, tuple[bool, str]] = {
     "init": (False, "write a commented starter ctrlrun.yaml and create .ctrlrun/ beside it"),
     "demo": (False, "run the guided scenarios in a scratch store"),
     "scan": (False, "find consequential calls nothing protects (--coverage: actions no receipt names)"),
+    "gateway": (True, "serve an MCP gateway: every tools/call of --upstream a protected call (needs the mcp extra)"),
 }
 
 #: Console-script names whose management command is called something else (``manage.py init``
 #: would be too generic a name inside a project).
-COMMAND_MODULES = {"init": "ctrlrun_init"}
+COMMAND_MODULES = {"init": "ctrlrun_init", "gateway": "mcp_gateway"}
 
 #: Commands that never open a store: the console script configures Django without one.
 NO_STORE = ("demo", "init")

@@ -12,6 +12,7 @@ concern. ``from tests.support import X`` finds X in whichever module holds it.
 - ``resumption``: paused framework runs;
 - ``tokens``: signed JWTs, and the loopback JWKS and revocation-feed servers.
 - ``smtp``: a real SMTP server on loopback (aiosmtpd), a refusing one, a closed port.
+- ``mcp_servers``: MCP upstreams (SDK-built and misbehaving) and the gateway as a process.
 
 The fixtures built on these live in ``tests/conftest.py`` and ``tests/*/conftest.py``.
 """
@@ -25,3 +26,4 @@ from .console import *  # noqa: F401,F403
 from .resumption import *  # noqa: F401,F403
 from .tokens import *  # noqa: F401,F403
 from .smtp import *  # noqa: F401,F403
+from .mcp_servers import *  # noqa: F401,F403

@@ -1,0 +1,227 @@
+"""The gateway as an ASGI application: Streamable HTTP in front of one upstream MCP server.
+
+``GatewayApp(upstream=..., alias=..., principal=...)`` is mounted by a Django project's ASGI
+entry (served by gunicorn with uvicorn workers, or uvicorn alone), or run by ``ctrlrun gateway``.
+Every ``tools/call`` is a protected call (``ctrlrun.gateway.calls``); every other message is relayed
+unchanged, its answer streamed back. Refused before anything else: a body over the limit (413),
+a batch (``-32600``), JSON that does not parse (``-32700``) or nests deeper than ``MAX_DEPTH``
+(``-32600``), an unsupported protocol revision (``-32022``), mirror headers that contradict the
+body (``-32020``).
+"""
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from ctrlrun.canonical import Principal
+from ctrlrun.errors import InvalidArgument
+from ctrlrun.gateway import upstream as wire_upstream
+from ctrlrun.gateway.calls import intercept
+from ctrlrun.gateway.wire import (
+    ALIAS_PATTERN,
+    DEFAULT_REVISION,
+    INVALID_REQUEST,
+    MAX_DEPTH,
+    PARSE_ERROR,
+    REVISIONS,
+    UNSUPPORTED_VERSION,
+    GatewayError,
+    check_mirror_headers,
+    depth_exceeds,
+    dumps,
+    error_body,
+)
+
+__all__ = ["GatewayApp", "fixed_principal", "DEFAULT_MAX_BODY_BYTES", "DEFAULT_MAX_RESPONSE_BYTES"]
+
+logger = logging.getLogger("ctrlrun.gateway")
+
+DEFAULT_MAX_BODY_BYTES = 1024 * 1024
+DEFAULT_MAX_RESPONSE_BYTES = 16 * 1024 * 1024
+DEFAULT_UPSTREAM_TIMEOUT = 30.0
+
+#: Request headers the gateway keeps to itself (identity headers are for the gateway, not the tool).
+_NOT_FORWARDED = frozenset({"origin", "cookie"})
+
+
+def fixed_principal(agent: str, user: str | None = None) -> Callable[[Request], Principal | None]:
+    """``--principal NAME``: every request acts for this agent."""
+    principal = Principal(agent=agent, user=user)
+    return lambda request: principal
+
+
+class GatewayApp:
+    """An ASGI application serving ``path`` (default ``/mcp``)."""
+
+    def __init__(self, *, upstream: str, alias: str, principal: Callable[[Request], Principal | None],
+                 control: Any = None, path: str = "/mcp", upstream_timeout: float = DEFAULT_UPSTREAM_TIMEOUT,
+                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+                 allow_origins: tuple[str, ...] = ()) -> None:
+        if not isinstance(upstream, str) or not upstream.startswith(("http://", "https://")):
+            raise InvalidArgument(f"the upstream must be an http:// or https:// URL of an MCP server, not {upstream!r}")
+        if not isinstance(alias, str) or not ALIAS_PATTERN.match(alias):
+            raise InvalidArgument(f"the alias {alias!r} must match {ALIAS_PATTERN.pattern} (it names the actions "
+                                  f"mcp.<alias>.<tool>)")
+        if not path.startswith("/") or path.rstrip("/").startswith("/ctrlrun") and (
+                path.rstrip("/") == "/ctrlrun" or path.startswith("/ctrlrun/")):
+            raise InvalidArgument(f"the path {path!r} must start with '/' and may not be under /ctrlrun/ "
+                                  f"(the console's)")
+        for name, value in (("max_body_bytes", max_body_bytes), ("max_response_bytes", max_response_bytes)):
+            if not isinstance(value, int) or value < 1024:
+                raise InvalidArgument(f"{name} must be an integer of at least 1024 bytes, got {value!r}")
+        if not upstream_timeout or upstream_timeout <= 0:
+            raise InvalidArgument(f"the upstream timeout must be a positive number of seconds, got {upstream_timeout!r}")
+        self.upstream, self.alias, self.principal = upstream, alias, principal
+        self.path = path.rstrip("/") or "/"
+        self.upstream_timeout, self.max_body_bytes = float(upstream_timeout), max_body_bytes
+        self.max_response_bytes, self.allow_origins = max_response_bytes, tuple(allow_origins)
+        self._control = control
+
+    @property
+    def control(self) -> Any:
+        if self._control is None:
+            from ctrlrun.control import default_control
+
+            self._control = default_control()
+        return self._control
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                elif message["type"] == "lifespan.shutdown":
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        if scope["type"] != "http":
+            return
+        request = Request(scope, receive)
+        response = await self.handle(request)
+        await response(scope, receive, send)
+
+    # ------------------------------------------------------------------ one HTTP request
+
+    async def handle(self, request: Request) -> Response:
+        if (request.url.path.rstrip("/") or "/") != self.path:
+            return Response(f"not found: the MCP endpoint is {self.path}\n", status_code=404, media_type="text/plain")
+        origin = request.headers.get("origin")
+        if origin is not None and not self._origin_ok(origin):
+            return _json(403, error_body(None, INVALID_REQUEST, f"origin {origin!r} is not allowed (--allow-origin)"))
+        if request.method != "POST":
+            return await self._relay(request, b"")
+        try:
+            body = await self._body(request)
+            message, revision = self._message(request, body)
+        except GatewayError as refused:
+            return _json(refused.status, refused.body())
+        if message.get("method") != "tools/call" or "id" not in message:
+            return await self._relay(request, body)
+        headers = wire_upstream.forward_headers(request.headers, drop=_NOT_FORWARDED)
+        request_id = message.get("id")
+
+        async def send() -> Any:
+            return await wire_upstream.exchange(self.upstream, body, headers, request_id,
+                                                timeout=self.upstream_timeout, max_bytes=self.max_response_bytes,
+                                                revision=revision)
+
+        params = message.get("params") if isinstance(message.get("params"), dict) else {}
+        try:
+            principal = self.principal(request)
+            status, answer, extra = await intercept(self.control, alias=self.alias, request_id=request_id,
+                                                    params=params, principal=principal, send=send)
+        except GatewayError as refused:
+            if refused.request_id is None:
+                refused.request_id = request_id
+            return _json(refused.status, refused.body())
+        except Exception as exc:  # a fault of the gateway's own (the store away ...): said, not a traceback
+            logger.exception("tools/call %s failed inside the gateway", params.get("name"))
+            return _json(500, error_body(request_id, -32603, f"the gateway could not complete this call "
+                                                             f"({type(exc).__name__}: {exc}); do not retry blindly: "
+                                                             f"look the call up in the console"))
+        return _json(status, answer, extra)
+
+    def _origin_ok(self, origin: str) -> bool:
+        if origin in self.allow_origins:
+            return True
+        host = origin.split("://", 1)[-1].split(":", 1)[0].strip("[]")
+        return host in ("127.0.0.1", "localhost", "::1")
+
+    async def _body(self, request: Request) -> bytes:
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
+            raise self._too_large()
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > self.max_body_bytes:
+                raise self._too_large()
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def _too_large(self) -> GatewayError:
+        return GatewayError(INVALID_REQUEST, f"the request body is larger than the gateway's limit of "
+                                             f"{self.max_body_bytes} bytes (--max-body-bytes)", 413)
+
+    def _message(self, request: Request, body: bytes) -> tuple[dict[str, Any], str]:
+        if depth_exceeds(body):
+            raise GatewayError(INVALID_REQUEST, f"the request nests deeper than {MAX_DEPTH} levels", 400)
+        try:
+            message = json.loads(body)
+        except (ValueError, RecursionError) as exc:
+            raise GatewayError(PARSE_ERROR, f"the body is not JSON: {exc}", 400) from None
+        if isinstance(message, list):
+            raise GatewayError(INVALID_REQUEST, "batches are refused: send one JSON-RPC message per request", 400)
+        if not isinstance(message, dict) or message.get("jsonrpc") != "2.0":
+            raise GatewayError(INVALID_REQUEST, "the body must be one JSON-RPC 2.0 message (an object with "
+                                                "\"jsonrpc\": \"2.0\")", 400)
+        revision = request.headers.get("mcp-protocol-version", DEFAULT_REVISION)
+        if revision not in REVISIONS:
+            raise GatewayError(UNSUPPORTED_VERSION, f"protocol revision {revision!r} is not supported; the gateway "
+                                                    f"speaks {', '.join(REVISIONS)}", 400,
+                               {"supported": list(REVISIONS), "requested": revision}, message.get("id"))
+        headers = {k.lower(): v for k, v in request.headers.items()}
+        check_mirror_headers(headers, message, revision)
+        return message, revision
+
+    async def _relay(self, request: Request, body: bytes) -> Response:
+        """Any message but a tools/call: sent on, its answer streamed back unchanged (within the
+        response bound for a POST's answer)."""
+        headers = wire_upstream.forward_headers(request.headers, drop=_NOT_FORWARDED)
+        client = httpx.AsyncClient(timeout=httpx.Timeout(self.upstream_timeout, read=None if request.method == "GET"
+                                                          else self.upstream_timeout), trust_env=False)
+        try:
+            upstream = await client.send(client.build_request(request.method, self.upstream, content=body,
+                                                              headers=headers, params=request.query_params),
+                                         stream=True)
+        except httpx.HTTPError as exc:
+            await client.aclose()
+            return _json(502, error_body(None, -32603, f"the upstream {self.upstream} could not be reached: "
+                                                       f"{type(exc).__name__}"))
+        limit = self.max_response_bytes if request.method == "POST" else None
+
+        async def stream() -> Any:
+            size = 0
+            try:
+                async for chunk in upstream.aiter_raw():
+                    size += len(chunk)
+                    if limit is not None and size > limit:
+                        logger.warning("an upstream answer exceeded %d bytes; cut off", limit)
+                        return
+                    yield chunk
+            finally:
+                await upstream.aclose()
+                await client.aclose()
+
+        kept = wire_upstream.forward_headers(upstream.headers)
+        return StreamingResponse(stream(), status_code=upstream.status_code, headers=kept)
+
+
+def _json(status: int, body: Any, headers: dict[str, str] | None = None) -> Response:
+    return Response(dumps(body), status_code=status, media_type="application/json", headers=headers or None)

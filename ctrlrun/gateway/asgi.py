@@ -1,0 +1,38 @@
+"""The gateway inside a Django project's ASGI application.
+
+``mount(application, gateway)`` answers the gateway's path with ``gateway`` and every other path
+with ``application`` (Django's ``get_asgi_application()``): one server process, one database, the
+same console, approvers and signals. Serve it with gunicorn's uvicorn workers::
+
+    gunicorn yourproject.asgi:application -k uvicorn.workers.UvicornWorker
+
+The gateway's calls run under the process's default Control (``CTRLRUN_POLICY``,
+``CTRLRUN_DATABASE``), unless the ``GatewayApp`` was given a Control of its own.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from ctrlrun.errors import InvalidArgument
+from ctrlrun.gateway.app import GatewayApp
+
+__all__ = ["mount"]
+
+
+def mount(application: Any, gateway: GatewayApp) -> Any:
+    """An ASGI application: ``gateway`` at ``gateway.path``, ``application`` everywhere else."""
+    if not isinstance(gateway, GatewayApp):
+        raise InvalidArgument(f"mount(application, gateway): gateway must be a ctrlrun.gateway.GatewayApp, not "
+                              f"{type(gateway).__name__}")
+    if not callable(application):
+        raise InvalidArgument("mount(application, gateway): application must be an ASGI application (e.g. "
+                              "django.core.asgi.get_asgi_application())")
+    path = gateway.path
+
+    async def dispatch(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and (scope.get("path", "").rstrip("/") or "/") == path:
+            await gateway(scope, receive, send)
+        else:
+            await application(scope, receive, send)
+
+    return dispatch

@@ -1,0 +1,95 @@
+"""``manage.py mcp_gateway`` / ``ctrlrun gateway``: serve the MCP gateway (§E1) with uvicorn."""
+from __future__ import annotations
+
+import ipaddress
+from argparse import ArgumentParser
+from typing import Any
+
+from ...errors import CTRLRunError
+from ..base import CtrlrunCommand, Error, positive_int
+
+
+def _listen(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536 or not host:
+        raise Error(f"--listen {value!r} must be HOST:PORT (e.g. 127.0.0.1:8900)")
+    return host.strip("[]"), int(port)
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class Command(CtrlrunCommand):
+    help = ("Serve an MCP gateway: a Streamable-HTTP proxy in front of --upstream in which every tools/call is "
+            "a protected call named mcp.<alias>.<tool> (decided by the policy, keyed, approved, recorded).")
+
+    def add_arguments(self, parser: ArgumentParser) -> None:
+        parser.add_argument("--upstream", required=True, help="the upstream MCP server's URL (Streamable HTTP)")
+        parser.add_argument("--alias", required=True, help="names the actions mcp.<alias>.<tool>; ^[a-z0-9][a-z0-9_-]*$")
+        parser.add_argument("--listen", default="127.0.0.1:8900", help="HOST:PORT to serve (default 127.0.0.1:8900)")
+        parser.add_argument("--allow-remote", action="store_true", help="allow a --listen address that is not loopback")
+        parser.add_argument("--path", default="/mcp", help="the MCP endpoint's path (default /mcp; not under /ctrlrun/)")
+        parser.add_argument("--principal", help="the agent every call through this gateway acts for")
+        parser.add_argument("--principal-from-client-info", action="store_true", help="(removed)",
+                            default=False, dest="from_client_info")
+        parser.add_argument("--environment", help="the environment stamped on the actions")
+        parser.add_argument("--upstream-timeout", type=float, default=30.0,
+                            help="seconds to wait for the upstream's answer (default 30)")
+        parser.add_argument("--max-body-bytes", type=positive_int, default=1024 * 1024,
+                            help="the largest request body accepted (default 1 MiB)")
+        parser.add_argument("--max-response-bytes", type=positive_int, default=16 * 1024 * 1024,
+                            help="the largest upstream answer read (default 16 MiB)")
+        parser.add_argument("--allow-origin", action="append", default=[],
+                            help="a browser Origin allowed besides loopback (repeatable)")
+
+    def run(self, **options: Any) -> None:
+        if options["from_client_info"]:
+            raise Error("--principal-from-client-info was removed: a client's self-declared name is not an "
+                        "identity. Use --principal NAME")
+        if not options["principal"]:
+            raise Error("name who the gateway's calls act for: --principal NAME")
+        host, port = _listen(options["listen"])
+        if not _loopback(host) and not options["allow_remote"]:
+            raise Error(f"--listen {options['listen']} is not a loopback address: anyone who reaches it acts as "
+                        f"{options['principal']!r}. Add --allow-remote if that is meant")
+        from ...control import Control, default_control
+
+        try:
+            control = Control(environment=options["environment"]) if options["environment"] else default_control()
+            policy = control.read_policy()
+            from ctrlrun.gateway import GatewayApp, fixed_principal
+
+            app = GatewayApp(upstream=options["upstream"], alias=options["alias"],
+                             principal=fixed_principal(options["principal"]),
+                             control=control, path=options["path"], upstream_timeout=options["upstream_timeout"],
+                             max_body_bytes=options["max_body_bytes"], max_response_bytes=options["max_response_bytes"],
+                             allow_origins=tuple(options["allow_origin"]))
+        except CTRLRunError as exc:
+            raise Error(str(exc)) from None
+        self.stdout.write(self.banner(control, policy, options, host, port))
+        self.stdout.flush()
+        import uvicorn
+
+        uvicorn.run(app, host=host, port=port, log_level="warning", lifespan="off")
+
+    def banner(self, control: Any, policy: Any, options: dict[str, Any], host: str, port: int) -> str:
+        prefix = f"mcp.{options['alias']}."
+        actions = sorted(name for name in policy.actions if name.startswith(prefix))
+        unkeyed = [name for name in actions if policy.entry(name).effect is None]
+        lines = [f"ctrlrun gateway on http://{host}:{port}{options['path']} -> {options['upstream']}",
+                 f"environment {policy.environment}",
+                 f"identity FixedPrincipal ({options['principal']})"]
+        if policy.authority is None:
+            lines.append("authority: none (the policy has no authority: section, so every principal is unrestricted)")
+        else:
+            lines.append("authority: the policy's authority: section applies")
+        lines.append(f"actions: {', '.join(actions) if actions else f'none named {prefix}* (every tool is denied)'}")
+        if unkeyed:
+            lines.append(f"no effect: template (not deduplicated): {', '.join(unkeyed)}")
+        return "\n".join(lines)
