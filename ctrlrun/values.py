@@ -133,6 +133,11 @@ class Call:
     #: The delegations (``dlg_...``) the call's authority rests on, nearest first: checked again, not
     #: revoked, in the transaction that takes the call's key.
     delegations: tuple[str, ...] = field(default=(), compare=False)
+    #: Policy v6 (``ctrlrun.approvers``): the roles and the count an ``approve`` call requires (the
+    #: request pins them), and the verified approvers of the approval it used (the receipt's ``approvers``).
+    required_roles: tuple[Any, ...] = ()
+    approvals_required: int = 1
+    approvers: tuple[Any, ...] = ()
 
     @property
     def authority_grant_id(self) -> str | None:
@@ -301,6 +306,10 @@ class ApprovalView:
     consumed_by: str | None
     #: How many times an attempt that provably did nothing gave the approval back (issue 25).
     returned: int = 0
+    #: What the request pins (policy v6, ``ctrlrun.approvers``): RequiredRole and VerifiedApprover tuples.
+    required_roles: tuple[Any, ...] = ()
+    approvals_required: int = 1
+    approvers: tuple[Any, ...] = ()
     #: False when the row does not carry ctrlrun's signature (written around ctrlrun).
     signature_ok: bool = True
 
@@ -311,6 +320,20 @@ class ApprovalView:
     @property
     def arguments(self) -> dict[str, Any]:
         return self.canonical_action.get("arguments", {})
+
+    @property
+    def approvals_recorded(self) -> int:
+        """How many distinct verified people granted it so far."""
+        from .approvers import distinct
+
+        return len(distinct(self.approvers))
+
+    @property
+    def tally(self) -> str:
+        """``"1 of 2 approvals"`` (verified approvers of the count the request pins)."""
+        from .approvers import tally
+
+        return tally(self.approvals_recorded, self.approvals_required)
 
 
 @dataclass(frozen=True)

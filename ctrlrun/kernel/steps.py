@@ -64,7 +64,8 @@ from ..errors import (
     InvalidArgument,
     NotExecuted,
 )
-from .. import messages
+from .. import conf, messages
+from ..roles import required_roles
 from ..states import Decision, Result
 from .context import current_principal, presented_approval
 from .runtime import Runtime
@@ -324,6 +325,10 @@ class _Running:
                           authority=judged.event_data() if judged is not None else None, task=self.task,
                           hop=self.hop,
                           delegations=_delegations_of(judged))
+        if evaluation.decision is Decision.APPROVE:
+            entry = self.policy.entry(self.name)
+            call = replace(call, required_roles=required_roles(self.policy, evaluation.controls),
+                           approvals_required=entry.approvals_required if entry is not None else 1)
         ceiling = self.max_attempts
         unmeasured = None
         if judged is not None and evaluation.decision is not Decision.DENY:
@@ -346,6 +351,13 @@ class _Running:
                 refused = yield Phase(store.check_ceiling, (call, ceiling))
                 if refused is not None:
                     raise refused.error
+            if call.approvals_required > 1 and not self.verifies_approvers():
+                yield Record(store.record_denial, (call, {"reason": "approvals_unverifiable"}))
+                raise ActionDenied(
+                    f"{self.name} denied: approvals_unverifiable (it needs {call.approvals_required} verified "
+                    f"approvers, and nothing here verifies who answers: install ctrlrun's console (the Django "
+                    f"admin) or give the Control an approver_identity)",
+                    reason="approvals_unverifiable", action_id=self.action.action_id)
             request = yield Phase(self.control.request_approval, (call,))
             if self.plan.wait:
                 return (yield from self.wait_then_run(request))
@@ -354,6 +366,11 @@ class _Running:
                 request_id=request.approval_id, action_id=self.action.action_id,
             )
         return (yield from self.take_and_run(call, presented, ceiling))
+
+    def verifies_approvers(self) -> bool:
+        """Whether a surface can verify who approves this Control's requests (M-of-N, §D5): the
+        Control's ``approver_identity``, or ctrlrun's console in this Django project."""
+        return getattr(self.control, "approver_identity", None) is not None or conf.console_verifies()
 
     def refuse_authority(self, judged: Any, presented: str | None) -> Steps:
         store = self.control.store

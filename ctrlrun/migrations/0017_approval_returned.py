@@ -21,7 +21,7 @@ def _sign_v2(apps, schema_editor):
     for row in apps.get_model("ctrlrun", "Approval").objects.using(schema_editor.connection.alias).iterator():
         if signing.is_valid(sig.APPROVAL_DOMAIN_V1, sig.approval_document_v1(row), row.mac):
             row.returned = 0
-            row.mac = signing.sign(sig.APPROVAL_DOMAIN, sig.approval_document(row))
+            row.mac = signing.sign(sig.APPROVAL_DOMAIN_V2, sig.approval_document_v2(row))
             row.save(update_fields=["returned", "mac"])
 
 

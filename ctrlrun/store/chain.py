@@ -14,6 +14,7 @@ from typing import Any
 from django.db import connections
 
 from .. import conf, messages, observers, signing
+from ..approvers import VerifiedApprover
 from ..canonical import GENESIS_HASH, Action, Principal, evidence_time, new_id
 from ..errors import CTRLRunError, EvidenceTampered
 from ..models import Event, Receipt, dumps_json
@@ -83,6 +84,7 @@ def _receipt_doc(spec: ReceiptSpec, when: dt.datetime) -> dict[str, Any]:
         policy_hash=call.policy_hash,
         policy_version=call.policy_version,
         controls=list(call.controls),
+        approvers=[approver.as_json() for approver in call.approvers],
         authority_grant_id=call.authority_grant_id,
         task=call.task,
         hop=call.hop,
@@ -230,6 +232,7 @@ def stash(call: Call, attempt: int, events: Sequence[EventRow]) -> Pending:
                  **({"authority": dict(call.authority)} if call.authority else {}),
                  **({"task": call.task} if call.task else {}),
                  **({"hop": call.hop} if call.hop else {}),
+                 **({"approvers": [a.as_json() for a in call.approvers]} if call.approvers else {}),
                  **({"scope_hash": call.scope_hash} if call.scope_hash else {}),
                  **({"would_have": dict(call.would_have)} if call.would_have else {}),
                  **({"budget_charges": [[c.grant_id, c.metric, c.amount, c.limit, c.window_seconds]
@@ -255,6 +258,8 @@ def unstash(text: str) -> tuple[Call, int, list[EventRow]]:
                 policy_version=info.get("policy_version"), would_have=info.get("would_have"),
                 authority=info.get("authority"), task=info.get("task"), hop=info.get("hop"),
                 scope_hash=info.get("scope_hash"),
+                approvers=tuple(VerifiedApprover(a["agent"], a["user"], a["issuer"], tuple(a["entitled"]),
+                                                 a["granted_at"]) for a in info.get("approvers") or ()),
                 budget_charges=tuple(Charge(*charge) for charge in info.get("budget_charges") or ()))
     return call, info["attempt"], events
 

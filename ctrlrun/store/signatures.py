@@ -20,8 +20,10 @@ from .base import alias, iso_text, text_digest
 
 #: Signature domains: a MAC made for one kind of row can never pass for another.
 HEAD_DOMAIN, EFFECT_DOMAIN = "ctrlrun.head/v1", "ctrlrun.effect/v1"
-#: v1 signed an approval without its ``returned`` count (0017 re-signs the rows whose v1 signature holds).
-APPROVAL_DOMAIN_V1, APPROVAL_DOMAIN = "ctrlrun.approval/v1", "ctrlrun.approval/v2"
+#: v1 signed an approval without its ``returned`` count (0017 re-signs the rows whose v1 signature holds);
+#: v2 without what it pins and who verified it (0020 re-signs the rows whose v2 signature holds).
+APPROVAL_DOMAIN_V1, APPROVAL_DOMAIN_V2 = "ctrlrun.approval/v1", "ctrlrun.approval/v2"
+APPROVAL_DOMAIN = "ctrlrun.approval/v3"
 #: v1 signed a check's content only, so a copy under a new id verified; v2 signs its ``nonce`` too.
 CHECK_DOMAIN_V1, CHECK_DOMAIN = "ctrlrun.check/v1", "ctrlrun.check/v2"
 DELEGATION_DOMAIN, LEDGER_DOMAIN = "ctrlrun.delegation/v1", "ctrlrun.ledger/v1"
@@ -60,9 +62,17 @@ def effect_fields_ok(key: Any, action: Any, state: Any, action_id: Any, attempt:
 
 
 def approval_document(row: Approval) -> tuple:
-    """An approval as signed (v2): v1's columns and how many times it was given back, which only grows
-    (the database refuses a consumed -> granted change that does not add exactly one), so a signed
-    granted copy from before its last use is refused by the database, and a made-up one is unsigned."""
+    """An approval as signed (v3): v2's columns, the roles and the count it pins (policy v6) and its
+    verified approvers, so a role dropped, a count lowered or an approver added in the database leaves
+    the row unsigned (refused as ``tampered`` where it is used)."""
+    return (*approval_document_v2(row), text_digest(row.required_roles), int(row.approvals_required),
+            text_digest(row.approvers))
+
+
+def approval_document_v2(row: Any) -> tuple:
+    """v2: v1's columns and how many times it was given back, which only grows (the database refuses a
+    consumed -> granted change that does not add exactly one), so a signed granted copy from before
+    its last use is refused by the database, and a made-up one is unsigned."""
     return (*approval_document_v1(row), row.returned)
 
 
