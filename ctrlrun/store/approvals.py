@@ -144,7 +144,7 @@ def answer_approval(approval_id: str, grant: bool, *, by: str, note: str | None 
             data: dict[str, Any] = {"approver": by}
             if grant:
                 data["action_hash"] = row.action_hash
-                if approvers:
+                if approvers and verified.needs_verification(roles, row.approvals_required):
                     data["approvers"] = [a.as_json() for a in verified.distinct(approvers)]
             if note:
                 data["note"] = note
