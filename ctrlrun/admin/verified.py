@@ -66,7 +66,10 @@ def recorded_message(result: Any) -> str:
     roles = ", ".join(reveal(r.role) for r in result.required_roles)
     text = _g("Your approval of request %(id)s is recorded: %(tally)s.") % {"id": result.approval_id,
                                                                           "tally": result.tally}
-    text += " " + ngettext("It still needs %(n)d more person", "It still needs %(n)d more people", more) % {"n": more}
     if roles:
-        text += " " + _g("who hold %(roles)s") % {"roles": roles}
+        text += " " + ngettext("It still needs %(n)d more person who holds %(roles)s",
+                               "It still needs %(n)d more people who hold %(roles)s", more) % {"n": more, "roles": roles}
+    else:
+        text += " " + ngettext("It still needs %(n)d more person", "It still needs %(n)d more people", more) % {
+            "n": more}
     return text + _g("; the agent's call stays blocked until then.")
