@@ -48,3 +48,6 @@ class Runtime(Protocol):
 
     def approval_state(self, request_id: str, last: Any) -> tuple[Any, dt.datetime]:
         """The request as it stands now, and the store's time."""
+
+    def verifies_approvers(self) -> bool:
+        """Whether something verifies who approves this Control's requests (M-of-N needs it, §D5)."""

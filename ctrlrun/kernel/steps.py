@@ -64,7 +64,7 @@ from ..errors import (
     InvalidArgument,
     NotExecuted,
 )
-from .. import conf, messages
+from .. import messages
 from ..roles import required_roles
 from ..states import Decision, Result
 from .context import current_principal, presented_approval
@@ -351,7 +351,7 @@ class _Running:
                 refused = yield Phase(store.check_ceiling, (call, ceiling))
                 if refused is not None:
                     raise refused.error
-            if call.approvals_required > 1 and not self.verifies_approvers():
+            if call.approvals_required > 1 and not self.control.verifies_approvers():
                 yield Record(store.record_denial, (call, {"reason": "approvals_unverifiable"}))
                 raise ActionDenied(
                     f"{self.name} denied: approvals_unverifiable (it needs {call.approvals_required} verified "
@@ -366,11 +366,6 @@ class _Running:
                 request_id=request.approval_id, action_id=self.action.action_id,
             )
         return (yield from self.take_and_run(call, presented, ceiling))
-
-    def verifies_approvers(self) -> bool:
-        """Whether a surface can verify who approves this Control's requests (M-of-N, §D5): the
-        Control's ``approver_identity``, or ctrlrun's console in this Django project."""
-        return getattr(self.control, "approver_identity", None) is not None or conf.console_verifies()
 
     def refuse_authority(self, judged: Any, presented: str | None) -> Steps:
         store = self.control.store
