@@ -380,6 +380,7 @@ class ApprovalAdmin(EvidenceAdmin):
                 "expires_at": when(approval.expires_at),
             },
             "hidden_warning": warning(hidden) if hidden else None,
+            "verified": verified.box(approval, request.user),
             "answer": answer,
             "form": form,
             "change_url": change,

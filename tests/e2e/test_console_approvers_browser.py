@@ -28,10 +28,12 @@ actions:
 """
 
 
-def approve(console, request_id: str) -> None:
+def approve(console, request_id: str, tally: str) -> None:
     console.open("/admin/ctrlrun/approval/")
     console.click(console.request_link(request_id))
     console.click(console.by_id("ctrlrun-approve"))
+    assert tally in console.by_id("ctrlrun-approvals").text  # the confirmation says where it stands too
+    console.shot(f"approvers-confirm-{tally.split()[0]}")
     console.click(console.by_id("ctrlrun-confirm"))
 
 
@@ -50,7 +52,7 @@ def test_two_of_finance_approve_and_the_page_says_how_many_and_who(console, refu
     box = console.by_id("ctrlrun-approvals").text
     assert "0 of 2 approvals" in box and "the role finance (control four-eyes)" in box
     console.shot("approvers-none-yet")
-    approve(console, request_id)
+    approve(console, request_id, "0 of 2 approvals")
     [said] = console.messages()
     assert said.startswith(f"Your approval of request {request_id} is recorded: 1 of 2 approvals"), said
     box = console.by_id("ctrlrun-approvals").text
@@ -60,7 +62,7 @@ def test_two_of_finance_approve_and_the_page_says_how_many_and_who(console, refu
     console.driver.delete_all_cookies()  # ana leaves; ben signs in on the same browser
 
     console.login("ben")
-    approve(console, request_id)
+    approve(console, request_id, "1 of 2 approvals")
     decision = console.by_id("ctrlrun-decision").text
     assert "This request is granted (answered by ben)" in decision and "2 of 2 approvals" in decision
     assert "approved by ana" in decision and "ben" in decision
