@@ -29,6 +29,7 @@ __all__ = [
     "chain_check_max_age",
     "sqlite_checkpoint_seconds",
     "approver_roles_from",
+    "console_verifies",
     "webhook_secret_file",
     "webhook_replay_window",
     "now",
@@ -132,6 +133,15 @@ def approver_roles_from() -> str:
     if value not in ("groups", "permissions"):
         raise InvalidArgument(f"settings.CTRLRUN_APPROVER_ROLES must be 'groups' or 'permissions', got {value!r}")
     return value
+
+
+def console_verifies() -> bool:
+    """Whether this process's Django project has a surface that verifies approvers (§D5): ctrlrun's
+    console, i.e. the Django admin with ``django.contrib.auth`` installed, which knows ``request.user``.
+    A plain script on the embedded store (``INSTALLED_APPS = ["ctrlrun"]``) has none."""
+    from django.apps import apps
+
+    return apps.is_installed("django.contrib.admin") and apps.is_installed("django.contrib.auth")
 
 
 def webhook_secret_file() -> Path | None:

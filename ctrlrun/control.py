@@ -384,6 +384,11 @@ class Control:
     def request_approval(self, call: Any) -> Any:
         return self.approvals.request(call, self.approval_ttl)
 
+    def verifies_approvers(self) -> bool:
+        """Whether a surface verifies who approves this Control's requests (§D5): an
+        ``approver_identity`` given to it, or ctrlrun's console in this Django project."""
+        return getattr(self, "approver_identity", None) is not None or conf.console_verifies()
+
     def approval_state(self, request_id: str, last: Any) -> tuple[Any, dt.datetime]:
         """The request as it stands (or ``last``, if the provider cannot say), and the store's time."""
         return self.approvals.check(request_id) or last, self.store.now()

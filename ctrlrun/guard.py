@@ -67,7 +67,7 @@ _UNIQUE = {"ctrlrun_receipt": ("receipt_id", "seq"), "ctrlrun_event": ("id", "se
 #: What the person deciding read; an approval keeps it for life.
 _APPROVAL_FIXED = ("approval_id", "action", "action_id", "action_hash", "action_json", "agent", "user",
                    "effect_key", "policy_hash", "decision_reason", "created_at", "expires_at",
-                   "precondition_fingerprint")
+                   "precondition_fingerprint", "required_roles", "approvals_required")
 #: The approval table's edges that keep the ``returned`` count (all but the give-backs).
 _APPROVAL_EDGES = [edge for edge in APPROVAL_TRANSITIONS if edge not in APPROVAL_GIVE_BACKS]
 
@@ -111,7 +111,8 @@ def _approval_moves() -> str:
     return ", ".join(f"{source} -> {'/'.join(targets)}" for source, targets in by_source.items())
 
 
-APPROVAL_MESSAGE = (f"ctrlrun approvals move {_approval_moves()} (given back, its returned count up by one), "
+APPROVAL_MESSAGE = (f"ctrlrun approvals move {_approval_moves()} (given back, its returned count up by one; a "
+                    "pending one may gain approvers short of its count), "
                     "and keep what the human read")
 
 
@@ -120,7 +121,10 @@ def _approval_allowed(same: str) -> str:
     edges = _edges(_APPROVAL_EDGES).format(column="status")
     given_back = (_edges(APPROVAL_GIVE_BACKS).format(column="status")
                   + ' AND NEW."returned" = OLD."returned" + 1')
-    return f'{fixed} AND (({edges} AND NEW."returned" = OLD."returned") OR ({given_back}))'
+    # M-of-N (policy v6): a verified approver short of the count is added to a request that stays pending.
+    short = f"OLD.status = '{APPROVAL_INITIAL.value}' AND NEW.status = '{APPROVAL_INITIAL.value}'"
+    return (f'{fixed} AND (({edges} AND NEW."returned" = OLD."returned") OR ({given_back}) '
+            f'OR ({short} AND NEW."returned" = OLD."returned"))')
 
 
 #: What a ledger row keeps for life; only released_at changes (with the row's signature), once.

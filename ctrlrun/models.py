@@ -234,6 +234,13 @@ class Approval(models.Model):
     precondition_fingerprint = models.CharField(
         max_length=HASH_LENGTH, null=True, blank=True,
         help_text="The fingerprint of the state the person approving saw (preconditions; signed, fixed).")
+    required_roles = models.TextField(
+        default="[]", help_text="The roles the request pins, JSON [{control, role}] (policy v6 approver_role; signed).")
+    approvals_required = models.PositiveIntegerField(
+        default=1, help_text="How many distinct verified people must grant it (policy v6; signed).")
+    approvers = models.TextField(
+        default="[]", help_text="The verified approvers so far, JSON [{agent, user, issuer, entitled, granted_at}] "
+                                "(signed).")
     mac = models.CharField(max_length=MAC_LENGTH, null=True, blank=True,
                            help_text="ctrlrun's signature of the request, its answer and its use.")
 

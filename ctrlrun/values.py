@@ -138,6 +138,11 @@ class Call:
     precondition_at_request: str | None = None
     precondition_at_recheck: str | None = None
     precondition_problem: str | None = field(default=None, compare=False)
+    #: Policy v6 (``ctrlrun.approvers``): the roles and the count an ``approve`` call requires (the
+    #: request pins them), and the verified approvers of the approval it used (the receipt's ``approvers``).
+    required_roles: tuple[Any, ...] = ()
+    approvals_required: int = 1
+    approvers: tuple[Any, ...] = ()
 
     @property
     def authority_grant_id(self) -> str | None:
@@ -308,6 +313,10 @@ class ApprovalView:
     returned: int = 0
     #: The fingerprint of the state the person approving saw (``protect(preconditions=...)``), or None.
     precondition_fingerprint: str | None = None
+    #: What the request pins (policy v6, ``ctrlrun.approvers``): RequiredRole and VerifiedApprover tuples.
+    required_roles: tuple[Any, ...] = ()
+    approvals_required: int = 1
+    approvers: tuple[Any, ...] = ()
     #: False when the row does not carry ctrlrun's signature (written around ctrlrun).
     signature_ok: bool = True
 
@@ -318,6 +327,20 @@ class ApprovalView:
     @property
     def arguments(self) -> dict[str, Any]:
         return self.canonical_action.get("arguments", {})
+
+    @property
+    def approvals_recorded(self) -> int:
+        """How many distinct verified people granted it so far."""
+        from .approvers import distinct
+
+        return len(distinct(self.approvers))
+
+    @property
+    def tally(self) -> str:
+        """``"1 of 2 approvals"`` (verified approvers of the count the request pins)."""
+        from .approvers import tally
+
+        return tally(self.approvals_recorded, self.approvals_required)
 
 
 @dataclass(frozen=True)

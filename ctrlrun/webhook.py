@@ -307,9 +307,11 @@ def handle_inbound(path_request_id: str, body: bytes, signature: str | None, *, 
     if view.status == settled or (view.status == "consumed" and decision == "grant"):
         return 200, f"already {settled}"
     try:
-        store.answer_approval(path_request_id, decision == "grant", by=approver)
+        answered = store.answer_approval(path_request_id, decision == "grant", by=approver)
     except (StateConflict, InvalidArgument) as exc:
         return _refusal(str(exc))
     except CTRLRunError as exc:
         return _refusal(str(exc))
+    if answered.status == "pending":  # M-of-N: the endpoint verifies the sender, not the person
+        return 200, f"recorded: {answered.tally}; an unverified endpoint counts toward no threshold"
     return 200, "ok"

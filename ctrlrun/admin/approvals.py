@@ -35,6 +35,7 @@ from .base import (
 from .notifications import deliveries_html, link_view
 from .paused import _paused_run_line
 from .policychange import proposal_context
+from . import verified
 
 
 # --------------------------------------------------------------------------- approvals
@@ -333,6 +334,7 @@ class ApprovalAdmin(EvidenceAdmin):
                 "effect": _stored_effect_link(self.site, approval.effect_key) if approval.effect_key else None,
                 "paused_run": _paused_run_line(self.site, approval.approval_id),
                 **proposal_context(self.site, request, approval),  # a policy change: diff and replay (§D7)
+                "verified": verified.box(approval, request.user) if not tampered else None,
                 **context,
             }
         return super().change_view(request, object_id, form_url, context)
@@ -358,15 +360,21 @@ class ApprovalAdmin(EvidenceAdmin):
         if same_person(approval.user, username):
             self.message_user(request, _own_request_message(approval, username), messages.ERROR)
             return HttpResponseRedirect(change)
+        cannot = verified.refusal(approval, request.user) if answer == "approve" else None
+        if cannot is not None:
+            self.message_user(request, cannot, messages.ERROR)
+            return HttpResponseRedirect(change)
         form = DecisionForm(request.POST if request.method == "POST" else None)
         if request.method == "POST" and form.is_valid():
             note = form.cleaned_data["note"] or None
             try:  # the store decides (it also moves a request past its expiry to expired)
-                result = store.answer_approval(object_id, answer == "approve", by=username, note=note)
+                result = store.answer_approval(object_id, answer == "approve", by=username, note=note,
+                                               person=request.user)  # the console verifies who answers
             except CTRLRunError as exc:
                 self.message_user(request, reveal(refusal_text(exc)), messages.ERROR)
                 return HttpResponseRedirect(change)
-            verb = "granted" if answer == "approve" else "denied"
+            verb = ("granted" if result.status != ApprovalStatus.PENDING else "approved") if answer == "approve" \
+                else "denied"
             self.log_change(request, Approval(approval_id=result.approval_id, action=result.action,
                                               status=result.status),
                             f"{verb} {object_id}" + (f": {note}" if note else ""))
@@ -390,6 +398,7 @@ class ApprovalAdmin(EvidenceAdmin):
                 "expires_at": when(approval.expires_at),
             },
             "hidden_warning": warning(hidden) if hidden else None,
+            "verified": verified.box(approval, request.user),
             "answer": answer,
             "form": form,
             "change_url": change,
@@ -400,6 +409,8 @@ class ApprovalAdmin(EvidenceAdmin):
     def _answered_message(result: Any, verb: str) -> str:
         """What an operator needs to know once they answered: what happens to the agent's call now."""
         # Not starting with the id: the admin capitalises a message's first letter (Apr_...).
+        if result.status == ApprovalStatus.PENDING:
+            return verified.recorded_message(result)
         if result.status == ApprovalStatus.GRANTED:
             return _g("Request %(id)s granted. The agent's call of %(action)s with exactly these arguments may now "
                       "run, once, until %(at)s; any other call is refused.") % {

@@ -1,6 +1,6 @@
 """The guard's versions: each migration that installs the guard installs a frozen one, never today's.
 
-``v1`` … ``v9`` hold each version's statements (SQLite and PostgreSQL) as the migration that
+``v1`` … ``v10`` hold each version's statements (SQLite and PostgreSQL) as the migration that
 installs it was written: generated once by ``freeze.py`` from ``ctrlrun/guard.py`` as it stood at
 that migration's commit, then never edited (``tests/unit/test_guard_versions.py`` pins each one's
 digest, and that the newest equals what ``guard.py`` builds today, so a change to the guard is a new
@@ -26,6 +26,8 @@ version  installed by                    what it adds
 8        0022_approval_preconditions     an approval's precondition fingerprint is fixed
 9        0024_notifications              mail deliveries keep who and why; a mail link's
                                           use is recorded once
+10       0025_verified_approvers         an approval's pinned roles and count are kept;
+                                          a pending one may gain approvers (M-of-N)
 =======  ==============================  ===============================================
 """
 from __future__ import annotations
@@ -39,7 +41,7 @@ __all__ = ["CURRENT", "VERSIONS", "install", "remove", "installed", "missing_tri
            "repair"]
 
 #: The version this code expects installed (the newest; the one ``guard.py`` builds).
-CURRENT = 9
+CURRENT = 10
 VERSIONS = tuple(range(1, CURRENT + 1))
 #: Where the version is recorded (a PostgreSQL function, a SQLite view).
 RECORD = "ctrlrun_guard_version"

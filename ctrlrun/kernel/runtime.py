@@ -66,3 +66,5 @@ class Runtime(Protocol):
 
     def note_policy_approved(self, policy_hash: str) -> None:
         """Remember that ``policy_hash`` is approved there (a yes is cached; a no is read again)."""
+    def verifies_approvers(self) -> bool:
+        """Whether something verifies who approves this Control's requests (M-of-N needs it, §D5)."""

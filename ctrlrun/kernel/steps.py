@@ -70,6 +70,7 @@ from ..errors import (
 from .. import messages
 from ..identity import IdentityContext, answer_of, expired_message, wrapped
 from ..preconditions import described_failure, fingerprint
+from ..roles import required_roles
 from ..states import Decision, Result
 from ..policy.schema import POLICY_CHANGE_ACTION
 from .context import current_principal, presented_approval
@@ -367,6 +368,10 @@ class _Running:
                           authority=judged.event_data() if judged is not None else None, task=self.task,
                           hop=self.hop,
                           delegations=_delegations_of(judged))
+        if evaluation.decision is Decision.APPROVE:
+            entry = self.policy.entry(self.name)
+            call = replace(call, required_roles=required_roles(self.policy, evaluation.controls),
+                           approvals_required=entry.approvals_required if entry is not None else 1)
         ceiling = self.max_attempts
         unmeasured = None
         if judged is not None and evaluation.decision is not Decision.DENY:
@@ -389,6 +394,13 @@ class _Running:
                 refused = yield Phase(store.check_ceiling, (call, ceiling))
                 if refused is not None:
                     raise refused.error
+            if call.approvals_required > 1 and not self.control.verifies_approvers():
+                yield Record(store.record_denial, (call, {"reason": "approvals_unverifiable"}))
+                raise ActionDenied(
+                    f"{self.name} denied: approvals_unverifiable (it needs {call.approvals_required} verified "
+                    f"approvers, and nothing here verifies who answers: install ctrlrun's console (the Django "
+                    f"admin) or give the Control an approver_identity)",
+                    reason="approvals_unverifiable", action_id=self.action.action_id)
             if self.plan.preconditions is not None:  # the state the person will see, fingerprinted
                 digest, problem = yield from self.read_preconditions()
                 if problem is not None:

@@ -20,7 +20,7 @@ def _sign_v3(apps, schema_editor):
     for row in apps.get_model("ctrlrun", "Approval").objects.using(schema_editor.connection.alias).iterator():
         if signing.is_valid(sig.APPROVAL_DOMAIN_V2, sig.approval_document_v2(row), row.mac):
             row.precondition_fingerprint = None
-            row.mac = signing.sign(sig.APPROVAL_DOMAIN, sig.approval_document(row))
+            row.mac = signing.sign(sig.APPROVAL_DOMAIN_V3, sig.approval_document_v3(row))
             row.save(update_fields=["precondition_fingerprint", "mac"])
 
 
@@ -29,7 +29,7 @@ def _sign_v2(apps, schema_editor):
     from ctrlrun.store import signatures as sig
 
     for row in apps.get_model("ctrlrun", "Approval").objects.using(schema_editor.connection.alias).iterator():
-        valid = signing.is_valid(sig.APPROVAL_DOMAIN, sig.approval_document(row), row.mac)
+        valid = signing.is_valid(sig.APPROVAL_DOMAIN_V3, sig.approval_document_v3(row), row.mac)
         row.mac = (signing.sign(sig.APPROVAL_DOMAIN_V2, sig.approval_document_v2(row))
                    if valid and row.precondition_fingerprint is None else None)
         row.save(update_fields=["mac"])

@@ -273,7 +273,6 @@ class Reader:
                               f"'approver_role' {raw!r} has leading or trailing whitespace; roles are matched "
                               f"exactly, so write it without")
                 role = self.read_label(body, "approver_role", this)
-                self.not_built(body.key_lines["approver_role"], this, "approver_role")
             registry[ident] = ControlEntry(ident, title, source, role)
         return registry
 
@@ -484,8 +483,6 @@ class Reader:
         approvals = 1
         if "approvals_required" in entry:
             approvals = self.read_count(entry, "approvals_required", where, "people who must approve")
-            if approvals > 1:
-                self.not_built(entry.key_lines["approvals_required"], where, "approvals_required")
         if "upstream" in entry:
             self.read_upstream(entry["upstream"], entry.key_lines["upstream"], where)
         return ActionEntry(

@@ -66,8 +66,6 @@ MAX_CONTROL_ID = 200
 #: one person approve what needs two, and ignoring an ``upstream`` pin would trust any server.
 NOT_BUILT = {
     "break_glass": "'break_glass' envelopes (opened by an approver; not publicly invocable in the reference either)",
-    "approvals_required": "'approvals_required' above 1 (M-of-N approvals)",
-    "approver_role": "'approver_role' on a control (verified approvers)",
     "upstream": "'upstream' pins (the MCP gateway)",
 }
 

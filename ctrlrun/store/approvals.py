@@ -16,7 +16,7 @@ from typing import Any
 
 from django.db.models import Q
 
-from .. import messages
+from .. import approvers as verified, messages
 from ..canonical import evidence_text, evidence_time, new_id
 from ..errors import ActionDenied, ApprovalMismatch, CTRLRunError, IllegalTransition, InvalidArgument, StateConflict
 from ..identity import same_person
@@ -30,11 +30,20 @@ from .signatures import approval_ok, sign_approval
 logger = logging.getLogger("ctrlrun.store")
 PENDING = ApprovalStatus.PENDING.value
 
-_APPROVAL_FIELDS = [f for f in ApprovalView.__dataclass_fields__ if f != "signature_ok"]
+_JSON_FIELDS = ("required_roles", "approvers")
+_APPROVAL_FIELDS = [f for f in ApprovalView.__dataclass_fields__ if f not in ("signature_ok", *_JSON_FIELDS)]
 
 
 def _approval_view(row: Approval) -> ApprovalView:
-    return ApprovalView(**{f: getattr(row, f) for f in _APPROVAL_FIELDS}, signature_ok=approval_ok(row))
+    genuine = approval_ok(row)
+    roles, approvers = _pinned(row) if genuine else ((), ())
+    return ApprovalView(**{f: getattr(row, f) for f in _APPROVAL_FIELDS}, required_roles=roles, approvers=approvers,
+                        signature_ok=genuine)
+
+
+def _pinned(row: Approval) -> tuple[tuple[Any, ...], tuple[verified.VerifiedApprover, ...]]:
+    """A signed row's roles and verified approvers (read only once its signature held)."""
+    return verified.load_roles(row.required_roles), verified.load_approvers(row.approvers)
 
 
 def request_approval(call: Call, ttl: dt.timedelta) -> ApprovalView:
@@ -48,6 +57,8 @@ def request_approval(call: Call, ttl: dt.timedelta) -> ApprovalView:
             action_json=json.dumps(action.canonical(), ensure_ascii=False, sort_keys=True),
             agent=action.principal.agent, user=action.principal.user, effect_key=call.effect_key,
             policy_hash=call.policy_hash, decision_reason=call.reason, created_at=when, expires_at=when + ttl,
+            required_roles=verified.dump_roles(tuple(call.required_roles)),
+            approvals_required=call.approvals_required,
             precondition_fingerprint=call.precondition_at_request,
         )
         sign_approval(row)
@@ -84,12 +95,20 @@ def _expire(row: Approval, when: dt.datetime, events: list[EventRow], call: Call
     events.append(event_row(EventType.APPROVAL_EXPIRED, owner, key, {}, when, row.approval_id))
 
 
-def answer_approval(approval_id: str, grant: bool, *, by: str, note: str | None = None) -> ApprovalView:
+def answer_approval(approval_id: str, grant: bool, *, by: str, note: str | None = None,
+                    person: Any = None) -> ApprovalView:
     """A human grants or denies a pending request. Used by the commands and the console alike.
 
     Only a pending, unexpired request that ctrlrun itself wrote can be answered; an expired one is
     marked expired (that write is kept) and refused. The person the call was made for (the
     principal's ``user``, compared as normalised identities) cannot answer it.
+
+    ``person``: the authenticated Django user a verifying surface (the console) saw answer. Their
+    grant is recorded as a verified approver, after checking they hold every role the request pins
+    now (``store.people.holds``); the request is granted once its count of distinct people is
+    reached and stays pending until then (the view's ``tally`` says ``"k of N approvals"``). Without
+    ``person`` (a command, a webhook) the answer verifies nobody: it grants a request that pins no
+    role and needs one approval, as always; under a count above 1 it changes nothing.
     """
     if not isinstance(by, str) or not by.strip():
         raise InvalidArgument(messages.ANSWER_NEEDS_NAME)
@@ -112,11 +131,22 @@ def answer_approval(approval_id: str, grant: bool, *, by: str, note: str | None 
         else:
             if row.user is not None and same_person(row.user, by):
                 raise InvalidArgument(messages.own_request(row.action, row.user, by))
+            roles, approvers = _pinned(row)
+            if grant and person is not None:
+                approvers = _verified_grant(row, roles, approvers, person, when)
+                if len(verified.distinct(approvers)) < row.approvals_required:
+                    row.approvers = verified.dump_approvers(approvers)
+                    _save_approval(row, ["approvers"])  # short of the count: it stays pending
+                    return _approval_view(row)
+            elif grant and row.approvals_required > 1:
+                return _approval_view(row)  # an unverified answer counts toward no threshold
             _move_approval(row, ApprovalStatus.GRANTED if grant else ApprovalStatus.DENIED, approver=by,
-                           note=note, answered_at=when)
+                           note=note, answered_at=when, approvers=verified.dump_approvers(approvers))
             data: dict[str, Any] = {"approver": by}
             if grant:
                 data["action_hash"] = row.action_hash
+                if approvers and verified.needs_verification(roles, row.approvals_required):
+                    data["approvers"] = [a.as_json() for a in verified.distinct(approvers)]
             if note:
                 data["note"] = note
             kind = EventType.APPROVAL_GRANTED if grant else EventType.APPROVAL_DENIED
@@ -125,6 +155,26 @@ def answer_approval(approval_id: str, grant: bool, *, by: str, note: str | None 
         raise StateConflict("approval", approval_id, PENDING, "expired", expires_at=expired.expires_at,
                             just_expired=True)
     return _approval_view(row)
+
+
+def _verified_grant(row: Approval, roles: tuple[Any, ...], approvers: tuple[verified.VerifiedApprover, ...],
+                    person: Any, when: dt.datetime) -> tuple[verified.VerifiedApprover, ...]:
+    """``person``'s grant added to ``approvers`` (the same person again replaces their entry), after
+    checking, now, that they hold every pinned role and are not the requester."""
+    from .people import holds
+
+    username = person.get_username() if callable(getattr(person, "get_username", None)) else None
+    if not isinstance(username, str) or not username.strip() or not getattr(person, "is_authenticated", False):
+        raise InvalidArgument("a verified answer needs an authenticated person (sign in to the console)")
+    if row.user is not None and same_person(row.user, username):
+        raise InvalidArgument(messages.own_request(row.action, row.user, username))
+    for role in roles:
+        if not holds(person, role.role):
+            raise InvalidArgument(f"{username} does not hold the role {role.role!r} that control {role.control!r} "
+                                  f"requires of every approver of this request; a person who holds it must answer")
+    entry = verified.VerifiedApprover(verified.CONSOLE_AGENT, evidence_text(username), verified.CONSOLE_ISSUER,
+                                      tuple(r.control for r in roles), evidence_time(when))
+    return verified.distinct((*approvers, entry))
 
 
 def expire_if_due(approval_id: str) -> ApprovalView | None:
@@ -175,7 +225,9 @@ def check_presented(call: Call, presented: str, when: dt.datetime,
     marked expired, its event added to ``events``)."""
     row = objects(Approval).select_for_update().filter(pk=presented).first()
     genuine = row is not None and approval_ok(row)
-    call = replace(call, approval_id=presented, approver=row.approver if genuine else None)
+    roles, approvers = _pinned(row) if genuine else ((), ())
+    call = replace(call, approval_id=presented, approver=row.approver if genuine else None,
+                   approvers=verified.distinct(approvers))
     error: CTRLRunError | None = None
     if row is None:
         error = ApprovalMismatch(messages.approval_unknown(presented), reason="unknown", approval_id=presented)
@@ -194,6 +246,13 @@ def check_presented(call: Call, presented: str, when: dt.datetime,
         _expire(row, when, events, call)
         error = ApprovalMismatch(messages.approval_expired_ask_again(presented, row.expires_at), reason="expired",
                                  approval_id=presented)
+    else:
+        found = verified.problem(pinned_roles=roles, pinned_count=row.approvals_required, approvers=approvers,
+                                 required_roles=tuple(call.required_roles), required_count=call.approvals_required,
+                                 requester=call.action.principal.user)
+        if found is not None:
+            error = ApprovalMismatch(f"approval {presented} cannot be used: {found[1]}", reason=found[0],
+                                     approval_id=presented)
     if genuine and row.action_hash == call.action.hash:
         call = replace(call, precondition_at_request=row.precondition_fingerprint)
         if error is None:
@@ -299,4 +358,5 @@ def matching_approval(call: Call, presented: str, when: dt.datetime) -> tuple[Ap
         logger.info("approval %s presented on allowed call %s was not used (it does not match or is not granted)",
                     presented, call.action.action_id)
         return None, call
-    return row, replace(call, approval_id=presented, approver=row.approver)
+    return row, replace(call, approval_id=presented, approver=row.approver,
+                        approvers=verified.distinct(_pinned(row)[1]))

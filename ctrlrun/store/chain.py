@@ -14,6 +14,7 @@ from typing import Any
 from django.db import connections
 
 from .. import conf, messages, observers, signing
+from ..approvers import VerifiedApprover
 from ..canonical import GENESIS_HASH, Action, Principal, evidence_time, new_id
 from ..errors import CTRLRunError, EvidenceTampered
 from ..models import Event, Receipt, dumps_json
@@ -85,6 +86,7 @@ def _receipt_doc(spec: ReceiptSpec, when: dt.datetime) -> dict[str, Any]:
         controls=list(call.controls),
         precondition_at_request=call.precondition_at_request,
         precondition_at_recheck=call.precondition_at_recheck,
+        approvers=[approver.as_json() for approver in call.approvers],
         authority_grant_id=call.authority_grant_id,
         task=call.task,
         hop=call.hop,
@@ -232,6 +234,7 @@ def stash(call: Call, attempt: int, events: Sequence[EventRow]) -> Pending:
                  **({"authority": dict(call.authority)} if call.authority else {}),
                  **({"task": call.task} if call.task else {}),
                  **({"hop": call.hop} if call.hop else {}),
+                 **({"approvers": [a.as_json() for a in call.approvers]} if call.approvers else {}),
                  **({"scope_hash": call.scope_hash} if call.scope_hash else {}),
                  **({"preconditions": [call.precondition_at_request, call.precondition_at_recheck]}
                     if call.precondition_at_request or call.precondition_at_recheck else {}),
@@ -278,6 +281,8 @@ def unstash(text: str) -> tuple[Call, int, list[EventRow]]:
                 scope_hash=info.get("scope_hash"),
                 precondition_at_request=(info.get("preconditions") or [None, None])[0],
                 precondition_at_recheck=(info.get("preconditions") or [None, None])[1],
+                approvers=tuple(VerifiedApprover(a["agent"], a["user"], a["issuer"], tuple(a["entitled"]),
+                                                 a["granted_at"]) for a in info.get("approvers") or ()),
                 budget_charges=tuple(Charge(*charge) for charge in info.get("budget_charges") or ()))
     return call, info["attempt"], events
 

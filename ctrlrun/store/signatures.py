@@ -21,9 +21,10 @@ from .base import alias, iso_text, text_digest
 #: Signature domains: a MAC made for one kind of row can never pass for another.
 HEAD_DOMAIN, EFFECT_DOMAIN = "ctrlrun.head/v1", "ctrlrun.effect/v1"
 #: v1 signed an approval without its ``returned`` count (0017 re-signs the rows whose v1 signature holds);
-#: v2 without its precondition fingerprint (0022 re-signs the rows whose v2 signature holds).
+#: v2 without its precondition fingerprint (0022 re-signs the rows whose v2 signature holds); v3 without
+#: the roles and count it pins and who verified it (0025 re-signs the rows whose v3 signature holds).
 APPROVAL_DOMAIN_V1, APPROVAL_DOMAIN_V2 = "ctrlrun.approval/v1", "ctrlrun.approval/v2"
-APPROVAL_DOMAIN = "ctrlrun.approval/v3"
+APPROVAL_DOMAIN_V3, APPROVAL_DOMAIN = "ctrlrun.approval/v3", "ctrlrun.approval/v4"
 #: v1 signed a check's content only, so a copy under a new id verified; v2 signs its ``nonce`` too.
 CHECK_DOMAIN_V1, CHECK_DOMAIN = "ctrlrun.check/v1", "ctrlrun.check/v2"
 DELEGATION_DOMAIN, LEDGER_DOMAIN = "ctrlrun.delegation/v1", "ctrlrun.ledger/v1"
@@ -63,8 +64,16 @@ def effect_fields_ok(key: Any, action: Any, state: Any, action_id: Any, attempt:
 
 
 def approval_document(row: Approval) -> tuple:
-    """An approval as signed (v3): v2's columns and the fingerprint of the state the person saw
-    (preconditions), so a request cannot be bound to another state, or to none, behind ctrlrun."""
+    """An approval as signed (v4): v3's columns, the roles and the count it pins (policy v6) and its
+    verified approvers, so a role dropped, a count lowered or an approver added in the database leaves
+    the row unsigned (refused as ``tampered`` where it is used)."""
+    return (*approval_document_v3(row), text_digest(row.required_roles), int(row.approvals_required),
+            text_digest(row.approvers))
+
+
+def approval_document_v3(row: Any) -> tuple:
+    """v3: v2's columns and the fingerprint of the state the person saw (preconditions), so a request
+    cannot be bound to another state, or to none, behind ctrlrun."""
     return (*approval_document_v2(row), row.precondition_fingerprint)
 
 

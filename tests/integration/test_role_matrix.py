@@ -451,6 +451,8 @@ def test_migrate_run_as_the_role_says_it_cannot_put_a_dropped_trigger_back(store
     import subprocess
     import sys
 
+    from ctrlrun import guards
+
     if store.vendor == "postgresql":
         owner = ADMIN_URL.rsplit("/", 1)[0] + "/" + str(store.url).rsplit("/", 1)[1]
         with psycopg.connect(owner, autocommit=True) as conn:

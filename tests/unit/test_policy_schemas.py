@@ -184,11 +184,11 @@ class TestVersionAndControls:
     def test_version_blank_refused(self) -> None:
         refused(doc("version: ' '\nactions: {}\n", 4), "'version' must be a non-empty string")
 
-    def test_approver_role_needs_v6_and_is_not_built(self) -> None:
+    def test_approver_role_needs_v6_and_loads(self) -> None:
         refused(doc("controls: {c: {title: T, approver_role: finance}}\nactions: {}\n", 5), "line 2",
                 "'approver_role' needs 'schema: ctrlrun.policy/v6'")
-        refused(doc("controls: {c: {title: T, approver_role: finance}}\nactions: {}\n", 6), "line 2",
-                "does not enforce it yet", "never half-applied")
+        policy = parse_policy(doc("controls: {c: {title: T, approver_role: finance}}\nactions: {}\n", 6))
+        assert policy.controls["c"].approver_role == "finance"
         refused(doc("controls: {c: {title: T, approver_role: ' finance'}}\nactions: {}\n", 6), "leading or trailing")
 
 
@@ -292,8 +292,9 @@ class TestAttemptsAndApprovals:
     def test_approvals_required(self) -> None:
         assert parse_policy(doc("actions:\n  a: {decision: approve, approvals_required: 1}\n", 6)).entry(
             "a").approvals_required == 1  # type: ignore[union-attr]
-        refused(doc("actions:\n  a: {decision: approve, approvals_required: 2}\n", 6), "line 3",
-                "M-of-N", "does not enforce it yet")
+        assert parse_policy(doc("actions:\n  a: {decision: approve, approvals_required: 2}\n", 6)).entry(
+            "a").approvals_required == 2  # type: ignore[union-attr]
+        refused(doc("actions:\n  a: {decision: approve, approvals_required: 0}\n", 6), "int of 1 or more")
         refused(doc("actions:\n  a: {decision: approve, approvals_required: true}\n", 6), "int of 1 or more")
         refused(doc("actions:\n  a:\n    decision: approve\n    approvals_required: 1\n", 5), "line 5",
                 "'approvals_required' needs 'schema: ctrlrun.policy/v6'")
