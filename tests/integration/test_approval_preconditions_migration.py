@@ -36,9 +36,11 @@ for ident, good in (("apr_" + "a" * 32, True), ("apr_" + "b" * 32, False)):
     row.save()
 guards.install(connection, 7)
 call_command("migrate", "ctrlrun", "0022_approval_preconditions", verbosity=0, interactive=False)
-from ctrlrun.models import Approval as Current
+Current = MigrationExecutor(connection).loader.project_state(("ctrlrun", "0022_approval_preconditions")).apps.get_model(
+    "ctrlrun", "Approval")  # as 0022 left it (later migrations add columns)
 out = {"guard": guards.installed(connection)}
-out.update({r.approval_id[4]: sig.approval_signature_ok(r) for r in Current.objects.all()})
+out.update({r.approval_id[4]: signing.is_valid(sig.APPROVAL_DOMAIN_V3, sig.approval_document_v3(r), r.mac)
+            for r in Current.objects.all()})
 try:
     with connection.cursor() as cursor:
         cursor.execute("UPDATE ctrlrun_approval SET precondition_fingerprint = 'sha256:x'")
@@ -47,7 +49,7 @@ except Exception:
     out["rebind"] = "refused"
 bound = Current.objects.get(approval_id="apr_" + "a" * 32)
 bound.approval_id, bound.precondition_fingerprint = "apr_" + "c" * 32, "sha256:" + "1" * 64
-sig.sign_approval(bound)
+bound.mac = signing.sign(sig.APPROVAL_DOMAIN_V3, sig.approval_document_v3(bound))
 guards.remove(connection)
 bound.save(force_insert=True)
 call_command("migrate", "ctrlrun", "0019_drop_unread_indexes", verbosity=0, interactive=False)
