@@ -11,6 +11,7 @@ concern. ``from tests.support import X`` finds X in whichever module holds it.
 - ``console``: the console through Django's test client and in Chromium at 1280 px;
 - ``resumption``: paused framework runs;
 - ``tokens``: signed JWTs, and the loopback JWKS and revocation-feed servers.
+- ``scratch``: scratch stores for ``verify`` and clock skew, and an agent under a clock that moves.
 
 The fixtures built on these live in ``tests/conftest.py`` and ``tests/*/conftest.py``.
 """
@@ -23,3 +24,4 @@ from .calls import *  # noqa: F401,F403
 from .console import *  # noqa: F401,F403
 from .resumption import *  # noqa: F401,F403
 from .tokens import *  # noqa: F401,F403
+from .scratch import *  # noqa: F401,F403
