@@ -39,6 +39,7 @@ COMMANDS: dict[str, tuple[bool, str]] = {
     "revoke": (False, "revoke a delegation and everything beneath it (ID, or --created-by / --under)"),
     "policy": (True, "propose a candidate policy for approval, or replay receipts under it (propose|replay --file)"),
     "stats": (False, "count what the receipts of a time window say (--since 24h, --json)"),
+    "verify": (False, "grade this deployment against the guarantees G1-G32 and X1-X4 (--json, --only, --junit FILE)"),
     "init": (False, "write a commented starter ctrlrun.yaml and create .ctrlrun/ beside it"),
     "demo": (False, "run the guided scenarios in a scratch store"),
 }

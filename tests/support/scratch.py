@@ -14,7 +14,7 @@ from pathlib import Path
 from .machine import POSTGRES_ADMIN_URL, require_faketime, require_postgresql
 from .roles import RoleStore
 
-__all__ = ["NOTE_POLICY", "SKEW_AGENT", "scratch_store", "skewed_agent"]
+__all__ = ["NOTE_POLICY", "SKEW_AGENT", "scratch_store", "skewed_agent", "copy_row"]
 
 #: One allowed, unkeyed action: every call is one reservation-free phase pair on the store.
 NOTE_POLICY = """\
@@ -123,3 +123,18 @@ def skewed_agent(store: RoleStore, clock: str, operations: list[str], *, interva
     done = subprocess.run(command, cwd=store.folder, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def copy_row(store: RoleStore, table: str, where: str, **changes: object) -> None:
+    """As the application role: INSERT a copy of one row of ``table`` with ``changes`` (a serial id
+    left to the database)."""
+    if store.vendor == "sqlite":
+        columns = [c for (c,) in store.sql(f"SELECT name FROM pragma_table_info('{table}')")]
+    else:
+        columns = [c for (c,) in store.sql("SELECT column_name FROM information_schema.columns WHERE table_name = %s "
+                                           "ORDER BY ordinal_position", table)]
+    columns = [c for c in columns if not (c == "id" and "id" not in changes)]
+    picked = ", ".join("%s" if c in changes else f'"{c}"' for c in columns)
+    names = ", ".join(f'"{c}"' for c in columns)
+    store.sql(f'INSERT INTO "{table}" ({names}) SELECT {picked} FROM "{table}" WHERE {where} LIMIT 1',
+              *[changes[c] for c in columns if c in changes])
