@@ -172,7 +172,8 @@ def _grade(gid: str, facts: Facts) -> Result:
                       counterexample=[{"action": name, "decision": evaluation.decision.value}])
     if gid == "G7":
         provider = conf.identity_provider()
-        how = f"the identity provider {type(provider).__name__}" if provider is not None else "ctrlrun.context(agent=...)"
+        how = (f"the identity provider {type(provider).__name__}" if provider is not None
+               else "ctrlrun.context(agent=...)")
         return Result(gid, PASS, "every action is refused no_principal without a principal; nothing in the "
                       f"configuration turns that off (principals come from {how})")
     if gid == "G8":

@@ -54,7 +54,8 @@ class Skew:
     def event_data(self) -> dict[str, Any]:
         micros = lambda delta: int(delta / dt.timedelta(microseconds=1))  # noqa: E731
         return {"skew_us": abs(micros(self.skew)), "bound_us": micros(self.bound),
-                "threshold_us": micros(self.threshold), "direction": "ahead" if self.skew > dt.timedelta(0) else "behind",
+                "threshold_us": micros(self.threshold),
+                "direction": "ahead" if self.skew > dt.timedelta(0) else "behind",
                 "trigger": self.trigger, "measured_at": event_time(self.measured_at), "host": socket.gethostname()}
 
 

@@ -72,7 +72,8 @@ def test_an_approval_granted_by_the_role_fails_the_approval_guarantees(vendor, t
     assert graded["G1"] == graded["G2"] == graded["G18"] == "fail", graded
     assert graded["G11"] == "pass" and graded["G3"] == "pass"  # the chains and effect records are intact
     failed = next(g for g in document["guarantees"] if g["id"] == "G1")
-    assert failed["counterexample"][0]["kind"] == "approval" and failed["counterexample"][0]["name"] == "signature_invalid"
+    first = failed["counterexample"][0]
+    assert (first["kind"], first["name"]) == ("approval", "signature_invalid"), failed
 
 
 def test_a_head_moved_and_an_effect_record_inserted_by_the_role_fail_their_checks(vendor, tmp_path):
@@ -87,7 +88,8 @@ def test_a_head_moved_and_an_effect_record_inserted_by_the_role_fail_their_check
         status, document = _verify(store)
     graded = _status(document)
     assert status == 1 and graded["G11"] == "fail", document
-    assert any(b["kind"] == "head" for b in next(g for g in document["guarantees"] if g["id"] == "G11")["counterexample"])
+    g11 = next(g for g in document["guarantees"] if g["id"] == "G11")
+    assert any(b["kind"] == "head" for b in g11["counterexample"]), g11
 
 
 def test_a_dropped_trigger_fails_the_guard_check_and_what_rests_on_it(vendor, tmp_path):
@@ -130,3 +132,30 @@ def test_observe_mode_is_refused_with_exit_2(tmp_path):
                        tag="verify") as store:
         done = store.command("verify")
     assert done.returncode == 2 and "observe mode" in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+@pytest.mark.usefixtures("store_db")
+def test_manage_py_verify_grades_the_project_database(refund):
+    """In a Django project: ``manage.py verify`` on the project's own database (the test run's, SQLite or
+    PostgreSQL). The suite connects to PostgreSQL as its owner, a superuser: X3 names it."""
+    from io import StringIO
+
+    from django.core.management import CommandError, call_command
+    from django.db import connection
+
+    from tests.support import pay, run_command
+
+    pay(refund, "txn_1")
+    run_command("receipts", "--verify-chain")
+    out = StringIO()
+    try:
+        call_command("verify", "--json", stdout=out, stderr=StringIO())
+        status = 0
+    except CommandError as exc:
+        status = exc.returncode
+    graded = _status(json.loads(out.getvalue()))
+    assert graded["G3"] == graded["G11"] == graded["X1"] == graded["X4"] == "pass", graded
+    if connection.vendor == "postgresql":
+        assert (status, graded["X3"]) == (1, "fail")
+    else:
+        assert (status, graded["X3"]) == (0, "not_applicable")
