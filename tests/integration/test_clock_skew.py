@@ -56,3 +56,27 @@ def test_a_host_behind_is_named_behind_and_a_host_in_step_records_nothing(vendor
         assert events == []
         return
     assert [e["direction"] for e in events] == ["behind"], events
+
+
+@pytest.mark.usefixtures("store_db")
+def test_a_skew_check_that_cannot_be_made_never_fails_the_call(refund, settings, caplog):
+    """A threshold that does not read (the measurement cannot be made): the call goes through, and on
+    PostgreSQL the problem is logged; on SQLite nothing is measured, so nothing is said."""
+    from django.db import connection
+
+    from ctrlrun.store import clock
+    from tests.support import pay, receipts
+
+    clock.reset()
+    settings.CTRLRUN_CLOCK_SKEW_THRESHOLD_SECONDS = "soon"
+    try:
+        with caplog.at_level("WARNING", logger="ctrlrun.clock"):
+            pay(refund, "txn_1")
+    finally:
+        clock.reset()
+    assert [r["result"] for r in receipts()] == ["committed"]
+    said = [r.getMessage() for r in caplog.records if r.name == "ctrlrun.clock"]
+    if connection.vendor == "postgresql":
+        assert len(said) == 1 and "CTRLRUN_CLOCK_SKEW_THRESHOLD_SECONDS" in said[0], said
+    else:
+        assert said == []
