@@ -117,7 +117,7 @@ def _main(argv: list[str] | None) -> int:
             standalone.configure(create=creates, command=name)
     except CTRLRunError as exc:
         print(f"Error: {exc}", file=sys.stderr)
-        return 1
+        return 2 if name == "verify" else 1  # verify's 1 says a guarantee failed; no store is unusable (2)
     from django.core.management import load_command_class
 
     command = load_command_class("ctrlrun", COMMAND_MODULES.get(name, name))

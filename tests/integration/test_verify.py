@@ -159,3 +159,20 @@ def test_manage_py_verify_grades_the_project_database(refund):
         assert (status, graded["X3"]) == (1, "fail")
     else:
         assert (status, graded["X3"]) == (0, "not_applicable")
+
+
+def test_a_policy_that_does_not_load_and_an_unreachable_store_are_exit_2(tmp_path):
+    with scratch_store("sqlite", tmp_path, ROLE_POLICY, tag="verify") as store:
+        (tmp_path / "ctrlrun.yaml").write_text("schema: ctrlrun.policy/v7\nactions: [not, a, map]\n")
+        broken = store.command("verify")
+        (tmp_path / "ctrlrun.yaml").write_text(ROLE_POLICY)
+        env = store.environment()
+    assert broken.returncode == 2 and "Error:" in broken.stderr and "Traceback" not in broken.stderr, broken.stderr
+    import subprocess
+    import sys
+
+    env.pop("CTRLRUN_STATE")
+    env["CTRLRUN_STORE_URL"] = "postgresql://nobody@127.0.0.1:1/none"
+    done = subprocess.run([sys.executable, "-m", "ctrlrun", "verify"], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 2 and "Error:" in done.stderr and "Traceback" not in done.stderr, done.stderr

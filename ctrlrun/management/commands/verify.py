@@ -34,8 +34,10 @@ class Command(CtrlrunCommand):
             document = verify.run(selected)
         except verify.Refused as exc:
             raise Error(reveal(str(exc)), returncode=2) from None
-        except (CTRLRunError, Error):
-            raise
+        except Error as exc:  # the policy did not load: unusable, not a failed guarantee
+            raise Error(str(exc), returncode=2) from None
+        except CTRLRunError as exc:  # the store unreachable, a setting that does not read
+            raise Error(reveal(self.refusal(exc), multiline=True), returncode=2) from None
         except Exception as exc:  # noqa: BLE001 - exit 3, one line, never a traceback
             raise Error(f"verify could not make its report ({type(exc).__name__}: {reveal(str(exc))})",
                         returncode=3) from None
