@@ -39,6 +39,7 @@ COMMANDS: dict[str, tuple[bool, str]] = {
     "revoke": (False, "revoke a delegation and everything beneath it (ID, or --created-by / --under)"),
     "policy": (True, "propose a candidate policy for approval, or replay receipts under it (propose|replay --file)"),
     "stats": (False, "count what the receipts of a time window say (--since 24h, --json)"),
+    "verify": (False, "grade this deployment against the guarantees G1-G32 and X1-X4 (--json, --only, --junit FILE)"),
     "init": (False, "write a commented starter ctrlrun.yaml and create .ctrlrun/ beside it"),
     "demo": (False, "run the guided scenarios in a scratch store"),
     "scan": (False, "find consequential calls nothing protects (--coverage: actions no receipt names)"),
@@ -130,6 +131,7 @@ def _main(argv: list[str] | None) -> int:
     except CTRLRunError as exc:
         print(f"Error: {exc}", file=sys.stderr)
         return 2 if name == "scan" else 1  # scan's exit 1 says it found something; 2, that it could not run
+        return 2 if name == "verify" else 1  # verify's 1 says a guarantee failed; no store is unusable (2)
     from django.core.management import load_command_class
 
     command = load_command_class("ctrlrun", COMMAND_MODULES.get(name, name))

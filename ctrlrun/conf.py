@@ -214,6 +214,23 @@ def chain_check_max_age() -> dt.timedelta:
     return _positive_seconds("CTRLRUN_CHAIN_CHECK_MAX_AGE_SECONDS", DEFAULT_CHAIN_CHECK_MAX_AGE_SECONDS)
 
 
+#: Clock skew (PostgreSQL, where the store's clock is the database server's): a host whose clock disagrees
+#: with the database's by more than the threshold records ``CLOCK_SKEW_DETECTED`` once per episode. One
+#: second, the reference's default (well under the default lease); measured at most once a minute a process.
+DEFAULT_CLOCK_SKEW_THRESHOLD_SECONDS = 1
+DEFAULT_CLOCK_SKEW_INTERVAL_SECONDS = 60
+
+
+def clock_skew_threshold() -> dt.timedelta:
+    """``CTRLRUN_CLOCK_SKEW_THRESHOLD_SECONDS``: how far a host's clock may be from the database's (no value disables it)."""
+    return _positive_seconds("CTRLRUN_CLOCK_SKEW_THRESHOLD_SECONDS", DEFAULT_CLOCK_SKEW_THRESHOLD_SECONDS)
+
+
+def clock_skew_interval() -> dt.timedelta:
+    """``CTRLRUN_CLOCK_SKEW_INTERVAL_SECONDS``: a process compares its clock with the database's at most this often."""
+    return _positive_seconds("CTRLRUN_CLOCK_SKEW_INTERVAL_SECONDS", DEFAULT_CLOCK_SKEW_INTERVAL_SECONDS)
+
+
 #: Ten minutes: a paused run claimed longer ago than this, and still ``resuming``, may be released by a
 #: person (``resume_runs --release``): its process most likely died. A resumer that really takes
 #: longer needs a larger value, or it can be released while it still runs.

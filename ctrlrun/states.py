@@ -103,15 +103,15 @@ class EventType(_Str):
     CLOCK_SKEW_DETECTED = "CLOCK_SKEW_DETECTED"
 
 
-#: The event types this version writes. The rest of the vocabulary (authority, delegation,
-#: suspension, clock skew) belongs to capabilities not built yet; the console offers only these.
+#: The event types this version writes (CLOCK_SKEW_DETECTED on PostgreSQL: store/clock.py). The rest of
+#: the vocabulary (authority, delegation, suspension) belongs to capabilities not built yet; the console offers only these.
 EMITTED_EVENT_TYPES: frozenset[str] = frozenset({
     EventType.ACTION_PROPOSED, EventType.POLICY_EVALUATED, EventType.ACTION_DENIED, EventType.APPROVAL_REQUESTED,
     EventType.APPROVAL_GRANTED, EventType.APPROVAL_DENIED, EventType.APPROVAL_EXPIRED,
     EventType.APPROVAL_INVALIDATED, EventType.APPROVAL_CONSUMED, EventType.APPROVAL_RETURNED, EventType.EFFECT_RESERVED,
     EventType.EFFECT_RESERVATION_REFUSED, EventType.EXECUTION_STARTED, EventType.EXECUTION_COMMITTED,
     EventType.EXECUTION_FAILED, EventType.EXECUTION_AMBIGUOUS, EventType.EFFECT_RESOLVED,
-    EventType.RECONCILIATION_STARTED, EventType.RECONCILIATION_RESOLVED,
+    EventType.RECONCILIATION_STARTED, EventType.RECONCILIATION_RESOLVED, EventType.CLOCK_SKEW_DETECTED,
 })
 
 #: What a reconcile hook may answer. Anything else is recorded as ``invalid_return``.

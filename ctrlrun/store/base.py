@@ -23,6 +23,7 @@ from .. import conf, messages
 from ..receipts import event_time
 from ..errors import InvalidArgument, StoreUnavailable
 from . import checkpoint, postgresql, sql, sqlite
+from . import clock as clock_skew
 
 #: The alias a ``using()`` block chose, or None: the configured one (``CTRLRUN_DATABASE``).
 _alias: contextvars.ContextVar[str | None] = contextvars.ContextVar("ctrlrun_store_alias", default=None)
@@ -168,6 +169,7 @@ def write_phase(*, clock: bool = True) -> Iterator[Any]:
                 yield read_clock()
             else:
                 yield None
+        clock_skew.after_phase(connection, database)  # committed: a host's clock against the database's (§F9)
     except RuntimeError as exc:
         if "durable" in str(exc):
             raise InvalidArgument(messages.OPEN_TRANSACTION) from None

@@ -13,6 +13,7 @@ concern. ``from tests.support import X`` finds X in whichever module holds it.
 - ``tokens``: signed JWTs, and the loopback JWKS and revocation-feed servers.
 - ``smtp``: a real SMTP server on loopback (aiosmtpd), a refusing one, a closed port.
 - ``mcp_servers``: MCP upstreams (SDK-built and misbehaving) and the gateway as a process.
+- ``scratch``: scratch stores for ``verify`` and clock skew, and an agent under a clock that moves.
 
 The fixtures built on these live in ``tests/conftest.py`` and ``tests/*/conftest.py``.
 """
@@ -27,3 +28,4 @@ from .resumption import *  # noqa: F401,F403
 from .tokens import *  # noqa: F401,F403
 from .smtp import *  # noqa: F401,F403
 from .mcp_servers import *  # noqa: F401,F403
+from .scratch import *  # noqa: F401,F403
