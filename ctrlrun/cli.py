@@ -130,8 +130,9 @@ def _main(argv: list[str] | None) -> int:
             standalone.configure(create=creates, command=name)
     except CTRLRunError as exc:
         print(f"Error: {exc}", file=sys.stderr)
-        return 2 if name == "scan" else 1  # scan's exit 1 says it found something; 2, that it could not run
-        return 2 if name == "verify" else 1  # verify's 1 says a guarantee failed; no store is unusable (2)
+        # scan's exit 1 says it found something, verify's that a guarantee failed: for them, a store or
+        # policy they cannot use is 2
+        return 2 if name in ("scan", "verify") else 1
     from django.core.management import load_command_class
 
     command = load_command_class("ctrlrun", COMMAND_MODULES.get(name, name))
