@@ -11,7 +11,7 @@ Who is told (``recipients``), each an active console user with an email address:
 
 - ``CTRLRUN_NOTIFY_RECIPIENTS`` (usernames), when ``CTRLRUN_NOTIFY_RECIPIENTS_OVERRIDE`` is True;
 - else the holders of every role the request pins (``approver_role`` of the controls its verdict
-  cites, read from the request's own stored policy: ``ctrlrun.roles.required_roles``);
+  cites, pinned on the request's signed row when it was asked: ``ApprovalView.required_roles``);
 - else, when it pins none, the ``CTRLRUN_NOTIFY_RECIPIENTS`` list;
 - else everyone with the ``ctrlrun.decide_approval`` permission (the console's approvers).
 
@@ -35,9 +35,9 @@ from typing import Any
 
 from . import store
 from .display import dumps, reveal
-from .errors import CTRLRunError, InvalidArgument
+from .errors import InvalidArgument
 from .identity import same_person
-from .roles import RequiredRole, required_roles
+from .roles import RequiredRole
 from .states import ApprovalStatus, effective_approval_status
 from .store.people import Person
 from .times import when_text
@@ -116,20 +116,10 @@ def settings() -> Settings:
 # --------------------------------------------------------------------------- who is told
 
 
-def roles_for(approval: Any) -> tuple[RequiredRole, ...] | None:
-    """The roles the request pins: its own stored policy (signed) evaluated again on its action (what
-    decided is pure: the same text and action cite the same controls). None when that text is not
-    stored here or no longer parses."""
-    from .policy import parse_policy
-
-    document = store.policy_document(approval.policy_hash)
-    if document is None:
-        return None
-    try:
-        policy = parse_policy(document.text, document.source, environment=document.environment)
-        return required_roles(policy, policy.evaluate(approval.action, approval.arguments).controls)
-    except (CTRLRunError, ValueError, TypeError):
-        return None
+def roles_for(approval: Any) -> tuple[RequiredRole, ...]:
+    """The roles the request pins: its row's ``required_roles``, fixed when it was asked (signed, and
+    kept for the row's life by the guard), so a policy edited since cannot change who is told."""
+    return tuple(approval.required_roles)
 
 
 def _role_basis(roles: tuple[RequiredRole, ...]) -> str:
@@ -177,9 +167,6 @@ def recipients(approval: Any, config: Settings | None = None) -> list[tuple[Pers
     """(person, basis, why not) for each person to record: ``why not`` None for those to tell."""
     config = config or settings()
     roles = roles_for(approval)
-    if roles is None:
-        logger.warning("the policy of request %s is not stored here or no longer reads: its pinned roles are "
-                       "unknown, so the configured list (or the console's approvers) is told", approval.approval_id)
     if config.override and config.recipients:
         chosen, basis = _listed(config.recipients), "setting"
     elif roles:

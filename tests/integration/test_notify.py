@@ -14,7 +14,6 @@ from django.core.management import call_command
 
 import ctrlrun
 from ctrlrun import notify, store
-from ctrlrun.policy.reader import Reader
 from tests.support import SmtpServer, ask, closed_port, make_user, smtp_settings
 
 pytestmark = pytest.mark.usefixtures("store_db", "console_groups")
@@ -96,16 +95,8 @@ def test_the_configured_list_is_told_when_no_role_is_pinned(notifier, refund):
 
 
 @pytest.fixture
-def roles_built(monkeypatch, use_policy):
-    """A policy that pins a role: ``approver_role`` is read and validated today but refused as not built
-    until the verified-approvers work lands; here the reader lets that one feature through (and only it)."""
-    refuse = Reader.not_built
-
-    def not_built(self, line, location, feature):
-        if feature != "approver_role":
-            refuse(self, line, location, feature)
-
-    monkeypatch.setattr(Reader, "not_built", not_built)
+def roles_built(use_policy):
+    """A policy whose approve rule cites a control with an ``approver_role``: the request pins it."""
     use_policy(ROLE_POLICY)
 
 
