@@ -15,7 +15,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from django.contrib.auth import get_user_model
-from django.contrib.auth.models import Permission
 from django.db.models import Q
 
 from .. import conf
@@ -40,6 +39,8 @@ def holders(role: str) -> list[Person]:
     if conf.approver_roles_from() == "groups":
         users = users.filter(groups__name=role)
     else:
+        from django.contrib.auth.models import Permission  # here: a script's embedded store has no auth app
+
         app_label, _, codename = role.partition(".")
         permission = Permission.objects.db_manager(alias()).filter(codename=codename, content_type__app_label=app_label)
         users = users.filter(Q(is_superuser=True) | Q(user_permissions__in=permission)
