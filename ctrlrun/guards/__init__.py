@@ -1,6 +1,6 @@
 """The guard's versions: each migration that installs the guard installs a frozen one, never today's.
 
-``v1`` … ``v7`` hold each version's statements (SQLite and PostgreSQL) as the migration that
+``v1`` … ``v8`` hold each version's statements (SQLite and PostgreSQL) as the migration that
 installs it was written: generated once by ``freeze.py`` from ``ctrlrun/guard.py`` as it stood at
 that migration's commit, then never edited (``tests/unit/test_guard_versions.py`` pins each one's
 digest, and that the newest equals what ``guard.py`` builds today, so a change to the guard is a new
@@ -23,6 +23,8 @@ version  installed by                    what it adds
                                           collide; new signatures held with their rows
 7        0017_approval_returned,         approvals given back (``returned``), paused runs,
          0018_guard_version              the head is the one row
+8        0023_ledger_chains              a ledger row's place and running total are fixed;
+                                          a new row continues its (grant, metric) chain
 =======  ==============================  ===============================================
 """
 from __future__ import annotations
@@ -36,7 +38,7 @@ __all__ = ["CURRENT", "VERSIONS", "install", "remove", "installed", "missing_tri
            "repair"]
 
 #: The version this code expects installed (the newest; the one ``guard.py`` builds).
-CURRENT = 7
+CURRENT = 8
 VERSIONS = tuple(range(1, CURRENT + 1))
 #: Where the version is recorded (a PostgreSQL function, a SQLite view).
 RECORD = "ctrlrun_guard_version"

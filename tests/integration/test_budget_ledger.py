@@ -410,7 +410,7 @@ def _charged_row():
     from ctrlrun.models import BudgetLedger as Row
 
     return Row.objects.create(grant_id="support", metric="amount", amount=40_000, effect_key="refund:p1", attempt=1,
-                              consumed_at=dt.datetime(2026, 11, 29, 12, tzinfo=dt.timezone.utc))
+                              consumed_at=dt.datetime(2026, 11, 29, 12, tzinfo=dt.timezone.utc), n=1, cum=40_000)
 
 
 @pytest.mark.parametrize("change", [
@@ -418,6 +418,8 @@ def _charged_row():
     'UPDATE "ctrlrun_budgetledger" SET "consumed_at" = \'2000-01-01 00:00:00\'',
     'UPDATE "ctrlrun_budgetledger" SET "grant_id" = \'elsewhere\'',
     'UPDATE "ctrlrun_budgetledger" SET "effect_key" = \'refund:other\', "attempt" = 7',
+    'UPDATE "ctrlrun_budgetledger" SET "cum" = 0',
+    'UPDATE "ctrlrun_budgetledger" SET "n" = 2',
 ])
 def test_plain_dml_cannot_erase_spend_by_rewriting_a_ledger_row(change):
     from django.db import DatabaseError, connection, transaction
