@@ -80,38 +80,43 @@ def _number(value: Any) -> int:
     return 0 if value is None else int(value)  # PostgreSQL's SUM of bigints is a numeric
 
 
-def _spent(cursor: Any, adapt: Any, charge: Charge, when: dt.datetime) -> int:
-    since = adapt(when - dt.timedelta(seconds=charge.window_seconds))
-    pair = [charge.grant_id, charge.metric]
-    last, before, released = cursor.execute(sql.LEDGER_SPENT, [*pair, *pair, since, *pair, since]).fetchone()
-    return _number(last) - _number(before) - _number(released)
+def _spent(charges: Sequence[Charge], when: dt.datetime) -> list[int]:
+    """What each charge's budget has spent in its window at ``when`` (one statement for them all)."""
+    adapt = time_param(connections[alias()])
+    params: list[Any] = []
+    for charge in charges:
+        since = adapt(when - dt.timedelta(seconds=charge.window_seconds))
+        pair = [charge.grant_id, charge.metric]
+        params += [*pair, *pair, since, *pair, since]
+    with statements() as cursor:
+        rows = sorted(cursor.execute(sql.ledger_spent(len(charges)), params).fetchall())
+    return [_number(last) - _number(before) - _number(released) for _, last, before, released in rows]
 
 
 def exhausted(charges: Sequence[Charge], when: dt.datetime, *, lock: bool = True) -> tuple[Charge, int] | None:
     """The first charge (in the order given) that does not fit its budget at ``when``, with what its
     budget has spent; None when every one fits. Must run inside a phase; ``lock`` takes the budgets'
     locks first (a reservation), which are held until the phase ends."""
+    if not charges:
+        return None
     if lock:
         _lock(charges)
-    adapt = time_param(connections[alias()])
-    with statements() as cursor:
-        for charge in charges:
-            spent = _spent(cursor, adapt, charge, when)
-            if spent + charge.amount > charge.limit:
-                return charge, spent
+    for charge, spent in zip(charges, _spent(charges, when)):
+        if spent + charge.amount > charge.limit:
+            return charge, spent
     return None
 
 
-def _continued(cursor: Any, connection: Any, row: Charge, when: dt.datetime) -> tuple[int, int, dt.datetime]:
-    """Where a charge of ``row.amount`` continues its pair's chain: (n, cum, consumed_at)."""
-    last = cursor.execute(sql.LEDGER_LAST, [row.grant_id, row.metric]).fetchone()
+def _continued(last: Any, connection: Any, row: Charge, when: dt.datetime) -> tuple[int, int, dt.datetime]:
+    """Where a charge of ``row.amount`` continues its pair's chain, whose ``last`` row is (n, cum,
+    consumed_at) or None: (n, cum, consumed_at)."""
     if last is None:
         return 1, row.amount, when
     n, cum, consumed_at = int(last[0]), int(last[1]), as_datetime(last[2], connection)
     if cum + row.amount > MAX_AMOUNT:
         raise BudgetRefused(f"the budget ledger's running total of {row.metric!r} on grant {row.grant_id!r} would "
-                              f"pass {MAX_AMOUNT} (2**63 - 1, what the ledger holds): it cannot charge "
-                              f"{row.amount} more; measure this metric in a larger unit", reason="budget_unmeasurable")
+                            f"pass {MAX_AMOUNT} (2**63 - 1, what the ledger holds): it cannot charge "
+                            f"{row.amount} more; measure this metric in a larger unit", reason="budget_unmeasurable")
     return n + 1, cum + row.amount, max(when, consumed_at) if consumed_at is not None else when
 
 
@@ -125,8 +130,11 @@ def charge(charges: Sequence[Charge], effect_key: str, attempt: int, when: dt.da
     adapt = time_param(connection)
     params: list[Any] = []
     with statements() as cursor:
-        for row in rows:
-            n, cum, at = _continued(cursor, connection, row, when)
+        found = cursor.execute(sql.ledger_last(len(rows)),
+                               [value for row in rows for value in (row.grant_id, row.metric)]).fetchall()
+        lasts = {int(i): rest for i, *rest in found}
+        for index, row in enumerate(rows):
+            n, cum, at = _continued(lasts.get(index), connection, row, when)
             params += [row.grant_id, row.metric, row.amount, effect_key, attempt, adapt(at), None, n, cum,
                        ledger_mac(row.grant_id, row.metric, row.amount, effect_key, attempt, at, None, n, cum)]
         cursor.execute(sql.LEDGER_INSERT + sql.value_rows(10, len(rows)), params)

@@ -4,7 +4,7 @@ An allowed call with an effect key runs, in order: ``OPEN_SQLITE``/``OPEN_POSTGR
 record, locked, with the chain head), ``EFFECT_INSERT`` (or ``EFFECT_RENEW``), then while the
 function runs ``LEASE_RENEW``, then ``OUTCOME_UPDATE_AT``/``OUTCOME_UPDATE_NOW``, ``HEAD_TAKE``,
 ``EVENT_INSERT`` + ``RECEIPT_INSERT`` and ``HEAD_MOVE`` (one statement on PostgreSQL). A call on a
-budget adds ``BUDGET_LOCK`` (PostgreSQL), ``LEDGER_SPENT``, ``LEDGER_LAST`` and ``LEDGER_INSERT`` to its reservation
+budget adds ``BUDGET_LOCK`` (PostgreSQL), ``ledger_spent``, ``ledger_last`` and ``LEDGER_INSERT`` to its reservation
 (``LEDGER_HELD``/``LEDGER_RELEASE`` when the attempt fails); a call by a delegated agent adds
 ``delegations_up`` (its delegations and their ancestors) and ``delegations_revoked``.
 
@@ -19,7 +19,7 @@ __all__ = [
     "CLOCK", "HEAD_TAKE", "HEAD_CREATE", "HEAD_MOVE", "EVENT_INSERT", "RECEIPT_INSERT", "PEEK_COLUMNS", "PEEK",
     "OPEN_POSTGRESQL", "OPEN_SQLITE", "EFFECT_INSERT", "EFFECT_RENEW", "LEASE_RENEW", "EFFECT_LAPSE",
     "OUTCOME_UPDATE_NOW", "OUTCOME_UPDATE_AT", "EFFECT_RESOLVE", "RECONCILE_BACKOFF", "LATER_HISTORY",
-    "BUDGET_LOCK", "LEDGER_SPENT", "LEDGER_LAST", "LEDGER_INSERT", "LEDGER_HELD", "LEDGER_RELEASE", "DELEGATION_COLUMNS",
+    "BUDGET_LOCK", "LEDGER_SPENT", "LEDGER_LAST", "ledger_spent", "ledger_last", "LEDGER_INSERT", "LEDGER_HELD", "LEDGER_RELEASE", "DELEGATION_COLUMNS",
     "delegations_up", "DELEGATIONS_DOWN", "delegations_revoked", "value_rows",
 ]
 
@@ -138,18 +138,30 @@ BUDGET_LOCK = "SELECT pg_advisory_xact_lock(%s)"
 
 _CHAIN = '"ctrlrun_budgetledger" WHERE "grant_id" = %s AND "metric" = %s'
 
-#: A (grant, metric)'s chain as a budget check needs it, in two index seeks and one range of the
-#: released rows (``ctrlrun_ledger_chain_idx``, ``ctrlrun_ledger_released_idx``): the running total at
-#: its last row, at its last row consumed by %s (the window's start; consumed_at never goes back along
-#: the chain, so those rows are a prefix of it), and the released amounts consumed after %s.
-#: Parameters: (grant, metric) three times, the window's start after the second and third.
+#: One budget's window as a check needs it, in two index seeks and one range of the released rows
+#: (``ctrlrun_ledger_chain_idx``, ``ctrlrun_ledger_released_idx``): the running total at its chain's
+#: last row, at the chain's last row consumed by the window's start (consumed_at never goes back along
+#: the chain, so those rows are a prefix of it), and the released amounts consumed after the start.
+#: Parameters: (grant, metric) three times, the window's start after the second and the third.
 LEDGER_SPENT = (
     f'SELECT (SELECT "cum" FROM {_CHAIN} ORDER BY "consumed_at" DESC, "n" DESC LIMIT 1), '
     f'(SELECT "cum" FROM {_CHAIN} AND "consumed_at" <= %s ORDER BY "consumed_at" DESC, "n" DESC LIMIT 1), '
     f'(SELECT SUM("amount") FROM {_CHAIN} AND "released_at" IS NOT NULL AND "consumed_at" > %s)')
 
-#: The chain's last row (a charge continues it): its place, running total and time.
+#: A chain's last row (a charge continues it): its place, running total and time.
 LEDGER_LAST = f'SELECT "n", "cum", "consumed_at" FROM {_CHAIN} ORDER BY "consumed_at" DESC, "n" DESC LIMIT 1'
+
+
+def ledger_spent(count: int) -> str:
+    """``LEDGER_SPENT`` for ``count`` budgets in one statement, a row each, numbered from 0 first."""
+    return " UNION ALL ".join(f"SELECT {i} AS \"i\", * FROM ({LEDGER_SPENT}) AS \"s{i}\"" for i in range(count))
+
+
+def ledger_last(count: int) -> str:
+    """``LEDGER_LAST`` for ``count`` chains in one statement: a row for each that has one, numbered
+    from 0 first (parameters: each chain's grant and metric)."""
+    return " UNION ALL ".join(f"SELECT {i} AS \"i\", * FROM ({LEDGER_LAST}) AS \"l{i}\"" for i in range(count))
+
 
 #: An attempt's charges: the caller adds ``value_rows(10, n)``.
 LEDGER_INSERT = ('INSERT INTO "ctrlrun_budgetledger" ("grant_id", "metric", "amount", "effect_key", "attempt", '

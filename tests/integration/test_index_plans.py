@@ -111,8 +111,9 @@ READERS = [
      lambda: list(store.receipt_documents_since(NOW - dt.timedelta(hours=24), limit=100))),
     ("stats --since", "ctrlrun_receipt", lambda: list(store.receipt_documents_since(NOW))),
     ("a budgeted call's reservation", "ctrlrun_budgetledger",
-     lambda: _raw(hot.LEDGER_SPENT, ["g", "count", "g", "count", NOW, "g", "count", NOW])),
-    ("a budgeted call's charge", "ctrlrun_budgetledger", lambda: _raw(hot.LEDGER_LAST, ["g", "count"])),
+     lambda: _raw(hot.ledger_spent(2), ["g", "count", "g", "count", NOW, "g", "count", NOW] * 2)),
+    ("a budgeted call's charge", "ctrlrun_budgetledger",
+     lambda: _raw(hot.ledger_last(2), ["g", "count", "g", "amount"])),
     ("a failed attempt's release", "ctrlrun_budgetledger", lambda: _raw(hot.LEDGER_HELD, ["refund:x", 1])),
     ("effects: an attempt's charges", "ctrlrun_budgetledger", lambda: store.charges_of("refund:x", 1)),
 ]
