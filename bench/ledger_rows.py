@@ -1,19 +1,22 @@
 #!/usr/bin/env python3
-"""Does a budgeted call get slower with the ledger rows already in its budget's window? For each
-``--rows`` N, a fresh embedded SQLite store (or the empty PostgreSQL database ``DATABASE_URL`` names,
-one per N: ``{url}_{N}``, created and dropped) gets N charges of the call's own grant written straight
-into the ledger (all inside the one-day window; as chains where the schema has them), then the
-median of blocks of budgeted calls is timed. Each N runs in its own OS process.
+"""Does a budgeted call get slower with the ledger rows already in its budget's window? Each side
+is its own OS process on its own store: a fresh embedded SQLite file, or (``DATABASE_URL`` set) a
+PostgreSQL database of its own (``{url}_{rows}_{calls}``, created and dropped). With ``--rows``, each
+side gets that many charges of the call's own grant written straight into the ledger (inside the
+one-day window; as chains where the schema has them); with ``--calls N`` there are two sides, an
+empty store and one where N budgeted calls were made (``shared/bench/budget_growth.py``'s question,
+asked side by side). Blocks of budgeted calls are then timed in alternating rounds, so a load burst
+hits every side.
 
     python bench/ledger_rows.py --rows 0,10000,100000,1000000
+    python bench/ledger_rows.py --calls 20000 [--no-budgets]
 
-Prints the median per call for each N and its ratio to N = 0 (goal: near 1).
+Prints the median per call of each side and its ratio to the first (goal: near 1).
 """
 from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import os
 import statistics
 import subprocess
@@ -21,6 +24,11 @@ import sys
 import tempfile
 import time
 
+BUDGETS = """\
+      budgets:
+        - {metric: count, limit: 100000000000, window: P1D}
+        - {metric: amount, limit: 9000000000000, window: P1D}
+"""
 POLICY = """\
 schema: ctrlrun.policy/v7
 authority:
@@ -28,10 +36,7 @@ authority:
     - id: payer
       subject: {agent: payer}
       actions: ["ledger.pay"]
-      budgets:
-        - {metric: count, limit: 100000000000, window: P1D}
-        - {metric: amount, limit: 9000000000000, window: P1D}
-actions:
+""" + BUDGETS + """actions:
   ledger.pay:
     effect: "pay:{entry_id}"
     decision: allow
@@ -69,11 +74,13 @@ def _fill(rows: int) -> None:
             cursor.execute('ANALYZE "ctrlrun_budgetledger"')
 
 
-def child(rows: int, blocks: int, block: int) -> None:
+def child(rows: int, calls: int, budgets: bool, block: int) -> None:
+    """One side: a store with ``rows`` charges written straight in and ``calls`` budgeted calls made,
+    then a block of calls timed each time the parent writes a line."""
     folder = tempfile.mkdtemp(prefix="ctrlrun-ledger-rows-")
     os.chdir(folder)
     with open("ctrlrun.yaml", "w") as f:
-        f.write(POLICY)
+        f.write(POLICY if budgets else POLICY.replace(BUDGETS, ""))
     import ctrlrun
 
     @ctrlrun.protect("ledger.pay", effect="pay:{entry_id}")
@@ -82,50 +89,80 @@ def child(rows: int, blocks: int, block: int) -> None:
 
     with ctrlrun.context(agent="payer"):
         pay(entry_id="warm", amount=1)  # migrated, warm
-        _fill(rows)
-        times = []
-        for b in range(blocks):
+        if rows:
+            _fill(rows)
+        for i in range(calls):
+            pay(entry_id=f"f{i}", amount=1)
+        print("ready", flush=True)
+        b = 0
+        for _ in sys.stdin:
             start = time.perf_counter()
             for i in range(block):
                 pay(entry_id=f"e{b}-{i}", amount=1)
-            times.append((time.perf_counter() - start) / block)
-    print(json.dumps({"rows": rows, "median_s": statistics.median(times)}))
+            b += 1
+            print((time.perf_counter() - start) / block, flush=True)
+
+
+def _database(url: str | None, label: str) -> dict[str, str]:
+    env = dict(os.environ)
+    if url:
+        import psycopg
+
+        name = f"{url.rsplit('/', 1)[1]}_{label}"
+        with psycopg.connect(url.rsplit("/", 1)[0] + "/postgres", autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            conn.execute(f'CREATE DATABASE "{name}"')
+        env["DATABASE_URL"] = url.rsplit("/", 1)[0] + "/" + name
+    return env
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--rows", default="0,10000,100000,1000000")
-    ap.add_argument("--blocks", type=int, default=7)
+    ap.add_argument("--rows", default="0,10000,100000,1000000", help="charges written straight in, per side")
+    ap.add_argument("--calls", type=int, default=0, help="budgeted calls made on every side but the first")
+    ap.add_argument("--no-budgets", action="store_true", help="the same policy without its budgets (a control)")
+    ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--block", type=int, default=40)
-    ap.add_argument("--child", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child is not None:
-        child(args.child, args.blocks, args.block)
+        rows, calls = (int(v) for v in args.child.split(":"))
+        child(rows, calls, not args.no_budgets, args.block)
         return
     url = os.environ.get("DATABASE_URL")
-    results = {}
-    for rows in [int(r) for r in args.rows.split(",")]:
-        env = dict(os.environ)
-        if url:
-            import psycopg
+    sides = [(int(r), 0) for r in args.rows.split(",")]
+    if args.calls:
+        sides = [(0, 0), (0, args.calls)]
+    children = []
+    for rows, calls in sides:
+        command = [sys.executable, __file__, "--child", f"{rows}:{calls}", "--block", str(args.block)]
+        if args.no_budgets:
+            command.append("--no-budgets")
+        children.append(subprocess.Popen(command, env=_database(url, f"{rows}_{calls}"), stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE, text=True))
+    for process in children:  # filled (each side in its own process, at once)
+        if process.stdout.readline().strip() != "ready":
+            sys.exit("a side failed to start")
+    times: list[list[float]] = [[] for _ in children]
+    for _ in range(args.rounds):  # blocks alternate between the sides: a load burst hits them all
+        for index, process in enumerate(children):
+            process.stdin.write("go\n")
+            process.stdin.flush()
+            times[index].append(float(process.stdout.readline()))
+    for process in children:
+        process.stdin.close()
+        process.wait()
+    base = statistics.median(times[0])
+    for (rows, calls), measured in zip(sides, times):
+        median = statistics.median(measured)
+        what = f"{calls:,} calls made" if calls else f"{rows:>9,} charges in the window"
+        print(f"{what}: {median * 1e3:7.2f} ms a call, ratio to the first side {median / base:.2f}", flush=True)
+    if url:
+        import psycopg
 
-            name = f"{url.rsplit('/', 1)[1]}_{rows}"
-            admin = url.rsplit("/", 1)[0] + "/postgres"
-            with psycopg.connect(admin, autocommit=True) as conn:
-                conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
-                conn.execute(f'CREATE DATABASE "{name}"')
-            env["DATABASE_URL"] = url.rsplit("/", 1)[0] + "/" + name
-        done = subprocess.run([sys.executable, __file__, "--child", str(rows), "--blocks", str(args.blocks),
-                               "--block", str(args.block)], env=env, capture_output=True, text=True, check=False)
-        if done.returncode != 0:
-            sys.exit(done.stderr)
-        results[rows] = json.loads(done.stdout.strip().splitlines()[-1])["median_s"]
-        if url:
-            with psycopg.connect(admin, autocommit=True) as conn:
-                conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
-        base = results[min(results)]
-        print(f"ledger rows {rows:>9,} per grant metric: {results[rows] * 1e3:7.2f} ms a call, "
-              f"ratio to empty {results[rows] / base:.2f}", flush=True)
+        with psycopg.connect(url.rsplit("/", 1)[0] + "/postgres", autocommit=True) as conn:
+            for rows, calls in sides:
+                conn.execute(f'DROP DATABASE IF EXISTS "{url.rsplit("/", 1)[1]}_{rows}_{calls}" WITH (FORCE)')
 
 
 if __name__ == "__main__":
