@@ -19,6 +19,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from ctrlrun import guards
+
 from tests.support import POSTGRES_ADMIN_URL, RoleStore, breaks, require_postgresql, role_refused
 
 pytestmark = pytest.mark.slow
@@ -450,7 +452,8 @@ def test_migrate_run_as_the_role_says_it_cannot_put_a_dropped_trigger_back(store
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
     missing = done.stdout.strip().splitlines()[-1]
     if store.vendor == "postgresql":
-        assert "ctrlrun: could not put guard version 7 back on the database 'default'" in done.stderr, done.stderr
+        assert f"ctrlrun: could not put guard version {guards.CURRENT} back on the database 'default'" in done.stderr, \
+            done.stderr
         assert "as the owner of ctrlrun's tables" in done.stderr
         assert missing == "['ctrlrun_chainhead_guard']", missing
     else:
