@@ -529,5 +529,11 @@ def test_eight_processes_racing_spend_the_budget_exactly_once(tmp_path):
     assert sum(BudgetLedger.objects.filter(metric="amount").values_list("amount", flat=True)) == 10 * limit
     assert set(BudgetLedger.objects.values_list("effect_key", flat=True)) == set(executed)
     assert store.budget_usage("support", "count", DAY)[:2] == (limit, 0)
+    for metric in ("count", "amount"):  # each chain written in turn under its lock: no gap, no fork, true totals
+        chain = list(BudgetLedger.objects.filter(metric=metric).order_by("n").values_list("n", "amount", "cum",
+                                                                                           "consumed_at"))
+        assert [n for n, *_ in chain] == list(range(1, limit + 1))
+        assert [cum for _, _, cum, _ in chain] == [sum(a for _, a, _, _ in chain[:i + 1]) for i in range(limit)]
+        assert [at for *_, at in chain] == sorted(at for *_, at in chain)
     assert EffectRecord.objects.filter(state="committed").count() == limit
     assert store.verify().ok
