@@ -19,7 +19,8 @@ __all__ = [
     "CLOCK", "HEAD_TAKE", "HEAD_CREATE", "HEAD_MOVE", "EVENT_INSERT", "RECEIPT_INSERT", "PEEK_COLUMNS", "PEEK",
     "OPEN_POSTGRESQL", "OPEN_SQLITE", "EFFECT_INSERT", "EFFECT_RENEW", "LEASE_RENEW", "EFFECT_LAPSE",
     "OUTCOME_UPDATE_NOW", "OUTCOME_UPDATE_AT", "EFFECT_RESOLVE", "RECONCILE_BACKOFF", "LATER_HISTORY",
-    "BUDGET_LOCK", "LEDGER_SPENT", "LEDGER_LAST", "ledger_spent", "ledger_last", "LEDGER_INSERT", "LEDGER_HELD", "LEDGER_RELEASE", "DELEGATION_COLUMNS",
+    "BUDGET_LOCK", "LEDGER_SPENT", "LEDGER_LAST", "ledger_spent", "ledger_last", "LEDGER_INSERT", "LEDGER_HELD",
+    "LEDGER_RELEASE", "DELEGATION_COLUMNS",
     "delegations_up", "DELEGATIONS_DOWN", "delegations_revoked", "value_rows",
 ]
 
@@ -168,7 +169,8 @@ LEDGER_INSERT = ('INSERT INTO "ctrlrun_budgetledger" ("grant_id", "metric", "amo
                  '"consumed_at", "released_at", "n", "cum", "mac") VALUES ')
 
 #: An attempt's charges still held.
-LEDGER_HELD = ('SELECT "id", "grant_id", "metric", "amount", "consumed_at", "n", "cum" FROM "ctrlrun_budgetledger" WHERE '
+LEDGER_HELD = ('SELECT "id", "grant_id", "metric", "amount", "consumed_at", "n", "cum" FROM "ctrlrun_budgetledger" '
+               'WHERE '
                '"effect_key" = %s AND "attempt" = %s AND "released_at" IS NULL')
 
 #: Release one charge (the guard lets a row get released_at once, nothing else).
