@@ -141,13 +141,15 @@ def _ledger_release_only(same: str) -> str:
 
 def _ledger_chained() -> str:
     """A new ledger row continues its (grant_id, metric)'s chain: the first row (n 1) holds its own
-    amount; any other is one past an existing row (read through the unique index of its place), its
-    running total that row's plus its amount, consumed no earlier. A second row at one place is
-    refused by ``ctrlrun_ledger_one_place``, so a chain has no gap, no fork and never goes back in
-    time, and a budget's window is a prefix of it (docs/budgets.md)."""
-    return (f'(NEW."n" = 1 AND NEW."cum" = NEW."amount") OR EXISTS (SELECT 1 FROM "{LEDGER_TABLE}" AS "p" WHERE '
-            f'"p"."grant_id" = NEW."grant_id" AND "p"."metric" = NEW."metric" AND "p"."n" = NEW."n" - 1 AND '
-            f'NEW."cum" - "p"."cum" = NEW."amount" AND NEW."consumed_at" >= "p"."consumed_at")')
+    amount; any other is one past an existing row, its running total that row's plus its amount,
+    consumed no earlier. A second row at one place is refused by ``ctrlrun_ledger_one_place``, so a
+    chain has no gap, no fork and never goes back in time, and a budget's window is a prefix of it
+    (docs/budgets.md). The predecessor is found by its place alone (the unique index: one row, however
+    long the chain) and only then compared: a comparison on consumed_at in the lookup would let a
+    cached plan range over the chain's index instead."""
+    return (f'(NEW."n" = 1 AND NEW."cum" = NEW."amount") OR COALESCE((SELECT NEW."cum" - "p"."cum" = NEW."amount" '
+            f'AND NEW."consumed_at" >= "p"."consumed_at" FROM "{LEDGER_TABLE}" AS "p" WHERE "p"."grant_id" = '
+            f'NEW."grant_id" AND "p"."metric" = NEW."metric" AND "p"."n" = NEW."n" - 1), FALSE)')
 
 
 #: What a delegation keeps for life; only revoked_at/revoked_by change, once.

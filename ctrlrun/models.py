@@ -376,9 +376,11 @@ class BudgetLedger(models.Model):
     class Meta:
         ordering = ["id"]
         indexes = [
-            # A budget check's two seeks: the chain's last row, and its last row before the window
-            # (consumed_at never goes back along n); the console's usage reads the window through it.
-            models.Index(fields=["grant_id", "metric", "consumed_at", "n"], name="ctrlrun_ledger_chain_idx"),
+            # A budget check's two seeks: the running total at the chain's end and before the window
+            # (consumed_at and cum never go back along n, so the largest cum at or before a time is the
+            # cum of the last row then); the console's usage reads the window through it. Without n,
+            # so the guard's lookup of a row's predecessor by its place has one index to take.
+            models.Index(fields=["grant_id", "metric", "consumed_at", "cum"], name="ctrlrun_ledger_chain_idx"),
             # The released charges of a window, subtracted from the running totals' difference: an
             # index holding exactly the released rows.
             models.Index(fields=["grant_id", "metric", "consumed_at"], name="ctrlrun_ledger_released_idx",

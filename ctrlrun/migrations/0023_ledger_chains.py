@@ -8,7 +8,7 @@
 # - Signatures: ``ctrlrun.ledger/v2`` covers n and cum. A row is re-signed only where its v1
 #   signature holds; anything else stays unsigned, named by ``receipts --verify-chain`` as before.
 # - Indexes: the partial index of un-released rows the SUM read is replaced by the chain's index
-#   (grant_id, metric, consumed_at, n) and a partial index of the released rows; a place is unique.
+#   (grant_id, metric, consumed_at, cum) and a partial index of the released rows; a place is unique.
 # - Guard version 8 (ctrlrun/guards/v8.py): n and cum are fixed like the other columns, and a new
 #   row must continue its chain (the database refuses a gap, a fork, a total that does not add up
 #   and a time that goes back).
@@ -110,7 +110,7 @@ class Migration(migrations.Migration):
         ),
         migrations.AddIndex(
             model_name='budgetledger',
-            index=models.Index(fields=['grant_id', 'metric', 'consumed_at', 'n'], name='ctrlrun_ledger_chain_idx'),
+            index=models.Index(fields=['grant_id', 'metric', 'consumed_at', 'cum'], name='ctrlrun_ledger_chain_idx'),
         ),
         migrations.AddIndex(
             model_name='budgetledger',

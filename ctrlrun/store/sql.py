@@ -142,15 +142,17 @@ _CHAIN = '"ctrlrun_budgetledger" WHERE "grant_id" = %s AND "metric" = %s'
 #: One budget's window as a check needs it, in two index seeks and one range of the released rows
 #: (``ctrlrun_ledger_chain_idx``, ``ctrlrun_ledger_released_idx``): the running total at its chain's
 #: last row, at the chain's last row consumed by the window's start (consumed_at never goes back along
-#: the chain, so those rows are a prefix of it), and the released amounts consumed after the start.
+#: the chain, so those rows are a prefix of it; cum never goes down, so the prefix's largest cum is its
+#: last row's), and the released amounts consumed after the start.
 #: Parameters: (grant, metric) three times, the window's start after the second and the third.
 LEDGER_SPENT = (
-    f'SELECT (SELECT "cum" FROM {_CHAIN} ORDER BY "consumed_at" DESC, "n" DESC LIMIT 1), '
-    f'(SELECT "cum" FROM {_CHAIN} AND "consumed_at" <= %s ORDER BY "consumed_at" DESC, "n" DESC LIMIT 1), '
+    f'SELECT (SELECT "cum" FROM {_CHAIN} ORDER BY "consumed_at" DESC, "cum" DESC LIMIT 1), '
+    f'(SELECT "cum" FROM {_CHAIN} AND "consumed_at" <= %s ORDER BY "consumed_at" DESC, "cum" DESC LIMIT 1), '
     f'(SELECT SUM("amount") FROM {_CHAIN} AND "released_at" IS NOT NULL AND "consumed_at" > %s)')
 
-#: A chain's last row (a charge continues it): its place, running total and time.
-LEDGER_LAST = f'SELECT "n", "cum", "consumed_at" FROM {_CHAIN} ORDER BY "consumed_at" DESC, "n" DESC LIMIT 1'
+#: A chain's last row (a charge continues it): its place, running total and time (the unique index of
+#: ``ctrlrun_ledger_one_place``, read backwards).
+LEDGER_LAST = f'SELECT "n", "cum", "consumed_at" FROM {_CHAIN} ORDER BY "n" DESC LIMIT 1'
 
 
 def ledger_spent(count: int) -> str:
