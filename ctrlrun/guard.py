@@ -152,18 +152,6 @@ def _ledger_chained() -> str:
             f'NEW."grant_id" AND "p"."metric" = NEW."metric" AND "p"."n" = NEW."n" - 1), FALSE)')
 
 
-_PG_LEDGER_FIRST = '(NEW."n" = 1 AND NEW."cum" = NEW."amount")'
-#: PostgreSQL: ``_ledger_chained``'s lookup as a function of the new row, planned where it runs.
-_PG_LEDGER_NEXT = ("ctrlrun_ledger_continues(NEW.\"grant_id\", NEW.\"metric\", NEW.\"n\", NEW.\"cum\", "
-                   "NEW.\"amount\", NEW.\"consumed_at\")")
-_PG_LEDGER_CONTINUES = (
-    "CREATE OR REPLACE FUNCTION ctrlrun_ledger_continues(g text, m text, n bigint, cum bigint, amount bigint, "
-    "at timestamptz) RETURNS boolean AS $$\nDECLARE ok boolean;\nBEGIN\nEXECUTE 'SELECT COALESCE((SELECT $4 - "
-    "\"p\".\"cum\" = $5 AND $6 >= \"p\".\"consumed_at\" FROM \"ctrlrun_budgetledger\" AS \"p\" WHERE "
-    "\"p\".\"grant_id\" = $1 AND \"p\".\"metric\" = $2 AND \"p\".\"n\" = $3 - 1), FALSE)' INTO ok "
-    "USING g, m, n, cum, amount, at;\nRETURN ok;\nEND\n$$ LANGUAGE plpgsql")
-
-
 #: What a delegation keeps for life; only revoked_at/revoked_by change, once.
 _DELEGATION_FIXED = ("delegation_id", "parent_id", "depth", "grant_json", "agent", "created_by_agent",
                      "created_by_user", "created_via", "created_at")
@@ -305,15 +293,13 @@ def _postgresql_statements() -> list[str]:
         ])),
         _pg_function("ctrlrun_guard_budgetledger", "\n".join([
             "IF TG_OP IN ('DELETE', 'TRUNCATE') THEN " + _pg_raise(LEDGER_MESSAGE) + " END IF;",
-            # Planned on every insert (EXECUTE): a plan cached while the table was small would scan it.
-            f"IF TG_OP = 'INSERT' THEN IF NOT ({_PG_LEDGER_FIRST} OR {_PG_LEDGER_NEXT}) THEN "
-            + _pg_raise(LEDGER_CHAIN_MESSAGE) + " END IF; RETURN NEW; END IF;",
+            f"IF TG_OP = 'INSERT' THEN IF NOT ({_ledger_chained()}) THEN " + _pg_raise(LEDGER_CHAIN_MESSAGE)
+            + " END IF; RETURN NEW; END IF;",
             f"IF NOT ({_ledger_release_only('IS NOT DISTINCT FROM')}) THEN "
             + _pg_raise(LEDGER_RELEASE_MESSAGE) + " END IF;",
             "RETURN NEW;",
         ])),
     ]
-    statements.insert(0, _PG_LEDGER_CONTINUES)
     statements += [
         f'CREATE TRIGGER "{LEDGER_TABLE}_guard" BEFORE INSERT OR UPDATE OR DELETE ON "{LEDGER_TABLE}" '
         "FOR EACH ROW EXECUTE FUNCTION ctrlrun_guard_budgetledger()",
