@@ -23,7 +23,9 @@
   a charge is given back only by setting its ``released_at`` (and its signature), once, and only
   while the effect record of its attempt is ``failed`` at that attempt: a committed charge is spent
   for good, whoever asks. Every other column is fixed and a release is never undone, so spend
-  cannot be erased (or moved) to make room by rewriting a row either.
+  cannot be erased (or moved) to make room by rewriting a row either. A new row continues its
+  (grant, metric)'s chain (its place ``n``, running total ``cum``, a ``consumed_at`` never earlier),
+  so the running totals a budget check subtracts are the amounts' true sums.
 - **Delegations are revoked once, never edited or deleted**: a row is inserted unrevoked, and its one
   allowed change sets ``revoked_at``, ``revoked_by`` (and its signature) on a row that had neither.
 - **A mail delivery keeps who and why** (request, recipient, address, basis, link): it is inserted
@@ -128,7 +130,9 @@ def _approval_allowed(same: str) -> str:
 
 
 #: What a ledger row keeps for life; only released_at changes (with the row's signature), once.
-_LEDGER_FIXED = ("id", "grant_id", "metric", "amount", "effect_key", "attempt", "consumed_at")
+_LEDGER_FIXED = ("id", "grant_id", "metric", "amount", "effect_key", "attempt", "consumed_at", "n", "cum")
+LEDGER_CHAIN_MESSAGE = ("a ctrlrun budget ledger row continues its (grant, metric) chain: n one past the last row, "
+                        "cum the last cum plus the amount, consumed_at no earlier than the last")
 EFFECT_TABLE = "ctrlrun_effectrecord"
 
 
@@ -142,6 +146,19 @@ def _ledger_release_only(same: str) -> str:
     unchanged = f'{_same("released_at", same)} AND {_same("mac", same)}'
     return (f'{fixed} AND (({unchanged}) OR (OLD."released_at" IS NULL AND NEW."released_at" IS NOT NULL '
             f'AND {failed}))')
+
+
+def _ledger_chained() -> str:
+    """A new ledger row continues its (grant_id, metric)'s chain: the first row (n 1) holds its own
+    amount; any other is one past an existing row, its running total that row's plus its amount,
+    consumed no earlier. A second row at one place is refused by ``ctrlrun_ledger_one_place``, so a
+    chain has no gap, no fork and never goes back in time, and a budget's window is a prefix of it
+    (docs/budgets.md). The predecessor is found by its place alone (the unique index: one row, however
+    long the chain) and only then compared: a comparison on consumed_at in the lookup would let a
+    cached plan range over the chain's index instead."""
+    return (f'(NEW."n" = 1 AND NEW."cum" = NEW."amount") OR COALESCE((SELECT NEW."cum" - "p"."cum" = NEW."amount" '
+            f'AND NEW."consumed_at" >= "p"."consumed_at" FROM "{LEDGER_TABLE}" AS "p" WHERE "p"."grant_id" = '
+            f'NEW."grant_id" AND "p"."metric" = NEW."metric" AND "p"."n" = NEW."n" - 1), FALSE)')
 
 
 #: What a delegation keeps for life; only revoked_at/revoked_by change, once.
@@ -225,9 +242,12 @@ def _sqlite_statements() -> list[tuple[str, str]]:
     add(f"{LEDGER_TABLE}_no_replace", "BEFORE INSERT", LEDGER_TABLE, LEDGER_MESSAGE,
         condition=f'EXISTS (SELECT 1 FROM "{LEDGER_TABLE}" WHERE "id" = NEW."id" OR ("effect_key" = '
                   f'NEW."effect_key" AND "attempt" = NEW."attempt" AND "grant_id" = NEW."grant_id" AND '
-                  f'"metric" = NEW."metric"))')
+                  f'"metric" = NEW."metric") OR ("grant_id" = NEW."grant_id" AND "metric" = NEW."metric" AND '
+                  f'"n" = NEW."n"))')
     add(f"{LEDGER_TABLE}_release_only", "BEFORE UPDATE", LEDGER_TABLE, LEDGER_RELEASE_MESSAGE,
         condition=f"NOT ({_ledger_release_only('IS')})")
+    add(f"{LEDGER_TABLE}_chained", "BEFORE INSERT", LEDGER_TABLE, LEDGER_CHAIN_MESSAGE,
+        condition=f"NOT ({_ledger_chained()})")
     table = DELEGATION_TABLE
     add(f"{table}_no_replace", "BEFORE INSERT", table, "a delegation is created once, unrevoked",
         condition=f'NEW."revoked_at" IS NOT NULL OR EXISTS (SELECT 1 FROM "{table}" WHERE '
@@ -308,13 +328,15 @@ def _postgresql_statements() -> list[str]:
         ])),
         _pg_function("ctrlrun_guard_budgetledger", "\n".join([
             "IF TG_OP IN ('DELETE', 'TRUNCATE') THEN " + _pg_raise(LEDGER_MESSAGE) + " END IF;",
+            f"IF TG_OP = 'INSERT' THEN IF NOT ({_ledger_chained()}) THEN " + _pg_raise(LEDGER_CHAIN_MESSAGE)
+            + " END IF; RETURN NEW; END IF;",
             f"IF NOT ({_ledger_release_only('IS NOT DISTINCT FROM')}) THEN "
             + _pg_raise(LEDGER_RELEASE_MESSAGE) + " END IF;",
             "RETURN NEW;",
         ])),
     ]
     statements += [
-        f'CREATE TRIGGER "{LEDGER_TABLE}_guard" BEFORE UPDATE OR DELETE ON "{LEDGER_TABLE}" '
+        f'CREATE TRIGGER "{LEDGER_TABLE}_guard" BEFORE INSERT OR UPDATE OR DELETE ON "{LEDGER_TABLE}" '
         "FOR EACH ROW EXECUTE FUNCTION ctrlrun_guard_budgetledger()",
         f'CREATE TRIGGER "{LEDGER_TABLE}_no_truncate" BEFORE TRUNCATE ON "{LEDGER_TABLE}" '
         "FOR EACH STATEMENT EXECUTE FUNCTION ctrlrun_guard_budgetledger()",

@@ -361,6 +361,11 @@ class BudgetLedger(models.Model):
 
     Mutable (``released_at`` is set once) but never deleted: the database refuses deletes
     (``ctrlrun.guard``), so spend cannot be erased to make room.
+
+    Each (grant_id, metric)'s rows form a chain: ``n`` counts them (1, 2, ...), ``cum`` is the running
+    total of their amounts (released ones included) and ``consumed_at`` never goes back along it, so
+    what a window holds is two index seeks, whatever the ledger's size (docs/budgets.md). The
+    database refuses a row that does not continue its chain.
     """
 
     id = models.BigAutoField(primary_key=True)
@@ -372,16 +377,24 @@ class BudgetLedger(models.Model):
     consumed_at = models.DateTimeField(help_text="When the charge was made (the store's clock).")
     released_at = models.DateTimeField(null=True, blank=True,
                                        help_text="When the attempt ended failed and the charge was given back.")
+    n = models.BigIntegerField(help_text="This row's place in its (grant_id, metric)'s chain: 1, 2, ...")
+    cum = models.BigIntegerField(help_text="The running total of the chain's amounts up to this row, released "
+                                           "ones included.")
     mac = models.CharField(max_length=MAC_LENGTH, null=True, blank=True,
                            help_text="ctrlrun's signature of the charge and its release.")
 
     class Meta:
         ordering = ["id"]
         indexes = [
-            # What a budget has spent is summed on every charged call: an index holding exactly the
-            # un-released rows, with the amount, so the sum reads the index alone.
-            models.Index(fields=["grant_id", "metric", "consumed_at", "amount", "released_at"], name="ctrlrun_ledger_budget_idx",
-                         condition=models.Q(released_at__isnull=True)),
+            # A budget check's two seeks: the running total at the chain's end and before the window
+            # (consumed_at and cum never go back along n, so the largest cum at or before a time is the
+            # cum of the last row then); the console's usage reads the window through it. Without n,
+            # so the guard's lookup of a row's predecessor by its place has one index to take.
+            models.Index(fields=["grant_id", "metric", "consumed_at", "cum"], name="ctrlrun_ledger_chain_idx"),
+            # The released charges of a window, subtracted from the running totals' difference: an
+            # index holding exactly the released rows.
+            models.Index(fields=["grant_id", "metric", "consumed_at"], name="ctrlrun_ledger_released_idx",
+                         condition=models.Q(released_at__isnull=False)),
             # An attempt's charges (a release, the effects command) are read through the unique index of
             # ctrlrun_ledger_one_charge below, whose leading columns are (effect_key, attempt).
         ]
@@ -390,6 +403,8 @@ class BudgetLedger(models.Model):
             # A charge's identity (what its signature covers): a copy of a row is refused.
             models.UniqueConstraint(fields=["effect_key", "attempt", "grant_id", "metric"],
                                     name="ctrlrun_ledger_one_charge"),
+            # One row per place in a chain: the database's chain check reads the predecessor through it.
+            models.UniqueConstraint(fields=["grant_id", "metric", "n"], name="ctrlrun_ledger_one_place"),
         ]
 
     def __str__(self) -> str:

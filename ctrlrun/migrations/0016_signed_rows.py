@@ -65,7 +65,7 @@ def _sign_legacy(apps, schema_editor):
         state, attempt = records.get(row.effect_key, (None, None))
         released_ok = attempt is not None and (attempt > row.attempt or (attempt == row.attempt and state == "failed"))
         if row.released_at is None or released_ok:
-            row.mac = sig.ledger_mac(row.grant_id, row.metric, row.amount, row.effect_key, row.attempt,
+            row.mac = sig.ledger_mac_v1(row.grant_id, row.metric, row.amount, row.effect_key, row.attempt,
                                      row.consumed_at, row.released_at)
             row.save(update_fields=["mac"])
 

@@ -2,9 +2,15 @@
 when its attempt ends failed, and read what a grant has spent.
 
 Spent, for one budget, is the sum of the un-released ledger rows of its (grant_id, metric) consumed
-inside its window. A reservation checks every charge and then writes one row per (grant_id, metric),
-in the transaction that takes the key (``effects.reserve``), so N processes racing for a budget's
-last unit spend it once:
+inside its window. It is read at a constant cost (docs/budgets.md argues it exact): each pair's rows
+form a chain (``n`` = 1, 2, ..., ``cum`` the running total of the amounts, released ones included,
+``consumed_at`` never earlier than the predecessor's), so the rows consumed before the window are a
+prefix of the chain and what the window holds is the last row's ``cum`` minus the ``cum`` of the last
+row before the window (two index seeks), minus the released amounts consumed inside the window (an
+index of the released rows alone: bounded by releases, never by the ledger). A reservation checks
+every charge and then writes one row per (grant_id, metric), continuing its chain, in the transaction
+that takes the key (``effects.reserve``), so N processes racing for a budget's last unit spend it
+once:
 
 - SQLite: every write transaction is ``BEGIN IMMEDIATE`` (``standalone.sqlite_options``), so the
   sum and the insert cannot interleave with another writer.
@@ -14,7 +20,9 @@ last unit spend it once:
 
 A call whose transaction waited for such a lock may read a clock earlier than a row the winner wrote
 meanwhile; rows consumed after this transaction's time are therefore counted too (the window has
-no upper bound), so a wait can only make a budget stricter, never let it overspend.
+no upper bound), so a wait can only make a budget stricter, never let it overspend. Its own row is
+then stamped with the predecessor's ``consumed_at`` (later than its clock): later only ever keeps a
+charge in windows longer, stricter again.
 
 Several budgets on one metric of one grant (``amount`` per hour and per day) share one ledger row per
 call: each budget sums the same rows over its own window.
@@ -28,8 +36,9 @@ from typing import Any
 
 from django.db import connections
 
-from ..errors import InvalidArgument
+from ..errors import BudgetRefused, InvalidArgument
 from ..models import BudgetLedger, EffectRecord
+from ..policy.authority import MAX_AMOUNT
 from ..states import EffectState
 from ..values import Charge
 from . import sql
@@ -67,38 +76,68 @@ def _lock(charges: Sequence[Charge]) -> None:
     dialect().lock_budgets(statements, [lock_key(grant_id, metric) for grant_id, metric in pairs])
 
 
-def _spent(cursor: Any, adapt: Any, charge: Charge, when: dt.datetime) -> int:
-    since = when - dt.timedelta(seconds=charge.window_seconds)
-    return int(cursor.execute(sql.LEDGER_SPENT, [charge.grant_id, charge.metric, adapt(since)]).fetchone()[0])
+def _number(value: Any) -> int:
+    return 0 if value is None else int(value)  # PostgreSQL's SUM of bigints is a numeric
+
+
+def _spent(charges: Sequence[Charge], when: dt.datetime) -> list[int]:
+    """What each charge's budget has spent in its window at ``when`` (one statement for them all)."""
+    adapt = time_param(connections[alias()])
+    params: list[Any] = []
+    for charge in charges:
+        since = adapt(when - dt.timedelta(seconds=charge.window_seconds))
+        pair = [charge.grant_id, charge.metric]
+        params += [*pair, *pair, since, *pair, since]
+    with statements() as cursor:
+        rows = sorted(cursor.execute(sql.ledger_spent(len(charges)), params).fetchall())
+    return [_number(last) - _number(before) - _number(released) for _, last, before, released in rows]
 
 
 def exhausted(charges: Sequence[Charge], when: dt.datetime, *, lock: bool = True) -> tuple[Charge, int] | None:
     """The first charge (in the order given) that does not fit its budget at ``when``, with what its
     budget has spent; None when every one fits. Must run inside a phase; ``lock`` takes the budgets'
     locks first (a reservation), which are held until the phase ends."""
+    if not charges:
+        return None
     if lock:
         _lock(charges)
-    adapt = time_param(connections[alias()])
-    with statements() as cursor:
-        for charge in charges:
-            spent = _spent(cursor, adapt, charge, when)
-            if spent + charge.amount > charge.limit:
-                return charge, spent
+    for charge, spent in zip(charges, _spent(charges, when)):
+        if spent + charge.amount > charge.limit:
+            return charge, spent
     return None
 
 
+def _continued(last: Any, connection: Any, row: Charge, when: dt.datetime) -> tuple[int, int, dt.datetime]:
+    """Where a charge of ``row.amount`` continues its pair's chain, whose ``last`` row is (n, cum,
+    consumed_at) or None: (n, cum, consumed_at)."""
+    if last is None:
+        return 1, row.amount, when
+    n, cum, consumed_at = int(last[0]), int(last[1]), as_datetime(last[2], connection)
+    if cum + row.amount > MAX_AMOUNT:
+        raise BudgetRefused(f"the budget ledger's running total of {row.metric!r} on grant {row.grant_id!r} would "
+                            f"pass {MAX_AMOUNT} (2**63 - 1, what the ledger holds): it cannot charge "
+                            f"{row.amount} more; measure this metric in a larger unit", reason="budget_unmeasurable")
+    return n + 1, cum + row.amount, max(when, consumed_at) if consumed_at is not None else when
+
+
 def charge(charges: Sequence[Charge], effect_key: str, attempt: int, when: dt.datetime) -> None:
-    """Write the ledger rows of an attempt that took its key (inside the reservation's phase)."""
+    """Write the ledger rows of an attempt that took its key (inside the reservation's phase, under
+    the budgets' locks), each continuing its (grant_id, metric)'s chain."""
     rows = distinct(charges)
     if not rows:
         return
-    stamp = time_param(connections[alias()])(when)
+    connection = connections[alias()]
+    adapt = time_param(connection)
     params: list[Any] = []
-    for row in rows:
-        params += [row.grant_id, row.metric, row.amount, effect_key, attempt, stamp, None,
-                   ledger_mac(row.grant_id, row.metric, row.amount, effect_key, attempt, when, None)]
     with statements() as cursor:
-        cursor.execute(sql.LEDGER_INSERT + sql.value_rows(8, len(rows)), params)
+        found = cursor.execute(sql.ledger_last(len(rows)),
+                               [value for row in rows for value in (row.grant_id, row.metric)]).fetchall()
+        lasts = {int(i): rest for i, *rest in found}
+        for index, row in enumerate(rows):
+            n, cum, at = _continued(lasts.get(index), connection, row, when)
+            params += [row.grant_id, row.metric, row.amount, effect_key, attempt, adapt(at), None, n, cum,
+                       ledger_mac(row.grant_id, row.metric, row.amount, effect_key, attempt, at, None, n, cum)]
+        cursor.execute(sql.LEDGER_INSERT + sql.value_rows(10, len(rows)), params)
 
 
 def release(effect_key: str, attempt: int, when: dt.datetime) -> int:
@@ -110,8 +149,9 @@ def release(effect_key: str, attempt: int, when: dt.datetime) -> int:
     released = 0
     with statements() as cursor:
         held = cursor.execute(sql.LEDGER_HELD, [effect_key, attempt]).fetchall()
-        for ident, grant_id, metric, amount, consumed_at in held:
-            mac = ledger_mac(grant_id, metric, amount, effect_key, attempt, as_datetime(consumed_at, connection), when)
+        for ident, grant_id, metric, amount, consumed_at, n, cum in held:
+            mac = ledger_mac(grant_id, metric, amount, effect_key, attempt, as_datetime(consumed_at, connection), when,
+                             n, cum)
             released += cursor.execute(sql.LEDGER_RELEASE, [stamp, mac, ident]).rowcount
     return released
 

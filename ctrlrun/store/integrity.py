@@ -24,8 +24,8 @@ from .signatures import check_ok, delegation_ok, delivery_ok, ledger_ok, link_us
 
 _DELEGATION_COLUMNS = ("delegation_id", "parent_id", "depth", "grant_json", "agent", "created_by_agent",
                        "created_by_user", "created_via", "created_at", "revoked_at", "revoked_by", "mac")
-_LEDGER_COLUMNS = ("grant_id", "metric", "amount", "effect_key", "attempt", "consumed_at", "released_at", "mac",
-                   "id")
+_LEDGER_COLUMNS = ("grant_id", "metric", "amount", "effect_key", "attempt", "consumed_at", "released_at", "n", "cum",
+                   "mac", "id")
 
 
 def _unsigned(kind: str, subject: str, what: str, consequence: str) -> ChainBreak:
@@ -93,11 +93,11 @@ def row_breaks(since: dt.datetime | None, walked: dict[str, set[str]], upto_even
         ledger = ledger.filter(Q(consumed_at__gte=since) | Q(released_at__gte=since))
     for values in ledger.order_by("id").values_list(*_LEDGER_COLUMNS).iterator(chunk_size=2000):
         checked += 1
-        if not ledger_ok(values[:7], values[7]):
-            out.append(_unsigned("ledger", str(values[8]), f"budget charge {values[8]} ({values[2]} {values[1]} on "
+        if not ledger_ok(values[:9], values[9]):
+            out.append(_unsigned("ledger", str(values[10]), f"budget charge {values[10]} ({values[2]} {values[1]} on "
                                  f"{values[0]!r} by {values[3]} attempt {values[4]}"
                                  f"{', released' if values[6] is not None else ''})",
-                                 "its release, or its amount, is not ctrlrun's"))
+                                 "its release, its amount, or its place in its chain, is not ctrlrun's"))
 
     documents = objects(PolicyDocument).all()
     if since is not None:

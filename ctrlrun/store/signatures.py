@@ -27,7 +27,9 @@ APPROVAL_DOMAIN_V1, APPROVAL_DOMAIN_V2 = "ctrlrun.approval/v1", "ctrlrun.approva
 APPROVAL_DOMAIN_V3, APPROVAL_DOMAIN = "ctrlrun.approval/v3", "ctrlrun.approval/v4"
 #: v1 signed a check's content only, so a copy under a new id verified; v2 signs its ``nonce`` too.
 CHECK_DOMAIN_V1, CHECK_DOMAIN = "ctrlrun.check/v1", "ctrlrun.check/v2"
-DELEGATION_DOMAIN, LEDGER_DOMAIN = "ctrlrun.delegation/v1", "ctrlrun.ledger/v1"
+DELEGATION_DOMAIN = "ctrlrun.delegation/v1"
+#: v1 signed a charge without its place in its chain; v2 signs ``n`` and ``cum`` too (0026 re-signs).
+LEDGER_DOMAIN_V1, LEDGER_DOMAIN = "ctrlrun.ledger/v1", "ctrlrun.ledger/v2"
 POLICY_DOMAIN, PAUSED_DOMAIN = "ctrlrun.policy-document/v1", "ctrlrun.paused-run/v1"
 DELIVERY_DOMAIN, LINK_USE_DOMAIN = "ctrlrun.delivery/v1", "ctrlrun.link-use/v1"
 #: The head row's columns, in the order ``head_problem`` takes them.
@@ -193,23 +195,37 @@ def delegation_ok(fields: tuple, mac: str | None) -> bool:
 # --------------------------------------------------------------------------- budget charges
 
 
-def ledger_fields(grant_id: Any, metric: Any, amount: Any, effect_key: Any, attempt: Any, consumed_at: Any,
-                  released_at: Any) -> tuple:
-    """A budget charge as signed. (effect_key, attempt, grant_id, metric) is its identity: the
-    database keeps it unique, so a charge copied keeps no signature of its own."""
+def ledger_fields_v1(grant_id: Any, metric: Any, amount: Any, effect_key: Any, attempt: Any, consumed_at: Any,
+                     released_at: Any) -> tuple:
+    """A budget charge as v1 signed it (before 0026): what 0016 signed and 0026 checks before re-signing."""
     return (effect_key, attempt, grant_id, metric, amount, iso_text(consumed_at), iso_text(released_at))
+
+
+def ledger_mac_v1(*fields: Any) -> str:
+    return signing.sign(LEDGER_DOMAIN_V1, ledger_fields_v1(*fields))
+
+
+def ledger_fields(grant_id: Any, metric: Any, amount: Any, effect_key: Any, attempt: Any, consumed_at: Any,
+                  released_at: Any, n: Any, cum: Any) -> tuple:
+    """A budget charge as signed. (effect_key, attempt, grant_id, metric) is its identity: the
+    database keeps it unique, so a charge copied keeps no signature of its own. Its place in its
+    (grant_id, metric)'s chain (``n``, the running total ``cum``) is what a budget check reads."""
+    return (*ledger_fields_v1(grant_id, metric, amount, effect_key, attempt, consumed_at, released_at),
+            int(n), int(cum))
 
 
 def ledger_mac(*fields: Any) -> str:
     return signing.sign(LEDGER_DOMAIN, ledger_fields(*fields))
 
 
-def ledger_ok(fields: tuple, mac: str | None) -> bool:
+def ledger_ok(fields: tuple, mac: str | None, *, v1: bool = False) -> bool:
+    """Whether a charge's columns (``ledger_fields``'s order; ``v1``: the seven v1 signed) carry ctrlrun's
+    signature."""
     try:
-        document = ledger_fields(*fields)
+        document = ledger_fields_v1(*fields) if v1 else ledger_fields(*fields)
     except (TypeError, ValueError, AttributeError):
         return False
-    return signing.is_valid(LEDGER_DOMAIN, document, mac)
+    return signing.is_valid(LEDGER_DOMAIN_V1 if v1 else LEDGER_DOMAIN, document, mac)
 
 
 # --------------------------------------------------------------------------- policy documents

@@ -4,7 +4,7 @@ An allowed call with an effect key runs, in order: ``OPEN_SQLITE``/``OPEN_POSTGR
 record, locked, with the chain head), ``EFFECT_INSERT`` (or ``EFFECT_RENEW``), then while the
 function runs ``LEASE_RENEW``, then ``OUTCOME_UPDATE_AT``/``OUTCOME_UPDATE_NOW``, ``HEAD_TAKE``,
 ``EVENT_INSERT`` + ``RECEIPT_INSERT`` and ``HEAD_MOVE`` (one statement on PostgreSQL). A call on a
-budget adds ``BUDGET_LOCK`` (PostgreSQL), ``LEDGER_SPENT`` and ``LEDGER_INSERT`` to its reservation
+budget adds ``BUDGET_LOCK`` (PostgreSQL), ``ledger_spent``, ``ledger_last`` and ``LEDGER_INSERT`` to its reservation
 (``LEDGER_HELD``/``LEDGER_RELEASE`` when the attempt fails); a call by a delegated agent adds
 ``delegations_up`` (its delegations and their ancestors) and ``delegations_revoked``.
 
@@ -19,7 +19,8 @@ __all__ = [
     "CLOCK", "HEAD_TAKE", "HEAD_CREATE", "HEAD_MOVE", "EVENT_INSERT", "RECEIPT_INSERT", "PEEK_COLUMNS", "PEEK",
     "OPEN_POSTGRESQL", "OPEN_SQLITE", "EFFECT_INSERT", "EFFECT_RENEW", "LEASE_RENEW", "EFFECT_LAPSE",
     "OUTCOME_UPDATE_NOW", "OUTCOME_UPDATE_AT", "EFFECT_RESOLVE", "RECONCILE_BACKOFF", "LATER_HISTORY",
-    "BUDGET_LOCK", "LEDGER_SPENT", "LEDGER_INSERT", "LEDGER_HELD", "LEDGER_RELEASE", "DELEGATION_COLUMNS",
+    "BUDGET_LOCK", "LEDGER_SPENT", "LEDGER_LAST", "ledger_spent", "ledger_last", "LEDGER_INSERT", "LEDGER_HELD",
+    "LEDGER_RELEASE", "DELEGATION_COLUMNS",
     "delegations_up", "DELEGATIONS_DOWN", "delegations_revoked", "value_rows",
 ]
 
@@ -136,16 +137,42 @@ RECONCILE_BACKOFF = (
 #: PostgreSQL: one (grant, metric)'s budget, locked until the phase ends (SQLite: BEGIN IMMEDIATE).
 BUDGET_LOCK = "SELECT pg_advisory_xact_lock(%s)"
 
-#: What a (grant, metric) has spent since %s: its charges not released.
-LEDGER_SPENT = ('SELECT COALESCE(SUM("amount"), 0) FROM "ctrlrun_budgetledger" WHERE "grant_id" = %s AND '
-                '"metric" = %s AND "released_at" IS NULL AND "consumed_at" > %s')
+_CHAIN = '"ctrlrun_budgetledger" WHERE "grant_id" = %s AND "metric" = %s'
 
-#: An attempt's charges: the caller adds ``value_rows(8, n)``.
+#: One budget's window as a check needs it, in two index seeks and one range of the released rows
+#: (``ctrlrun_ledger_chain_idx``, ``ctrlrun_ledger_released_idx``): the running total at its chain's
+#: last row, at the chain's last row consumed by the window's start (consumed_at never goes back along
+#: the chain, so those rows are a prefix of it; cum never goes down, so the prefix's largest cum is its
+#: last row's), and the released amounts consumed after the start.
+#: Parameters: (grant, metric) three times, the window's start after the second and the third.
+LEDGER_SPENT = (
+    f'SELECT (SELECT "cum" FROM {_CHAIN} ORDER BY "consumed_at" DESC, "cum" DESC LIMIT 1), '
+    f'(SELECT "cum" FROM {_CHAIN} AND "consumed_at" <= %s ORDER BY "consumed_at" DESC, "cum" DESC LIMIT 1), '
+    f'(SELECT SUM("amount") FROM {_CHAIN} AND "released_at" IS NOT NULL AND "consumed_at" > %s)')
+
+#: A chain's last row (a charge continues it): its place, running total and time (the unique index of
+#: ``ctrlrun_ledger_one_place``, read backwards).
+LEDGER_LAST = f'SELECT "n", "cum", "consumed_at" FROM {_CHAIN} ORDER BY "n" DESC LIMIT 1'
+
+
+def ledger_spent(count: int) -> str:
+    """``LEDGER_SPENT`` for ``count`` budgets in one statement, a row each, numbered from 0 first."""
+    return " UNION ALL ".join(f"SELECT {i} AS \"i\", * FROM ({LEDGER_SPENT}) AS \"s{i}\"" for i in range(count))
+
+
+def ledger_last(count: int) -> str:
+    """``LEDGER_LAST`` for ``count`` chains in one statement: a row for each that has one, numbered
+    from 0 first (parameters: each chain's grant and metric)."""
+    return " UNION ALL ".join(f"SELECT {i} AS \"i\", * FROM ({LEDGER_LAST}) AS \"l{i}\"" for i in range(count))
+
+
+#: An attempt's charges: the caller adds ``value_rows(10, n)``.
 LEDGER_INSERT = ('INSERT INTO "ctrlrun_budgetledger" ("grant_id", "metric", "amount", "effect_key", "attempt", '
-                 '"consumed_at", "released_at", "mac") VALUES ')
+                 '"consumed_at", "released_at", "n", "cum", "mac") VALUES ')
 
 #: An attempt's charges still held.
-LEDGER_HELD = ('SELECT "id", "grant_id", "metric", "amount", "consumed_at" FROM "ctrlrun_budgetledger" WHERE '
+LEDGER_HELD = ('SELECT "id", "grant_id", "metric", "amount", "consumed_at", "n", "cum" FROM "ctrlrun_budgetledger" '
+               'WHERE '
                '"effect_key" = %s AND "attempt" = %s AND "released_at" IS NULL')
 
 #: Release one charge (the guard lets a row get released_at once, nothing else).

@@ -410,7 +410,7 @@ def _charged_row():
     from ctrlrun.models import BudgetLedger as Row
 
     return Row.objects.create(grant_id="support", metric="amount", amount=40_000, effect_key="refund:p1", attempt=1,
-                              consumed_at=dt.datetime(2026, 11, 29, 12, tzinfo=dt.timezone.utc))
+                              consumed_at=dt.datetime(2026, 11, 29, 12, tzinfo=dt.timezone.utc), n=1, cum=40_000)
 
 
 @pytest.mark.parametrize("change", [
@@ -418,6 +418,8 @@ def _charged_row():
     'UPDATE "ctrlrun_budgetledger" SET "consumed_at" = \'2000-01-01 00:00:00\'',
     'UPDATE "ctrlrun_budgetledger" SET "grant_id" = \'elsewhere\'',
     'UPDATE "ctrlrun_budgetledger" SET "effect_key" = \'refund:other\', "attempt" = 7',
+    'UPDATE "ctrlrun_budgetledger" SET "cum" = 0',
+    'UPDATE "ctrlrun_budgetledger" SET "n" = 2',
 ])
 def test_plain_dml_cannot_erase_spend_by_rewriting_a_ledger_row(change):
     from django.db import DatabaseError, connection, transaction
@@ -527,5 +529,11 @@ def test_eight_processes_racing_spend_the_budget_exactly_once(tmp_path):
     assert sum(BudgetLedger.objects.filter(metric="amount").values_list("amount", flat=True)) == 10 * limit
     assert set(BudgetLedger.objects.values_list("effect_key", flat=True)) == set(executed)
     assert store.budget_usage("support", "count", DAY)[:2] == (limit, 0)
+    for metric in ("count", "amount"):  # each chain written in turn under its lock: no gap, no fork, true totals
+        chain = list(BudgetLedger.objects.filter(metric=metric).order_by("n").values_list("n", "amount", "cum",
+                                                                                           "consumed_at"))
+        assert [n for n, *_ in chain] == list(range(1, limit + 1))
+        assert [cum for _, _, cum, _ in chain] == [sum(a for _, a, _, _ in chain[:i + 1]) for i in range(limit)]
+        assert [at for *_, at in chain] == sorted(at for *_, at in chain)
     assert EffectRecord.objects.filter(state="committed").count() == limit
     assert store.verify().ok

@@ -25,7 +25,7 @@ EXPECTED = {
     "ctrlrun_effectrecord": {"ctrlrun_effect_state_idx"},
     "ctrlrun_event": {"ctrlrun_event_approval_idx", "action_id", "effect_key"},
     "ctrlrun_receipt": {"ctrlrun_receipt_ts_idx", "action_id", "effect_key"},
-    "ctrlrun_budgetledger": {"ctrlrun_ledger_budget_idx"},
+    "ctrlrun_budgetledger": {"ctrlrun_ledger_chain_idx", "ctrlrun_ledger_released_idx"},
     "ctrlrun_chainhead": set(),
 }
 
@@ -111,7 +111,9 @@ READERS = [
      lambda: list(store.receipt_documents_since(NOW - dt.timedelta(hours=24), limit=100))),
     ("stats --since", "ctrlrun_receipt", lambda: list(store.receipt_documents_since(NOW))),
     ("a budgeted call's reservation", "ctrlrun_budgetledger",
-     lambda: _raw(hot.LEDGER_SPENT, ["g", "count", NOW])),
+     lambda: _raw(hot.ledger_spent(2), ["g", "count", "g", "count", NOW, "g", "count", NOW] * 2)),
+    ("a budgeted call's charge", "ctrlrun_budgetledger",
+     lambda: _raw(hot.ledger_last(2), ["g", "count", "g", "amount"])),
     ("a failed attempt's release", "ctrlrun_budgetledger", lambda: _raw(hot.LEDGER_HELD, ["refund:x", 1])),
     ("effects: an attempt's charges", "ctrlrun_budgetledger", lambda: store.charges_of("refund:x", 1)),
 ]
@@ -119,13 +121,13 @@ READERS = [
 
 @pytest.fixture
 def ledger_of_others():
-    """Charges of other attempts, not released, and the ledger's statistics: on an empty ledger
-    PostgreSQL rates walking the partial (unreleased) budget index as cheap as any other plan."""
+    """Charges of other attempts, not released (one chain), and the ledger's statistics: on an empty
+    ledger PostgreSQL rates walking a partial index as cheap as any other plan."""
     with connection.cursor() as cursor:
         cursor.executemany(
             'INSERT INTO "ctrlrun_budgetledger" ("grant_id", "metric", "amount", "effect_key", "attempt", '
-            '"consumed_at") VALUES (%s, %s, %s, %s, %s, %s)',
-            [("other", "count", 1, f"other:{n}", 1, NOW) for n in range(500)])
+            '"consumed_at", "n", "cum") VALUES (%s, %s, %s, %s, %s, %s, %s, %s)',
+            [("other", "count", 1, f"other:{n}", 1, NOW, n, n) for n in range(1, 501)])
         if connection.vendor == "postgresql":
             cursor.execute('ANALYZE "ctrlrun_budgetledger"')
 

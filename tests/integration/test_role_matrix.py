@@ -216,7 +216,13 @@ TABLES = {
     "ctrlrun_linkuse": ("nonce", "used_by", "mallory"),
 }
 
-#: Plain UPDATE and DELETE statements the database refuses, per table.
+#: A ledger row the role adds after the last of a chain (only one row per chain in the template).
+_LEDGER_NEXT = ('INSERT INTO "ctrlrun_budgetledger" ("grant_id", "metric", "amount", "effect_key", "attempt", '
+                '"consumed_at", "released_at", "n", "cum", "mac") SELECT "grant_id", "metric", "amount", '
+                '\'refund:forged\', 1, "consumed_at", NULL, {n}, {cum}, "mac" FROM "ctrlrun_budgetledger" '
+                'WHERE "metric" = \'amount\' LIMIT 1')
+
+#: Plain UPDATE and DELETE statements (and inserts) the database refuses, per table.
 REFUSED = {
     "ctrlrun_effectrecord": ['UPDATE "ctrlrun_effectrecord" SET "state" = \'failed\' WHERE "state" = \'committed\'',
                              'UPDATE "ctrlrun_effectrecord" SET "effect_key" = \'refund:moved\'',
@@ -234,7 +240,11 @@ REFUSED = {
     "ctrlrun_chaincheck": ['UPDATE "ctrlrun_chaincheck" SET "ok" = %s', 'DELETE FROM "ctrlrun_chaincheck"'],
     "ctrlrun_budgetledger": ['UPDATE "ctrlrun_budgetledger" SET "amount" = 0',
                              'UPDATE "ctrlrun_budgetledger" SET "released_at" = "consumed_at"',
-                             'DELETE FROM "ctrlrun_budgetledger"'],
+                             'UPDATE "ctrlrun_budgetledger" SET "cum" = 0',
+                             'DELETE FROM "ctrlrun_budgetledger"',
+                             # a charge whose running total does not add up (room made), one past a gap
+                             _LEDGER_NEXT.format(cum='0', n='"n" + 1'),
+                             _LEDGER_NEXT.format(cum='"cum" + "amount"', n='"n" + 2')],
     "ctrlrun_delegation": ['UPDATE "ctrlrun_delegation" SET "grant_json" = \'{}\'',
                            'UPDATE "ctrlrun_delegation" SET "agent" = \'intruder\'',
                            'DELETE FROM "ctrlrun_delegation"'],
@@ -356,8 +366,11 @@ def test_an_approval_granted_or_inserted_by_the_role_never_licenses_a_call(store
 
 
 def test_a_budget_charge_inserted_by_the_role_is_named(store):
-    """An extra charge the role INSERTs can only make a budget stricter; the check names it."""
-    _copy_with(store, "ctrlrun_budgetledger", '"id" IS NOT NULL', effect_key="refund:forged")
+    """An extra charge the role INSERTs (continuing its chain, or the database refuses it) can only
+    make a budget stricter; the check names it."""
+    store.sql(_LEDGER_NEXT.format(cum='"cum" + "amount"', n='"n" + 1'))
+    result = store.one({"op": "refund", "payment_id": "t2", "amount": 10})
+    assert (result["error"], result["reason"]) == ("ActionDenied", "budget_exhausted"), result  # 60 + 60 + 10 > 100
     assert ("signature_invalid", "ledger") in breaks(store.verify())
 
 
