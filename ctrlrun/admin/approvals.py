@@ -23,6 +23,7 @@ from .console import (
     badge, call_link, change_url, cited_by, controls_html, effect_link, policy_link, reason_html, shown,
     tampered_badge, when, when_text,
 )
+from ..approvers import distinct, load_approvers, tally
 from ..display import dumps, dumps_html, reveal, warning
 from ..errors import CTRLRunError
 from ..identity import same_person
@@ -156,6 +157,10 @@ class ApprovalAdmin(EvidenceAdmin):
             return badge(status, title=_g("not answered before %(at)s") % {"at": when_text(obj.expires_at)})
         if status == ApprovalStatus.EXPIRED and obj.status == ApprovalStatus.GRANTED:
             return badge(status, title=_g("granted, but not used before %(at)s") % {"at": when_text(obj.expires_at)})
+        if status == ApprovalStatus.PENDING and obj.approvals_required > 1:  # M-of-N: how far it is
+            recorded = len(distinct(load_approvers(obj.approvers)))
+            return format_html("{} <span class=\"ctrlrun-tally\">{}</span>", badge(status),
+                               tally(recorded, obj.approvals_required))
         return badge(status)
 
     @admin.display(description=_("action"), ordering="action")

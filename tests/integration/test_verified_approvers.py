@@ -18,7 +18,7 @@ from ctrlrun import store
 from ctrlrun.errors import ApprovalMismatch, InvalidArgument
 from ctrlrun.models import Approval, Event, Receipt
 from tests.support import (
-    approval_url, ask, make_user, run_command, run_together, shown_messages, store_environment, text,
+    approval_url, ask, make_user, run_command, url, run_together, shown_messages, store_environment, text,
 )
 
 pytestmark = pytest.mark.usefixtures("hook_registry", "store_db", "console_groups")
@@ -109,6 +109,19 @@ def test_two_people_of_finance_in_the_console_let_the_call_run_and_the_receipt_n
         ("console", "ana", "django", ["four-eyes"]), ("console", "ben", "django", ["four-eyes"])]
     assert Event.objects.get(approval_id=approval_id, type="APPROVAL_GRANTED").data["approvers"] == receipt["approvers"]
     assert store.verify().ok
+
+
+def test_the_list_and_the_approvals_command_say_how_far_a_request_is(use_policy, refund, client):
+    use_policy(TWO_OF_FINANCE)
+    ana, ben = finance("ana", "ben")
+    approval_id = ask(refund, user="rita")
+    approve_in_console(client, ana, approval_id)
+    [line] = [line for line in run_command("approvals") if line.startswith(approval_id)]
+    assert "1 of 2 approvals (roles finance), expires in" in line
+    client.force_login(ben)
+    listing = text(client.get(url("ctrlrun_approval_changelist")))
+    assert '<span class="ctrlrun-tally">1 of 2 approvals</span>' in listing
+    client.logout()
 
 
 # --------------------------------------------------------------------------- attacks

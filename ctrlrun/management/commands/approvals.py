@@ -45,6 +45,9 @@ class Command(CtrlrunCommand):
             arguments = dumps(a.arguments, sort_keys=True, separators=(",", ":"))
             if a.status == ApprovalStatus.PENDING:
                 expiry = f"expires in {span(a.expires_at - now)}" if a.expires_at > now else "expired (not yet marked)"
+                if a.approvals_required > 1 or a.required_roles:  # M-of-N, roles (policy v6): how far it is
+                    roles = ", ".join(reveal(r.role) for r in a.required_roles)
+                    expiry = f"{a.tally}" + (f" (roles {roles})" if roles else "") + f", {expiry}"
             else:
                 expiry = _answer(a)
             self.stdout.write(
