@@ -101,6 +101,7 @@ class EventType(_Str):
     EXECUTION_SUSPENDED = "EXECUTION_SUSPENDED"
     EXECUTION_RESUMED = "EXECUTION_RESUMED"
     CLOCK_SKEW_DETECTED = "CLOCK_SKEW_DETECTED"
+    RETENTION_APPLIED = "RETENTION_APPLIED"
 
 
 #: The event types this version writes. The rest of the vocabulary (authority, delegation,
@@ -111,7 +112,7 @@ EMITTED_EVENT_TYPES: frozenset[str] = frozenset({
     EventType.APPROVAL_INVALIDATED, EventType.APPROVAL_CONSUMED, EventType.APPROVAL_RETURNED, EventType.EFFECT_RESERVED,
     EventType.EFFECT_RESERVATION_REFUSED, EventType.EXECUTION_STARTED, EventType.EXECUTION_COMMITTED,
     EventType.EXECUTION_FAILED, EventType.EXECUTION_AMBIGUOUS, EventType.EFFECT_RESOLVED,
-    EventType.RECONCILIATION_STARTED, EventType.RECONCILIATION_RESOLVED,
+    EventType.RECONCILIATION_STARTED, EventType.RECONCILIATION_RESOLVED, EventType.RETENTION_APPLIED,
 })
 
 #: What a reconcile hook may answer. Anything else is recorded as ``invalid_return``.

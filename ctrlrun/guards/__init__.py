@@ -24,6 +24,8 @@ version  installed by                    what it adds
 7        0017_approval_returned,         approvals given back (``returned``), paused runs,
          0018_guard_version              the head is the one row
 8        0022_approval_preconditions     an approval's precondition fingerprint is fixed
+9        0027_retention                  receipts deleted only by a prune (the retention
+                                          lock), checkpoints, holds
 =======  ==============================  ===============================================
 """
 from __future__ import annotations
@@ -37,7 +39,7 @@ __all__ = ["CURRENT", "VERSIONS", "install", "remove", "installed", "missing_tri
            "repair"]
 
 #: The version this code expects installed (the newest; the one ``guard.py`` builds).
-CURRENT = 8
+CURRENT = 9
 VERSIONS = tuple(range(1, CURRENT + 1))
 #: Where the version is recorded (a PostgreSQL function, a SQLite view).
 RECORD = "ctrlrun_guard_version"
