@@ -35,7 +35,7 @@ for ident, good in (("apr_" + "a" * 32, True), ("apr_" + "b" * 32, False)):
     row.mac = signing.sign(sig.APPROVAL_DOMAIN_V2, sig.approval_document_v2(row)) if good else "forged"
     row.save()
 guards.install(connection, 7)
-call_command("migrate", "ctrlrun", verbosity=0, interactive=False)
+call_command("migrate", "ctrlrun", "0022_approval_preconditions", verbosity=0, interactive=False)
 from ctrlrun.models import Approval as Current
 out = {"guard": guards.installed(connection)}
 out.update({r.approval_id[4]: sig.approval_signature_ok(r) for r in Current.objects.all()})

@@ -23,14 +23,15 @@ class Command(CtrlrunCommand):
         parser.add_argument("--provider", metavar="MODULE:ATTR",
                             help="anchor the checkpoint through this provider before anything is deleted "
                                  "(default: the file provider when CTRLRUN_ANCHOR_FILE is set)")
-        parser.add_argument("--by", required=True, metavar="WHO")
-        parser.add_argument("--reason", required=True, metavar="TEXT")
+        parser.add_argument("--by", required=True, metavar="WHO", help="who prunes (recorded)")
+        parser.add_argument("--reason", required=True, metavar="TEXT", help="why (recorded)")
         parser.add_argument("--dry-run", action="store_true", help="say what would be deleted; delete nothing")
-        parser.add_argument("--json", action="store_true")
+        parser.add_argument("--json", action="store_true", help="the result as one JSON document")
         parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
         parser.add_argument("--loop", action="store_true",
                             help="keep going: every --interval seconds, prune what is older than --older-than")
-        parser.add_argument("--interval", type=float, default=3600.0, metavar="SECONDS")
+        parser.add_argument("--interval", type=float, default=3600.0, metavar="SECONDS",
+                            help="pause between passes with --loop (default 3600)")
 
     def run(self, *, through: int | None, older_than: str, provider: str | None, by: str, reason: str,
             dry_run: bool, json: bool, quiet: bool, loop: bool, interval: float, **_: Any) -> None:
