@@ -543,6 +543,19 @@ def _checkpoint() -> tuple[Any, list[ChainBreak]]:
                               subject=str(found.id))]
 
 
+def _pruned_meanwhile(walk: ReceiptWalk, row: StoredReceipt) -> None:
+    """A gap in the walk that a prune made while this check ran is no break: a batch of the prune
+    ended exactly before ``row`` (a genuine checkpoint at ``row.seq - 1``), so the walk goes on from it."""
+    from ..models import PruneCheckpoint
+    from .retention import checkpoint_ok
+
+    if row.seq is None or row.seq <= walk.expected_seq:
+        return
+    found = objects(PruneCheckpoint).filter(seq=row.seq - 1).first()
+    if found is not None and checkpoint_ok(found):
+        walk.expected_seq, walk.previous_hash = found.seq + 1, found.hash
+
+
 def _verify(*, incremental: bool, progress: Any) -> ChainReport:
     """The one walk behind :func:`verify` (from the genesis, everything) and :func:`verify_incremental`
     (from the last intact recorded check, what was added or moved since)."""
@@ -590,6 +603,8 @@ def _verify(*, incremental: bool, progress: Any) -> ChainReport:
 
         def walk_receipts(batch: list[StoredReceipt]) -> None:
             for row in batch:
+                if row.seq != receipts.expected_seq:
+                    _pruned_meanwhile(receipts, row)  # a prune ran during this check: go on from its checkpoint
                 receipts.add(row)
                 told(report.chained, receipt_total, "receipts")
 

@@ -42,6 +42,34 @@ print(top)
 '''
 
 
+#: A prune as its own OS process, in batches of ``batch`` seqs; with ``pause``, it waits after its first
+#: batch (between two transactions) until the test says go: ``pruner.py FOLDER THROUGH BATCH pause|run``.
+PRUNER = r'''
+import json, pathlib, sys, time
+import ctrlrun
+ctrlrun.setup()
+from ctrlrun import retention
+folder, through, batch, mode = pathlib.Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+
+def progress(text):
+    if mode == "pause" and not (folder / "paused").exists():
+        (folder / "paused").write_text(text)
+        while not (folder / "go").exists():  # a handshake with the test, not a timing
+            time.sleep(0.05)
+
+done = retention.prune(through=through, older_than=retention.parse_duration("0s"), by="ops", reason="retention",
+                       progress=progress, batch=batch)
+print(json.dumps(done.as_dict()))
+'''
+
+
+def _pruner(store: RoleStore, through: int, batch: int, mode: str) -> subprocess.Popen:
+    (store.folder / "pruner.py").write_text(PRUNER)
+    return subprocess.Popen([sys.executable, str(store.folder / "pruner.py"), str(store.folder), str(through),
+                             str(batch), mode], cwd=store.folder, env=store.environment(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
 def _admin(statement: str) -> None:
     with psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True) as admin:
         admin.execute(statement)
@@ -168,3 +196,47 @@ def test_an_anchor_names_a_store_rewound_and_re_signed_and_an_edited_anchor_file
     anchors.write_text(lines[0].replace('"seq": 6', '"seq": 5') + "\n")
     edited = env_cmd("anchor", "--verify", "--json")
     assert edited.returncode == 1 and json.loads(edited.stdout)["breaks"][0]["name"] == "anchor_repudiated", edited
+
+
+def test_a_hold_placed_while_a_prune_runs_is_honoured(store):
+    import time
+
+    pruning = _pruner(store, 5, 1, "pause")
+    while not (store.folder / "paused").exists():  # its first batch (seq 1) is done
+        assert pruning.poll() is None, pruning.communicate()
+        time.sleep(0.05)
+    held = store.command("hold", "place", "--id", "litigation", "--from-seq", "3", "--to-seq", "4",
+                         "--reason", "case 42", "--by", "legal")
+    assert held.returncode == 0, held.stderr
+    (store.folder / "go").write_text("")
+    out, err = pruning.communicate(timeout=300)
+    assert pruning.returncode == 0, err
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result["through"] == 2 and result["stopped_by"] == "litigation (case 42)", result
+    assert sorted(s for (s,) in store.sql('SELECT "seq" FROM "ctrlrun_receipt"')) == [3, 4, 5, 6]
+    assert store.verify()["ok"] is True
+
+
+def test_a_prune_racing_live_calls_and_a_chain_check(store):
+    """A prune in batches, calls appending receipts and chain checks, all at once in their own processes:
+    every call lands, the checks racing the prune find nothing broken, the chain verifies after."""
+    more = store.agent(*[{"op": "refund", "payment_id": f"q{i}", "amount": 1} for i in range(20)])
+    assert all(d == {"value": "refunded"} for d in more), more
+    pruning = _pruner(store, 20, 2, "run")
+    calls = subprocess.Popen([sys.executable, str(store.folder / "role_agent.py"), str(store.folder), json.dumps(
+        [{"op": "refund", "payment_id": f"r{i}", "amount": 1} for i in range(15)])], cwd=store.folder,
+        env=store.environment(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    checks = [subprocess.Popen([sys.executable, "-m", "ctrlrun", "receipts", "--verify-chain", "--json", "--quiet"]
+                               + (["--incremental"] if i % 2 else []), cwd=store.folder, env=store.environment(),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(4)]
+    out, err = pruning.communicate(timeout=300)
+    assert pruning.returncode == 0, err
+    assert json.loads(out.strip().splitlines()[-1])["through"] == 20
+    called, err = calls.communicate(timeout=300)
+    assert calls.returncode == 0, err
+    assert all(d == {"value": "refunded"} for d in json.loads(called.strip().splitlines()[-1]))
+    for check in checks:
+        report, err = check.communicate(timeout=300)
+        assert json.loads(report)["ok"] is True, report
+    assert store.verify()["ok"] is True
+    assert min(s for (s,) in store.sql('SELECT "seq" FROM "ctrlrun_receipt"')) == 21
