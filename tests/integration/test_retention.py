@@ -240,3 +240,32 @@ def test_a_prune_racing_live_calls_and_a_chain_check(store):
         assert json.loads(report)["ok"] is True, report
     assert store.verify()["ok"] is True
     assert min(s for (s,) in store.sql('SELECT "seq" FROM "ctrlrun_receipt"')) == 21
+
+
+def test_a_hold_released_or_deleted_by_the_role_still_holds(store):
+    placed = store.command("hold", "place", "--id", "audit", "--from-seq", "2", "--to-seq", "3", "--reason",
+                           "audit 2026", "--by", "legal")
+    assert placed.returncode == 0, placed.stderr
+    with pytest.raises(role_refused(store)):
+        store.sql('DELETE FROM "ctrlrun_hold"')
+    with pytest.raises(role_refused(store)):
+        store.sql('UPDATE "ctrlrun_hold" SET "from_seq" = 100')
+    store.sql('UPDATE "ctrlrun_hold" SET "released_at" = "placed_at", "released_by" = %s', "intruder")
+    listed = store.command("hold", "list")
+    assert "NOT SIGNED BY CTRLRUN: treated as live" in listed.stdout, listed.stdout
+    refused = _prune(store, "--through", "4")
+    assert refused.returncode == 1 and "audit 2026" in refused.stderr, refused
+    assert _prune(store, "--through", "1").returncode == 0
+
+
+def test_bad_input_is_a_clear_error(store):
+    weeks = _prune(store, "--through", "2", "--older-than", "1w")
+    assert weeks.returncode == 2 and "<n>d" in weeks.stderr and "Traceback" not in weeks.stderr, weeks
+    young = store.command("prune", "--through", "2", "--older-than", "3650d", "--by", "ops", "--reason", "r")
+    assert young.returncode == 1 and "inside --older-than" in young.stderr, young
+    empty = store.command("hold", "place", "--id", "x", "--from-seq", "0", "--reason", "r", "--by", "me")
+    assert empty.returncode == 1 and "must start at 1" in empty.stderr and "Traceback" not in empty.stderr, empty
+    none = store.command("anchor")
+    assert none.returncode == 2 and "CTRLRUN_ANCHOR_FILE" in none.stderr, none
+    both = store.command("prune", "--loop", "--through", "2", "--older-than", "1d", "--by", "o", "--reason", "r")
+    assert both.returncode == 2 and "--loop" in both.stderr, both
