@@ -8,8 +8,9 @@ For each backend, in a scratch store: a child process writes ``--receipts`` rece
 INSERTs, a *valid* chain hashed with ctrlrun's own ``receipt_hash``, spread over the year that ended
 60 days ago, the head moved and signed), then runs ``retention.prune`` of
 everything older than 30 days but the last 1,000 (re-hashing what it deletes, anchoring the
-checkpoint to a file, in batches) and reports its time and the process's peak RSS (``ru_maxrss``, Django
-included) before and after the prune (flat memory: the two stay close); then ``store.verify()`` from the checkpoint. Nothing here is a test.
+checkpoint to a file, in batches) and reports its time and the process's peak RSS (``ru_maxrss``,
+Django included) before and after the prune; then ``store.verify()`` from the checkpoint. Nothing
+here is a test.
 """
 from __future__ import annotations
 
@@ -98,7 +99,8 @@ def _prune(backend: str, receipts: int, anchors: str) -> dict:
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     started = time.perf_counter()
     report = store.verify()
-    return {"prune_s": prune_s, "peak_rss_before_prune_mb": before_mb, "peak_rss_after_prune_mb": peak_mb, "deleted": result.receipts_deleted,
+    return {"prune_s": prune_s, "peak_rss_before_prune_mb": before_mb, "peak_rss_after_prune_mb": peak_mb,
+            "deleted": result.receipts_deleted,
             "checkpoint": result.checkpoint["seq"], "verify_s": time.perf_counter() - started,
             "verify_ok": report.ok, "left": report.chained, "anchored": result.anchored}
 

@@ -17,10 +17,8 @@ from typing import Any
 
 from .canonical import GENESIS_HASH, evidence_time
 from .errors import InvalidArgument
-from .states import EventType
 from .store import retention as kept
-from .store.chain import event_row, seal
-from .store.base import now, write_phase
+from .store.base import now
 from .store.evidence import head_position
 
 BATCH = 10_000
@@ -119,11 +117,9 @@ def prune(*, through: int, older_than: dt.timedelta, by: str, reason: str, ancho
     if last is not None and last.seq > start:
         result.checkpoint = {"seq": last.seq, "hash": last.hash, "schema": last.schema, "at": evidence_time(last.at)}
         result.through = last.seq
-        with write_phase() as when:
-            seal([event_row(EventType.RETENTION_APPLIED, None, None, {
-                "through": last.seq, "older_than": str(older_than), "reason": reason, "by": by,
-                "receipts_deleted": result.receipts_deleted, "checkpoint_hash": last.hash,
-                "anchored": result.anchored, "stopped_by": result.stopped_by}, when)], [], when)
+        kept.record_applied({"through": last.seq, "older_than": str(older_than), "reason": reason, "by": by,
+                             "receipts_deleted": result.receipts_deleted, "checkpoint_hash": last.hash,
+                             "anchored": result.anchored, "stopped_by": result.stopped_by})
     return result
 
 

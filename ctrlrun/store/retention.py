@@ -260,3 +260,12 @@ def receipt_before(cutoff: dt.datetime, upto: int) -> int | None:
 def receipt_hash_at(seq: int) -> str | None:
     with reading():
         return objects(Receipt).filter(seq=seq).values_list("hash", flat=True).first()
+
+
+def record_applied(data: dict[str, Any]) -> None:
+    """The ``RETENTION_APPLIED`` event: what a prune did, on the event chain."""
+    from ..states import EventType
+    from .chain import event_row, seal
+
+    with write_phase() as when:
+        seal([event_row(EventType.RETENTION_APPLIED, None, None, data, when)], [], when)

@@ -16,8 +16,10 @@ class Command(CtrlrunCommand):
     def add_arguments(self, parser: ArgumentParser) -> None:
         parser.add_argument("--provider", metavar="MODULE:ATTR",
                             help="the provider (default: the file provider at CTRLRUN_ANCHOR_FILE)")
-        parser.add_argument("--verify", action="store_true", help="check the store against every anchor; exit 1 on a break")
-        parser.add_argument("--kind", default="interval", choices=anchoring.KINDS, help="interval (default) or checkpoint")
+        parser.add_argument("--verify", action="store_true",
+                            help="check the store against every anchor; exit 1 on a break")
+        parser.add_argument("--kind", default="interval", choices=anchoring.KINDS,
+                            help="interval (default) or checkpoint")
         parser.add_argument("--json", action="store_true", help="the anchor, or the report, as JSON")
 
     def run(self, *, provider: str | None, verify: bool, kind: str, json: bool, **_: Any) -> None:

@@ -8,7 +8,7 @@ from typing import Any
 from ...canonical import evidence_time
 from ...display import reveal
 from ...store import retention
-from ..base import CtrlrunCommand, Error
+from ..base import CtrlrunCommand
 
 
 def _range(row: Any) -> str:
