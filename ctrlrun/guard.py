@@ -433,7 +433,7 @@ def _postgresql_statements() -> list[str]:
 def install(connection: Any) -> None:
     """Put the newest guard in place (``guards.CURRENT``, frozen from what this module builds), with its
     version record, replacing whatever version was there (a test database's flush puts it back)."""
-    from .store.retention import seed_lock
+    from .lift import seed_lock
 
     seed_lock(connection)  # before the guard: once it is in place, nothing inserts the lock row
     guards.install(connection, guards.CURRENT)

@@ -15,7 +15,7 @@ def _lift(apps, schema_editor):
 
 def _install(apps, schema_editor):
     from ctrlrun import guards
-    from ctrlrun.store.retention import seed_lock
+    from ctrlrun.lift import seed_lock
 
     seed_lock(schema_editor.connection)
     guards.install(schema_editor.connection, 9)  # guard version 9, frozen (ctrlrun/guards/v9.py)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import hashlib
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -28,41 +27,10 @@ from ..canonical import GENESIS_HASH, evidence_time
 from ..errors import InvalidArgument
 from ..models import Hold, PruneCheckpoint, Receipt
 from ..receipts import ChainReport, ReceiptWalk
+from ..lift import LIFT_DOMAIN, LOCK_TABLE, links, sha
 from .base import alias, objects, reading, statements, write_phase
 
-#: How many prunes (batches) one lock row allows: the length of its hash chain.
-CHAIN_LENGTH = 100_000
-LIFT_DOMAIN = "ctrlrun.retention.lift/v1"
 CHECKPOINT_DOMAIN, HOLD_DOMAIN = "ctrlrun.prune-checkpoint/v1", "ctrlrun.hold/v1"
-_LOCK = "ctrlrun_retentionlock"
-
-
-def _sha(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
-def _links(low: int, high: int) -> dict[int, str]:
-    """``H^k(seed)`` for ``low <= k <= high``, in one pass of ``high`` hashes."""
-    value, out = signing.sign(LIFT_DOMAIN, ["seed"]), {}
-    for k in range(1, high + 1):
-        value = _sha(value)
-        if k >= low:
-            out[k] = value
-    return out
-
-
-def seed_lock(connection: Any) -> None:
-    """Write the lock row if the table has none (the migration, a test database's flush), before the guard
-    is installed: with the guard in place nothing inserts it."""
-    if _LOCK not in connection.introspection.table_names():
-        return
-    with connection.cursor() as cursor:
-        cursor.execute(f'SELECT COUNT(*) FROM "{_LOCK}"')
-        if cursor.fetchone()[0]:
-            return
-        digest = _links(CHAIN_LENGTH, CHAIN_LENGTH)[CHAIN_LENGTH]
-        cursor.execute(f'INSERT INTO "{_LOCK}" ("id", "digest", "remaining", "open", "key_id") '
-                       "VALUES (1, %s, %s, %s, %s)", [digest, CHAIN_LENGTH, False, signing.key_id()])
 
 
 # --------------------------------------------------------------------------- checkpoints and holds
@@ -99,7 +67,7 @@ def hold_live(row: Hold) -> bool:
 def _take_lock(cursor: Any) -> tuple[str, int, bool, str]:
     connection = connections[alias()]
     suffix = " FOR UPDATE" if connection.vendor == "postgresql" else ""
-    row = cursor.execute(f'SELECT "digest", "remaining", "open", "key_id" FROM "{_LOCK}" WHERE "id" = 1{suffix}',
+    row = cursor.execute(f'SELECT "digest", "remaining", "open", "key_id" FROM "{LOCK_TABLE}" WHERE "id" = 1{suffix}',
                          []).fetchone()
     if row is None:
         raise InvalidArgument("this store has no retention lock row: run 'manage.py migrate' as the tables' owner")
@@ -202,7 +170,7 @@ def prune_batch(start: int, target: int, size: int, token: str, by: str, reason:
     with write_phase() as when:
         with statements() as cursor:
             digest, remaining, _, _ = _take_lock(cursor)
-            if _sha(token) != digest:
+            if sha(token) != digest:
                 raise InvalidArgument("the retention lock has moved since this prune began (another prune ran): "
                                       "run it again")
             end = min(target, start + size)
@@ -215,9 +183,9 @@ def prune_batch(start: int, target: int, size: int, token: str, by: str, reason:
                 return Batch(0, 0, held)
             end, hash_, schema, _ = found
             if connection.vendor == "sqlite":
-                connection.connection.create_function("ctrlrun_sha256", 1, _sha, deterministic=True)
+                connection.connection.create_function("ctrlrun_sha256", 1, sha, deterministic=True)
             try:
-                cursor.execute(f'UPDATE "{_LOCK}" SET "digest" = %s, "remaining" = %s, "open" = %s WHERE "id" = 1',
+                cursor.execute(f'UPDATE "{LOCK_TABLE}" SET "digest" = %s, "remaining" = %s, "open" = %s WHERE "id" = 1',
                                [token, remaining - 1, True])
             finally:
                 if connection.vendor == "sqlite":
@@ -229,7 +197,7 @@ def prune_batch(start: int, target: int, size: int, token: str, by: str, reason:
             row.save(using=alias(), force_insert=True)
             deleted = cursor.execute('DELETE FROM "ctrlrun_receipt" WHERE "seq" > %s AND "seq" <= %s',
                                      [start, end]).rowcount
-            cursor.execute(f'UPDATE "{_LOCK}" SET "open" = %s WHERE "id" = 1', [False])
+            cursor.execute(f'UPDATE "{LOCK_TABLE}" SET "open" = %s WHERE "id" = 1', [False])
             if connection.vendor == "postgresql":
                 cursor.execute("SELECT set_config('ctrlrun.retention', '', true)")
     return Batch(end, deleted, held)
@@ -239,15 +207,15 @@ def lock_tokens(count: int) -> list[str]:
     """The next ``count`` preimages of the lock's chain (fewer if the chain is nearly spent), in use order."""
     with reading(), statements() as cursor:
         digest, remaining, _, key_id = _take_lock(cursor)
-    if key_id != signing.key_id() or _links(remaining, remaining)[remaining] != digest:
+    if key_id != signing.key_id() or links(remaining, remaining)[remaining] != digest:
         raise InvalidArgument(
             "the retention lock was not made with this signing key (the key changed, or the row was written "
             "around ctrlrun): a prune cannot lift the guard; the tables' owner re-seeds it (docs/retention.md)")
     stop = max(0, remaining - count)
-    links = _links(max(stop, 1), remaining - 1) if remaining > 1 else {}
+    chain = links(max(stop, 1), remaining - 1) if remaining > 1 else {}
     if stop == 0:
-        links[0] = signing.sign(LIFT_DOMAIN, ["seed"])
-    return [links[k] for k in range(remaining - 1, stop - 1, -1)]
+        chain[0] = signing.sign(LIFT_DOMAIN, ["seed"])
+    return [chain[k] for k in range(remaining - 1, stop - 1, -1)]
 
 
 def receipt_before(cutoff: dt.datetime, upto: int) -> int | None:
