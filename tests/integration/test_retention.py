@@ -182,6 +182,10 @@ def test_an_anchor_names_a_store_rewound_and_re_signed_and_an_edited_anchor_file
     assert made.returncode == 0 and made.stdout.startswith("anchored seq 6 (interval) at "), made
     ok = env_cmd("anchor", "--verify")
     assert ok.returncode == 0 and "every anchor reproduces" in ok.stdout, ok
+    pruned = env_cmd("prune", "--through", "2", "--older-than", "0s", "--by", "ops", "--reason", "retention", "--quiet")
+    assert "the checkpoint was anchored before anything was deleted" in pruned.stdout, pruned
+    after = json.loads(env_cmd("anchor", "--verify", "--json").stdout)
+    assert after["ok"] is True and after["checked"] == 2 and after["superseded"] == 1, after
     owner = store if store.vendor == "sqlite" else RoleStore("postgresql", store.folder, url=store.owner_url)
     (store.folder / "rewind.py").write_text(REWIND)
     rewound = subprocess.run([sys.executable, str(store.folder / "rewind.py")], cwd=store.folder,
