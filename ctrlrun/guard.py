@@ -16,6 +16,10 @@
   ``returned`` count up by exactly one (every other change keeps it; a request starts at 0), so an
   older signed copy of a granted row cannot be written back over a later use; what the human read
   (the action, its hash, the principal, the expiry) never changes; never deleted.
+- **Receipts are deleted only by a prune** (guard v9, the one scoped lift; docs/retention.md): inside the
+  retention module's transaction, which opened the lock row with the next preimage of its hash chain
+  (``ctrlrun.lift``), at or below a checkpoint, outside every live hold. Checkpoints are written only
+  then; holds are placed once and released once; the lock row opens only that way and closes unchanged.
 - **The chain head only moves forward**, is never deleted, and is the one row (id 1) of its table.
 - **A paused run is never deleted, and what it resumes with never changes** (its request, framework,
   state, resumer, creation time and signature); only the claim bookkeeping moves.
