@@ -16,6 +16,10 @@
   ``returned`` count up by exactly one (every other change keeps it; a request starts at 0), so an
   older signed copy of a granted row cannot be written back over a later use; what the human read
   (the action, its hash, the principal, the expiry) never changes; never deleted.
+- **Receipts are deleted only by a prune** (guard v9, the one scoped lift; docs/retention.md): inside the
+  retention module's transaction, which opened the lock row with the next preimage of its hash chain
+  (``ctrlrun.lift``), at or below a checkpoint, outside every live hold. Checkpoints are written only
+  then; holds are placed once and released once; the lock row opens only that way and closes unchanged.
 - **The chain head only moves forward**, is never deleted, and is the one row (id 1) of its table.
 - **A paused run is never deleted, and what it resumes with never changes** (its request, framework,
   state, resumer, creation time and signature); only the claim bookkeeping moves.
@@ -199,6 +203,104 @@ def _delivery_moves(same: str) -> str:
 
 _DELIVERY_INSERT_OK = 'NEW."status" = \'pending\' AND NEW."attempts" = 0'
 
+
+# --------------------------------------------------------------------------- retention (the one scoped lift)
+#: A receipt is deleted only inside the retention module's transaction (``store/retention.py``): the
+#: lock row is open (only a transaction that revealed the next preimage of its hash chain can open it,
+#: and nothing but that transaction sees it open), the receipt lies at or below a checkpoint, and no
+#: live hold covers it. On PostgreSQL the transaction-local ``ctrlrun.retention`` must also name the
+#: revealed preimage.
+LOCK_TABLE, CHECKPOINT_TABLE, HOLD_TABLE = "ctrlrun_retentionlock", "ctrlrun_prunecheckpoint", "ctrlrun_hold"
+LOCK_MESSAGE = ("the ctrlrun retention lock only opens with the next preimage of its chain, inside a prune, "
+                "and closes unchanged")
+CHECKPOINT_MESSAGE = "a ctrlrun prune checkpoint is written only inside a prune, forward, and never changed"
+HOLD_MESSAGE = "a ctrlrun hold is placed once, unreleased, released once, and never deleted or edited"
+_HOLD_FIXED = ("hold_id", "from_seq", "to_seq", "reason", "placed_by", "placed_at")
+
+
+def _lock_open(vendor: str) -> str:
+    if vendor == "sqlite":
+        return f'(SELECT "open" FROM "{LOCK_TABLE}" WHERE "id" = 1) = 1'
+    return (f'COALESCE((SELECT "open" AND "digest" = current_setting(\'ctrlrun.retention\', true) '
+            f'FROM "{LOCK_TABLE}" WHERE "id" = 1), false)')
+
+
+def _retention_lifted(vendor: str) -> str:
+    """The condition under which a receipt's DELETE is the retention module's."""
+    return (f'{_lock_open(vendor)} AND OLD."seq" IS NOT NULL '
+            f'AND OLD."seq" <= (SELECT MAX("seq") FROM "{CHECKPOINT_TABLE}") '
+            f'AND NOT EXISTS (SELECT 1 FROM "{HOLD_TABLE}" WHERE "released_at" IS NULL AND "from_seq" <= OLD."seq" '
+            f'AND ("to_seq" IS NULL OR "to_seq" >= OLD."seq"))')
+
+
+def _lock_moves(vendor: str) -> str:
+    sha = ('ctrlrun_sha256(NEW."digest")' if vendor == "sqlite"
+           else 'encode(sha256(convert_to(NEW."digest", \'UTF8\')), \'hex\')')
+    yes, no = ("1", "0") if vendor == "sqlite" else ("true", "false")
+    same = 'NEW."id" = OLD."id" AND NEW."key_id" = OLD."key_id"'
+    return (f'{same} AND ((OLD."open" = {no} AND NEW."open" = {yes} AND {sha} = OLD."digest" '
+            f'AND NEW."remaining" = OLD."remaining" - 1 AND OLD."remaining" > 0) '
+            f'OR (OLD."open" = {yes} AND NEW."open" = {no} AND NEW."digest" = OLD."digest" '
+            f'AND NEW."remaining" = OLD."remaining"))')
+
+
+def _checkpoint_insert_ok(vendor: str) -> str:
+    return f'{_lock_open(vendor)} AND NEW."seq" > COALESCE((SELECT MAX("seq") FROM "{CHECKPOINT_TABLE}"), 0)'
+
+
+def _hold_release_once(same: str) -> str:
+    fixed = " AND ".join(_same(c, same) for c in _HOLD_FIXED)
+    return f'{fixed} AND OLD."released_at" IS NULL AND NEW."released_at" IS NOT NULL AND NEW."released_by" IS NOT NULL'
+
+
+def _retention_sqlite(add: Any) -> None:
+    add(f"{LOCK_TABLE}_no_insert", "BEFORE INSERT", LOCK_TABLE, LOCK_MESSAGE)
+    add(f"{LOCK_TABLE}_no_delete", "BEFORE DELETE", LOCK_TABLE, LOCK_MESSAGE)
+    add(f"{LOCK_TABLE}_moves", "BEFORE UPDATE", LOCK_TABLE, LOCK_MESSAGE, condition=f"NOT ({_lock_moves('sqlite')})")
+    add(f"{CHECKPOINT_TABLE}_in_prune", "BEFORE INSERT", CHECKPOINT_TABLE, CHECKPOINT_MESSAGE,
+        condition=f"NOT ({_checkpoint_insert_ok('sqlite')})")
+    add(f"{CHECKPOINT_TABLE}_no_update", "BEFORE UPDATE", CHECKPOINT_TABLE, CHECKPOINT_MESSAGE)
+    add(f"{CHECKPOINT_TABLE}_no_delete", "BEFORE DELETE", CHECKPOINT_TABLE, CHECKPOINT_MESSAGE)
+    add(f"{HOLD_TABLE}_no_replace", "BEFORE INSERT", HOLD_TABLE, HOLD_MESSAGE,
+        condition=f'NEW."released_at" IS NOT NULL OR NEW."released_by" IS NOT NULL OR EXISTS (SELECT 1 FROM '
+                  f'"{HOLD_TABLE}" WHERE "hold_id" = NEW."hold_id")')
+    add(f"{HOLD_TABLE}_no_delete", "BEFORE DELETE", HOLD_TABLE, HOLD_MESSAGE)
+    add(f"{HOLD_TABLE}_release_once", "BEFORE UPDATE", HOLD_TABLE, HOLD_MESSAGE,
+        condition=f"NOT ({_hold_release_once('IS')})")
+
+
+def _retention_postgresql() -> list[str]:
+    out = [
+        _pg_function("ctrlrun_guard_receipt", "\n".join([
+            f"IF TG_OP = 'DELETE' AND ({_retention_lifted('postgresql')}) THEN RETURN OLD; END IF;",
+            _pg_raise(APPEND_ONLY_MESSAGE),
+        ])),
+        _pg_function("ctrlrun_guard_retentionlock", "\n".join([
+            f"IF TG_OP = 'UPDATE' AND ({_lock_moves('postgresql')}) THEN RETURN NEW; END IF;",
+            _pg_raise(LOCK_MESSAGE),
+        ])),
+        _pg_function("ctrlrun_guard_prunecheckpoint", "\n".join([
+            f"IF TG_OP = 'INSERT' AND ({_checkpoint_insert_ok('postgresql')}) THEN RETURN NEW; END IF;",
+            _pg_raise(CHECKPOINT_MESSAGE),
+        ])),
+        _pg_function("ctrlrun_guard_hold", "\n".join([
+            "IF TG_OP = 'INSERT' THEN IF NEW.released_at IS NOT NULL OR NEW.released_by IS NOT NULL THEN "
+            + _pg_raise(HOLD_MESSAGE) + " END IF; RETURN NEW; END IF;",
+            f"IF TG_OP = 'UPDATE' AND ({_hold_release_once('IS NOT DISTINCT FROM')}) THEN RETURN NEW; END IF;",
+            _pg_raise(HOLD_MESSAGE),
+        ])),
+    ]
+    for table, function in ((LOCK_TABLE, "ctrlrun_guard_retentionlock"),
+                            (CHECKPOINT_TABLE, "ctrlrun_guard_prunecheckpoint"), (HOLD_TABLE, "ctrlrun_guard_hold")):
+        out += [
+            f'CREATE TRIGGER "{table}_guard" BEFORE INSERT OR UPDATE OR DELETE ON "{table}" '
+            f"FOR EACH ROW EXECUTE FUNCTION {function}()",
+            f'CREATE TRIGGER "{table}_no_truncate" BEFORE TRUNCATE ON "{table}" '
+            f"FOR EACH STATEMENT EXECUTE FUNCTION {function}()",
+        ]
+    return out
+
+
 # --------------------------------------------------------------------------- SQLite
 
 
@@ -214,7 +316,8 @@ def _sqlite_statements() -> list[tuple[str, str]]:
 
     for table in EVIDENCE_TABLES:
         add(f"{table}_no_update", "BEFORE UPDATE", table, APPEND_ONLY_MESSAGE)
-        add(f"{table}_no_delete", "BEFORE DELETE", table, APPEND_ONLY_MESSAGE)
+        add(f"{table}_no_delete", "BEFORE DELETE", table, APPEND_ONLY_MESSAGE,
+            condition=f"NOT ({_retention_lifted('sqlite')})" if table == "ctrlrun_receipt" else None)
         collide = " OR ".join(f'"{c}" = NEW."{c}"' for c in _UNIQUE[table])
         add(f"{table}_no_replace", "BEFORE INSERT", table,
             APPEND_ONLY_MESSAGE + " (an insert may not replace an existing row)",
@@ -283,6 +386,7 @@ def _sqlite_statements() -> list[tuple[str, str]]:
     add(f"{head}_no_delete", "BEFORE DELETE", head, "the ctrlrun chain head is never deleted")
     add(f"{head}_forward", "BEFORE UPDATE", head, "the ctrlrun chain head only moves forward",
         condition=f"NOT ({_HEAD_FORWARD})")
+    _retention_sqlite(add)
     return out
 
 
@@ -381,10 +485,13 @@ def _postgresql_statements() -> list[str]:
             f'CREATE TRIGGER "{table}_no_truncate" BEFORE TRUNCATE ON "{table}" '
             f"FOR EACH STATEMENT EXECUTE FUNCTION {function}()",
         ]
+
+    statements += _retention_postgresql()
     for table in EVIDENCE_TABLES:
+        refuse = "ctrlrun_guard_receipt" if table == "ctrlrun_receipt" else "ctrlrun_refuse_evidence_change"
         statements += [
             f'CREATE TRIGGER "{table}_append_only" BEFORE UPDATE OR DELETE ON "{table}" '
-            f"FOR EACH ROW EXECUTE FUNCTION ctrlrun_refuse_evidence_change()",
+            f"FOR EACH ROW EXECUTE FUNCTION {refuse}()",
             f'CREATE TRIGGER "{table}_no_truncate" BEFORE TRUNCATE ON "{table}" '
             f"FOR EACH STATEMENT EXECUTE FUNCTION ctrlrun_refuse_evidence_change()",
         ]
@@ -402,6 +509,9 @@ def _postgresql_statements() -> list[str]:
 def install(connection: Any) -> None:
     """Put the newest guard in place (``guards.CURRENT``, frozen from what this module builds), with its
     version record, replacing whatever version was there (a test database's flush puts it back)."""
+    from .lift import seed_lock
+
+    seed_lock(connection)  # before the guard: once it is in place, nothing inserts the lock row
     guards.install(connection, guards.CURRENT)
 
 

@@ -514,3 +514,59 @@ class LinkUse(models.Model):
 
     def __str__(self) -> str:
         return f"link {self.nonce} used by {self.used_by}"
+
+
+class PruneCheckpoint(models.Model):
+    """Where a prune (``manage.py prune``) left the receipt chain: the seq and hash of the last receipt it
+    removed, so ``receipts --verify-chain`` walks the rest from there. Append-only, signed; the guard
+    takes one only inside the retention module's transaction (docs/retention.md)."""
+
+    id = models.BigAutoField(primary_key=True)
+    seq = models.BigIntegerField(unique=True, help_text="The last receipt seq the prune removed.")
+    hash = models.CharField(max_length=HASH_LENGTH, help_text="That receipt's hash: the next one's prev_hash.")
+    schema = models.CharField(max_length=40, help_text="The receipt schema it was written under.")
+    at = models.DateTimeField(help_text="When (the store's clock).")
+    by = models.CharField(max_length=200)
+    reason = models.TextField()
+    mac = models.CharField(max_length=MAC_LENGTH, null=True, blank=True,
+                           help_text="ctrlrun's signature of the position, who and why.")
+
+    class Meta:
+        ordering = ["-seq"]
+        db_table = "ctrlrun_prunecheckpoint"
+
+
+class Hold(models.Model):
+    """A legal hold on a range of receipt seqs (``manage.py hold``): never pruned while live. Placed once,
+    released once (who and when), never deleted; signed."""
+
+    hold_id = models.CharField(primary_key=True, max_length=200)
+    from_seq = models.BigIntegerField()
+    to_seq = models.BigIntegerField(null=True, blank=True, help_text="Empty: to the end of the chain.")
+    reason = models.TextField()
+    placed_by = models.CharField(max_length=200)
+    placed_at = models.DateTimeField()
+    released_at = models.DateTimeField(null=True, blank=True)
+    released_by = models.CharField(max_length=200, null=True, blank=True)
+    mac = models.CharField(max_length=MAC_LENGTH, null=True, blank=True,
+                           help_text="ctrlrun's signature of the hold and its release.")
+
+    class Meta:
+        ordering = ["placed_at", "hold_id"]
+        db_table = "ctrlrun_hold"
+        permissions = [("view_retention", "Can see anchors, holds and prunes")]
+
+
+class RetentionLock(models.Model):
+    """The one row behind the guard's only scoped lift: the next link of a hash chain whose seed is
+    derived from the signing key. A prune reveals the preimage (``digest`` becomes it, ``open``
+    true) inside its transaction and closes it again before commit; nothing else can (guard v12)."""
+
+    id = models.PositiveSmallIntegerField(primary_key=True)
+    digest = models.CharField(max_length=64)
+    remaining = models.BigIntegerField()
+    open = models.BooleanField(default=False)
+    key_id = models.CharField(max_length=64)
+
+    class Meta:
+        db_table = "ctrlrun_retentionlock"

@@ -101,6 +101,7 @@ class EventType(_Str):
     EXECUTION_SUSPENDED = "EXECUTION_SUSPENDED"
     EXECUTION_RESUMED = "EXECUTION_RESUMED"
     CLOCK_SKEW_DETECTED = "CLOCK_SKEW_DETECTED"
+    RETENTION_APPLIED = "RETENTION_APPLIED"
 
 
 #: The event types this version writes (CLOCK_SKEW_DETECTED on PostgreSQL: store/clock.py). The rest of
@@ -112,6 +113,7 @@ EMITTED_EVENT_TYPES: frozenset[str] = frozenset({
     EventType.EFFECT_RESERVATION_REFUSED, EventType.EXECUTION_STARTED, EventType.EXECUTION_COMMITTED,
     EventType.EXECUTION_FAILED, EventType.EXECUTION_AMBIGUOUS, EventType.EFFECT_RESOLVED,
     EventType.RECONCILIATION_STARTED, EventType.RECONCILIATION_RESOLVED, EventType.CLOCK_SKEW_DETECTED,
+    EventType.RETENTION_APPLIED,
 })
 
 #: What a reconcile hook may answer. Anything else is recorded as ``invalid_return``.

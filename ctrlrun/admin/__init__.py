@@ -32,6 +32,8 @@ which model admin hosts each page that is not a model's list or change form:
 - ``authority``: ``BudgetLedgerAdmin`` hosts the Grants and budgets page (``budgetledger/grants/``);
   ``DelegationAdmin`` shows its list as the delegation tree and hosts the revoke confirmation
   (``delegation/<id>/revoke/``).
+- ``retention``: ``HoldAdmin``, the retention page (the last prune, the anchors, the holds), with
+  ``ctrlrun.view_retention``.
 
 Every page reads through ``ctrlrun.store`` (values, never a QuerySet); only the model admins'
 own lists and change forms query the models, as Django's admin does.
@@ -44,9 +46,10 @@ from .approvals import ApprovalAdmin
 from .effects import EffectRecordAdmin
 from .evidence import EventAdmin, PolicyDocumentAdmin, ReceiptAdmin, current_policy
 from .authority import BudgetLedgerAdmin, DelegationAdmin, grants_context
+from .retention import HoldAdmin
 
 __all__ = [
     "DECIDE", "RESOLVE", "EvidenceAdmin", "refusal_text", "STATE_SHOWN", "PausedRunAdmin", "ApprovalAdmin",
     "EffectRecordAdmin", "EventAdmin", "PolicyDocumentAdmin", "ReceiptAdmin", "current_policy", "BudgetLedgerAdmin",
-    "DelegationAdmin", "grants_context",
+    "DelegationAdmin", "grants_context", "HoldAdmin",
 ]

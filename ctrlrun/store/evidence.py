@@ -418,7 +418,7 @@ def _events_after(after: int, upto: int | None = None) -> list[StoredEvent]:
                                 [after] + ([upto] if upto is not None else []), order=True)
 
 
-def _anchor_breaks(kind: str, table: str, seq: int, hash_: str, check: ChainCheck) -> list[ChainBreak]:
+def _anchor_breaks(kind: str, table: str, seq: int, hash_: str, check: ChainCheck, pruned: int = 0) -> list[ChainBreak]:
     """Whether the position an incremental check starts from is still as the last intact check left it:
     the row at that seq still holds the hash it had, and exactly ``seq`` chained rows lie at or before it
     (nothing removed there, nothing added)."""
@@ -436,7 +436,7 @@ def _anchor_breaks(kind: str, table: str, seq: int, hash_: str, check: ChainChec
             f"the {noun} at seq {seq}, where the last intact {when} stopped, "
             + ("is gone" if not found else f"no longer holds the hash {hash_} it had")
             + ": evidence already verified was changed; run a full check", kind=kind))
-    if count != seq:
+    if count != seq - pruned:  # (a prune's checkpoint at seq ``pruned``: the rows at or below it are gone)
         out.append(ChainBreak(
             "missing", seq, f"{count:,} {noun}s lie at or before seq {seq:,}, where the last intact {when} "
             f"stopped with {seq:,}: {noun}s already verified were removed or added; run a full check", kind=kind))
@@ -530,6 +530,32 @@ def _starting_point() -> tuple[ChainCheck | None, list[ChainBreak]]:
     return base, breaks
 
 
+def _checkpoint() -> tuple[Any, list[ChainBreak]]:
+    """The prune checkpoint the receipt chain starts from (None: never pruned), and a break if it is not
+    ctrlrun's."""
+    from .retention import checkpoint_ok, latest_checkpoint
+
+    found = latest_checkpoint()
+    if found is None or checkpoint_ok(found):
+        return found, []
+    return found, [ChainBreak("signature_invalid", found.seq, f"the prune checkpoint at seq {found.seq} does not "
+                              "carry ctrlrun's signature: it was written outside ctrlrun", kind="checkpoint",
+                              subject=str(found.id))]
+
+
+def _pruned_meanwhile(walk: ReceiptWalk, row: StoredReceipt) -> None:
+    """A gap in the walk that a prune made while this check ran is no break: a batch of the prune
+    ended exactly before ``row`` (a genuine checkpoint at ``row.seq - 1``), so the walk goes on from it."""
+    from ..models import PruneCheckpoint
+    from .retention import checkpoint_ok
+
+    if row.seq is None or row.seq <= walk.expected_seq:
+        return
+    found = objects(PruneCheckpoint).filter(seq=row.seq - 1).first()
+    if found is not None and checkpoint_ok(found):
+        walk.expected_seq, walk.previous_hash = found.seq + 1, found.hash
+
+
 def _verify(*, incremental: bool, progress: Any) -> ChainReport:
     """The one walk behind :func:`verify` (from the genesis, everything) and :func:`verify_incremental`
     (from the last intact recorded check, what was added or moved since)."""
@@ -542,8 +568,16 @@ def _verify(*, incremental: bool, progress: Any) -> ChainReport:
         report.from_seq, report.from_event_seq = r_from, e_from
         report.from_check = base.id if base is not None else None
         start_id = None
+        checkpoint, checkpoint_breaks = _checkpoint()
+        breaks += checkpoint_breaks
+        if checkpoint is not None and checkpoint.seq >= r_from:
+            # Pruned (docs/retention.md): the receipt chain starts at the signed checkpoint.
+            r_from, r_hash = checkpoint.seq, checkpoint.hash
+            report.from_seq = r_from
+        elif base is not None:
+            breaks += _anchor_breaks("receipt", "ctrlrun_receipt", r_from, r_hash, base,
+                                     checkpoint.seq if checkpoint is not None else 0)
         if base is not None:
-            breaks += _anchor_breaks("receipt", "ctrlrun_receipt", r_from, r_hash, base)
             breaks += _anchor_breaks("event", "ctrlrun_event", e_from, e_hash, base)
             with statements() as cursor:
                 found = cursor.execute('SELECT MAX("id") FROM "ctrlrun_event" WHERE "seq" = %s', [e_from]).fetchone()
@@ -569,6 +603,8 @@ def _verify(*, incremental: bool, progress: Any) -> ChainReport:
 
         def walk_receipts(batch: list[StoredReceipt]) -> None:
             for row in batch:
+                if row.seq != receipts.expected_seq:
+                    _pruned_meanwhile(receipts, row)  # a prune ran during this check: go on from its checkpoint
                 receipts.add(row)
                 told(report.chained, receipt_total, "receipts")
 
@@ -663,3 +699,10 @@ def overview() -> Overview:
             # differ only when rows were removed or added around ctrlrun, which a check names).
             receipts=objects(ChainHead).filter(pk=1).values_list("seq", flat=True).first() or 0,
         )
+
+
+def head_hash() -> tuple[int, str]:
+    """(receipt seq, receipt hash) of the chain head."""
+    with reading():
+        row = objects(ChainHead).filter(pk=1).values_list("seq", "hash").first()
+        return (row[0], row[1]) if row else (0, GENESIS_HASH)
