@@ -378,7 +378,7 @@ def head_position() -> tuple[int, int]:
         return (row[0], row[1]) if row else (0, 0)
 
 
-def _receipts_after(after: int, upto: int | None = None) -> list[StoredReceipt]:
+def receipts_after(after: int, upto: int | None = None) -> list[StoredReceipt]:
     """Chained receipts with ``after < seq`` (``<= upto``), in seq order, at most ``_BATCH``."""
     return _stored_receipts_where('"seq" > %s' + (' AND "seq" <= %s' if upto is not None else ""),
                                   [after] + ([upto] if upto is not None else []), order=True)
@@ -619,11 +619,11 @@ def _verify(*, incremental: bool, progress: Any) -> ChainReport:
                 if row.type in ("DELEGATION_CREATED", "DELEGATION_REVOKED"):
                     delegation_rows.append(row)
 
-        seen = _walk_batches(_receipts_after, r_from, None, walk_receipts)
+        seen = _walk_batches(receipts_after, r_from, None, walk_receipts)
         event_seen = _walk_batches(_events_after, e_from, None, walk_events)
         seq, hash_, event_seq, event_hash_, mac, key_id = _read_head()
         # Written while the walk ran: every row up to the head is committed now.
-        _walk_batches(_receipts_after, seen, seq, walk_receipts)
+        _walk_batches(receipts_after, seen, seq, walk_receipts)
         _walk_batches(_events_after, event_seen, event_seq, walk_events)
         report.head_seq, report.head_hash = seq, hash_
         report.event_head_seq, report.event_head_hash = event_seq, event_hash_

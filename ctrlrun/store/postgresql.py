@@ -8,7 +8,9 @@ reads ``now()``; the evidence and the head's move are one statement).
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+from collections.abc import Iterator
 from typing import Any
 
 from .. import conf
@@ -127,3 +129,15 @@ VERIFY_TIME = '"ts"'
 
 def connected(connection: Any) -> None:
     """A new Django connection: nothing to start (SQLite's background checkpointer has no counterpart)."""
+
+
+@contextlib.contextmanager
+def lock_hash(connection: Any, sha: Any) -> Iterator[None]:
+    """PostgreSQL's guard hashes with its own ``sha256()``: nothing to define."""
+    yield
+
+
+def name_lift(cursor: Any, token: str) -> None:
+    """Name the revealed preimage in the transaction-local ``ctrlrun.retention`` the guard compares with
+    the open lock ('' clears it before commit)."""
+    cursor.execute("SELECT set_config('ctrlrun.retention', %s, true)", [token])

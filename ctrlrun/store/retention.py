@@ -28,7 +28,7 @@ from ..errors import InvalidArgument
 from ..models import Hold, PruneCheckpoint, Receipt
 from ..receipts import ChainReport, ReceiptWalk
 from ..lift import LIFT_DOMAIN, LOCK_TABLE, links, sha
-from .base import alias, objects, reading, statements, write_phase
+from .base import alias, dialect, objects, reading, statements, write_phase
 
 CHECKPOINT_DOMAIN, HOLD_DOMAIN = "ctrlrun.prune-checkpoint/v1", "ctrlrun.hold/v1"
 
@@ -65,10 +65,8 @@ def hold_live(row: Hold) -> bool:
 
 
 def _take_lock(cursor: Any) -> tuple[str, int, bool, str]:
-    connection = connections[alias()]
-    suffix = " FOR UPDATE" if connection.vendor == "postgresql" else ""
-    row = cursor.execute(f'SELECT "digest", "remaining", "open", "key_id" FROM "{LOCK_TABLE}" WHERE "id" = 1{suffix}',
-                         []).fetchone()
+    row = cursor.execute(f'SELECT "digest", "remaining", "open", "key_id" FROM "{LOCK_TABLE}" WHERE "id" = 1'
+                         f'{dialect().ROW_LOCK}', []).fetchone()
     if row is None:
         raise InvalidArgument("this store has no retention lock row: run 'manage.py migrate' as the tables' owner")
     return row[0], int(row[1]), bool(row[2]), row[3]
@@ -146,13 +144,13 @@ def receipt_at(seq: int) -> tuple[int, str, str, dt.datetime] | None:
 def walk_range(after: int, after_hash: str, upto: int, batch: int = 2000) -> Iterator[ChainReport]:
     """Re-hash the receipts ``after < seq <= upto`` before they are deleted (a prune never launders a
     break away); yields a report per batch of rows read."""
-    from .evidence import _receipts_after
+    from .evidence import receipts_after
 
     report = ChainReport()
     walk = ReceiptWalk(report, after, after_hash)
     position = after
     while position < upto:
-        rows = _receipts_after(position, upto)
+        rows = receipts_after(position, upto)
         if not rows:
             break
         for row in rows:
@@ -182,24 +180,17 @@ def prune_batch(start: int, target: int, size: int, token: str, by: str, reason:
             if found is None or found[0] <= start:
                 return Batch(0, 0, held)
             end, hash_, schema, _ = found
-            if connection.vendor == "sqlite":
-                connection.connection.create_function("ctrlrun_sha256", 1, sha, deterministic=True)
-            try:
+            with dialect().lock_hash(connection, sha):  # SQLite: the function the guard checks the lock with
                 cursor.execute(f'UPDATE "{LOCK_TABLE}" SET "digest" = %s, "remaining" = %s, "open" = %s WHERE "id" = 1',
                                [token, remaining - 1, True])
-            finally:
-                if connection.vendor == "sqlite":
-                    connection.connection.create_function("ctrlrun_sha256", 1, None)
-            if connection.vendor == "postgresql":
-                cursor.execute("SELECT set_config('ctrlrun.retention', %s, true)", [token])
+            dialect().name_lift(cursor, token)
             row = PruneCheckpoint(seq=end, hash=hash_, schema=schema, at=when, by=by, reason=reason)
             row.mac = signing.sign(CHECKPOINT_DOMAIN, _checkpoint_fields(row))
             row.save(using=alias(), force_insert=True)
             deleted = cursor.execute('DELETE FROM "ctrlrun_receipt" WHERE "seq" > %s AND "seq" <= %s',
                                      [start, end]).rowcount
             cursor.execute(f'UPDATE "{LOCK_TABLE}" SET "open" = %s WHERE "id" = 1', [False])
-            if connection.vendor == "postgresql":
-                cursor.execute("SELECT set_config('ctrlrun.retention', '', true)")
+            dialect().name_lift(cursor, "")
     return Batch(end, deleted, held)
 
 

@@ -8,8 +8,10 @@ row and advisory locks; the clock is the host's, the only one a file's processes
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import logging
+from collections.abc import Iterator
 from typing import Any
 
 from .. import conf
@@ -123,3 +125,18 @@ def connected(connection: Any) -> None:
         return
     raw.execute(f"PRAGMA wal_autocheckpoint={checkpoint.BACKSTOP_PAGES}")
     checkpoint.watch(connection.settings_dict["NAME"], interval)
+
+
+@contextlib.contextmanager
+def lock_hash(connection: Any, sha: Any) -> Iterator[None]:
+    """The retention lock's hash, as the guard's SQLite trigger calls it (``ctrlrun_sha256``): defined on
+    this connection for the one statement that opens the lock, then removed (store/retention.py)."""
+    connection.connection.create_function("ctrlrun_sha256", 1, sha, deterministic=True)
+    try:
+        yield
+    finally:
+        connection.connection.create_function("ctrlrun_sha256", 1, None)
+
+
+def name_lift(cursor: Any, token: str) -> None:
+    """SQLite's triggers read the lock row alone: nothing to name."""

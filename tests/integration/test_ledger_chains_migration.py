@@ -33,7 +33,7 @@ for key, metric, amount, minutes, released, good in (
     fields = ("support", metric, amount, key, 1, at, at if released else None)
     Old.objects.create(grant_id="support", metric=metric, amount=amount, effect_key=key, attempt=1, consumed_at=at,
                        released_at=fields[-1], mac=sig.ledger_mac_v1(*fields) if good else "forged")
-call_command("migrate", "ctrlrun", verbosity=0, interactive=False)
+call_command("migrate", "ctrlrun", "0026_ledger_chains", verbosity=0, interactive=False)
 from ctrlrun.models import BudgetLedger
 from ctrlrun import store
 from ctrlrun.store import budgets
