@@ -28,3 +28,40 @@ def test_a_policy_proposal_keeps_its_proposer_under_an_identity_provider(use_pol
     assert (row.agent, row.user) == ("console", "olivia")
     with pytest.raises(ctrlrun.InvalidArgument, match="cannot answer it"):
         store.answer_approval(asked.value.request_id, True, by="olivia")
+
+
+ROLE_POLICY = """\
+schema: ctrlrun.policy/v6
+controls:
+  four-eyes: {title: "finance approves a refund", approver_role: finance}
+actions:
+  mcp.pay.refund:
+    effect: "refund:{payment_id}"
+    rules:
+      - when: { amount_lte: 1000 }
+        decision: allow
+      - decision: approve
+        controls: [four-eyes]
+"""
+
+
+@pytest.mark.slow
+def test_the_gateway_asks_again_after_a_grant_the_kernel_cannot_use(tmp_path):
+    """A role request granted on the command line (it verifies nobody) is refused at use
+    (approver_unverified) and left granted. The gateway re-presented that same granted row on every
+    re-sent call until it expired, so no new request could be asked of a person of finance."""
+    from tests.integration.test_mcp_gateway import sdk
+    from tests.support import run_command, start_gateway, start_upstream
+
+    upstream = start_upstream(tmp_path)
+    gateway = start_gateway(tmp_path, upstream.url, ROLE_POLICY)
+    try:
+        _, gated = sdk(gateway.url, ("refund", {"payment_id": "p2", "amount": 5000}))
+        first = gated.error.data["request_id"]
+        run_command("approve", first, "--by", "cli:ops")
+        _, again = sdk(gateway.url, ("refund", {"payment_id": "p2", "amount": 5000}))
+        # On main: -41006 blocked (approver_unverified) on the same request, on every re-send until it expires.
+        assert again.error.code == -41002 and again.error.data["request_id"] != first, again.error.data
+    finally:
+        gateway.stop()
+        upstream.stop()
