@@ -108,13 +108,25 @@ def _settled(store: Any, key: str | None) -> tuple[str, str] | None:
     return None
 
 
+def _verified_enough(row: Any) -> bool:
+    """Whether a granted row carries the verified approvers its own pins require: one granted through a
+    surface that verifies nobody (the command line, a webhook) is refused at use and left granted, so
+    presenting it again would refuse every re-sent call until it expires instead of asking again."""
+    from ctrlrun import approvers
+
+    return approvers.problem(pinned_roles=tuple(row.required_roles), pinned_count=row.approvals_required,
+                             approvers=tuple(row.approvers), required_roles=(), required_count=1,
+                             requester=row.user) is None
+
+
 def _answered_for(store: Any, action_hash: str) -> Any:
     """The request to present for a re-sent call: the newest granted, unconsumed, unexpired one,
     else the newest denied one, else a pending one (returned as is), else None."""
     now = store.now()
     rows = list(reversed(store.approvals_for_hash(action_hash)))
     for row in rows:
-        if row.status == "granted" and row.consumed_at is None and row.expires_at > now and row.signature_ok:
+        if (row.status == "granted" and row.consumed_at is None and row.expires_at > now and row.signature_ok
+                and _verified_enough(row)):
             return row
     for row in rows:
         if row.status == "pending" and row.expires_at > now:

@@ -237,8 +237,11 @@ def call_steps(control: Runtime, plan: Plan, bind: Callable[[], Mapping[str, Any
     ``bind()`` gives the call's arguments by name (defaults applied); ``invoke(action)`` runs the
     function on a fresh copy of the action's canonical arguments.
     """
+    # A policy change names its proposer (the console's signed-in person, the command's --by): an
+    # identity provider does not replace them, or the requester rule would have nobody to exclude.
+    proposer = principal if plan.name == POLICY_CHANGE_ACTION else None
     principal = principal or current_principal()
-    provider = control.identity
+    provider = control.identity if proposer is None else None
     if principal is None and provider is None:
         raise _no_principal(plan.name)
     policy = control.loaded_policy
