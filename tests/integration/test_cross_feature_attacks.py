@@ -1,4 +1,4 @@
-"""Review findings (review2): each test fails on main as merged."""
+"""Attacks across features: a policy proposal under an identity provider, the gateway facing a grant the kernel cannot use, the approver_identity option the refusal names."""
 from __future__ import annotations
 
 import pytest
