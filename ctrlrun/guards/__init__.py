@@ -43,7 +43,7 @@ __all__ = ["CURRENT", "VERSIONS", "install", "remove", "installed", "missing_tri
            "repair"]
 
 #: The version this code expects installed (the newest; the one ``guard.py`` builds).
-CURRENT = 11
+CURRENT = 12
 VERSIONS = tuple(range(1, CURRENT + 1))
 #: Where the version is recorded (a PostgreSQL function, a SQLite view).
 RECORD = "ctrlrun_guard_version"

@@ -27,3 +27,18 @@ class Migration(migrations.Migration):
             ],
         ),
     ]
+
+
+def _guard(apps, schema_editor):
+    from ctrlrun import guards
+
+    guards.install(schema_editor.connection, 12)  # guard version 12, frozen (ctrlrun/guards/v12.py)
+
+
+def _guard_before(apps, schema_editor):
+    from ctrlrun import guards
+
+    guards.install(schema_editor.connection, 11)  # back to the schema before: the version it had
+
+
+Migration.operations.append(migrations.RunPython(_guard, _guard_before))
