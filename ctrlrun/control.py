@@ -31,6 +31,7 @@ from .kernel import drive
 from .kernel.decorator import guarded
 from .kernel.plans import plan_for
 from .kernel.steps import call_steps
+from .kernel.suspension import resume_steps
 from .policy import AuthorityDocument, Evaluation, Policy, load_authority, load_policy, parse_policy
 
 __all__ = ["Control", "default_control", "reset_default"]
@@ -53,6 +54,9 @@ def _timedelta(value: Any, what: str) -> dt.timedelta | None:
     return value
 
 
+#: How long a suspended call keeps its key unless ``Control(suspend_timeout=...)`` says (spec A5).
+SUSPEND_TIMEOUT = dt.timedelta(minutes=5)
+
 class Control:
     """The explicit composition a protected call runs under.
 
@@ -72,7 +76,8 @@ class Control:
                  observers: Sequence[Any] = (), lease: dt.timedelta | float | None = None,
                  approval_ttl: dt.timedelta | float | None = None, environment: str | None = None,
                  authority: str | Path | AuthorityDocument | None = None,
-                 require_approved_policy: bool | None = None, identity: Any = None) -> None:
+                 require_approved_policy: bool | None = None, identity: Any = None,
+                 suspend_timeout: dt.timedelta | float | None = None) -> None:
         if authority is not None and not isinstance(authority, AuthorityDocument):
             if not isinstance(authority, (str, Path)):
                 raise InvalidArgument(f"Control(authority=...) is the path of an authority file (or a parsed "
@@ -122,6 +127,7 @@ class Control:
         self._approvals = approvals
         self._observers = tuple(observers)
         self._lease = _timedelta(lease, "lease")
+        self._suspend_timeout = _timedelta(suspend_timeout, "suspend_timeout")
         self._approval_ttl = _timedelta(approval_ttl, "approval_ttl")
         self._stored: set[str] = set()  # database aliases holding this policy's row
         self._lock = threading.Lock()
@@ -194,6 +200,11 @@ class Control:
     @property
     def lease(self) -> dt.timedelta:
         return self._lease or conf.lease()
+
+    @property
+    def suspend_timeout(self) -> dt.timedelta:
+        """How long a suspended call keeps its key (``ctrlrun.Suspended``; default 5 minutes)."""
+        return self._suspend_timeout or SUSPEND_TIMEOUT
 
     @property
     def approval_ttl(self) -> dt.timedelta:
@@ -531,6 +542,28 @@ class Control:
         function (run in a thread); the store is never waited on in the loop."""
         return await drive.run_async(self._steps(name, arguments, executor, principal, options, asynchronous=True,
                                                  headers=headers), self)
+
+    def resume(self, continuation: str | bytes, executor: Callable[[], Any]) -> Any:
+        """Finish the call suspended under ``continuation`` (spec A5): the same action and attempt,
+        its outcome recorded as a call's; the executor's value is returned. A continuation resumes
+        once: a second resume, an unknown token or a lapsed suspension is ``InvalidArgument``."""
+        return drive.run_sync(self._resume_steps(continuation, executor, asynchronous=False), self)
+
+    async def aresume(self, continuation: str | bytes, executor: Callable[[], Any]) -> Any:
+        """``resume`` from an event loop: the executor may be ``async def``."""
+        return await drive.run_async(self._resume_steps(continuation, executor, asynchronous=True), self)
+
+    def _resume_steps(self, continuation: Any, executor: Callable[[], Any], *, asynchronous: bool) -> Any:
+        if not isinstance(continuation, (str, bytes)) or not continuation:
+            raise InvalidArgument("resume: the continuation is the non-empty str or bytes the executor raised "
+                                  "ctrlrun.Suspended with")
+        if not callable(executor):
+            raise InvalidArgument(f"resume: the executor must be callable (a function of no arguments), not "
+                                  f"{type(executor).__name__}")
+        awaitable = inspect.iscoroutinefunction(executor)
+        if awaitable and not asynchronous:
+            raise InvalidArgument("resume: the executor is an 'async def'; use 'await control.aresume(...)'")
+        return resume_steps(self, continuation, lambda action: executor(), awaitable=awaitable)
 
     def _steps(self, name: str, arguments: Mapping[str, Any], executor: Callable[[], Any],
                principal: Principal | str | None, options: dict[str, Any], *, asynchronous: bool,

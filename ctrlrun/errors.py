@@ -10,6 +10,7 @@ from typing import Any
 
 __all__ = [
     "CTRLRunError",
+    "Suspended",
     "InvalidArgument",
     "PolicyError",
     "EffectKeyError",
@@ -146,6 +147,23 @@ class NotExecuted(CTRLRunError):
     Raise it only when the remote is certain not to have acted (e.g. the connection was refused
     before a byte was sent). Anything else a function raises leaves the effect AMBIGUOUS.
     """
+
+
+class Suspended(CTRLRunError):
+    """Raised BY an executor whose outcome is not known yet and will come back later (spec A5).
+
+    Nothing is recorded as an outcome and no receipt is written: the effect key stays held
+    (``executing``, its lease moved to ``Control(suspend_timeout=...)``) until
+    ``Control.resume(continuation, executor)`` finishes the same action. The continuation is a
+    single-use token (str or bytes) the caller keeps; the caller of the protected call gets this
+    exception back, with ``continuation`` and ``round`` (1 for the first suspension).
+    """
+
+    def __init__(self, continuation: str | bytes, message: str | None = None) -> None:
+        super().__init__(message or "the call is suspended; resume it with Control.resume(continuation, executor)")
+        self.continuation = continuation
+        self.round: int | None = None
+        self.effect_key: str | None = None
 
 
 class IdentityError(CTRLRunError):

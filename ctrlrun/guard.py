@@ -184,6 +184,10 @@ PAUSED_MESSAGE = ("a ctrlrun paused run is never deleted, and what it resumes wi
                   "never changes")
 _PAUSED_FIXED = ("id", "approval_id", "framework", "state", "resume_with", "created_at", "mac")
 
+CONTINUATION_TABLE = "ctrlrun_continuation"
+CONTINUATION_MESSAGE = ("a ctrlrun continuation is never deleted and keeps its effect key (a suspension ends by its "
+                        "one resume, or lapses)")
+
 
 def _paused_fixed(same: str) -> str:
     return " AND ".join(_same(c, same) for c in _PAUSED_FIXED)
@@ -367,6 +371,12 @@ def _sqlite_statements() -> list[tuple[str, str]]:
         condition=f'EXISTS (SELECT 1 FROM "{PAUSED_TABLE}" WHERE "id" = NEW."id" OR "approval_id" = '
                   f'NEW."approval_id")')
 
+    add(f"{CONTINUATION_TABLE}_no_delete", "BEFORE DELETE", CONTINUATION_TABLE, CONTINUATION_MESSAGE)
+    add(f"{CONTINUATION_TABLE}_key_fixed", "BEFORE UPDATE", CONTINUATION_TABLE, CONTINUATION_MESSAGE,
+        condition='NEW."effect_key" <> OLD."effect_key"')
+    add(f"{CONTINUATION_TABLE}_no_replace", "BEFORE INSERT", CONTINUATION_TABLE, CONTINUATION_MESSAGE,
+        condition=f'EXISTS (SELECT 1 FROM "{CONTINUATION_TABLE}" WHERE "effect_key" = NEW."effect_key")')
+
     add(f"{DELIVERY_TABLE}_insert", "BEFORE INSERT", DELIVERY_TABLE, DELIVERY_MESSAGE,
         condition=f'NOT ({_DELIVERY_INSERT_OK}) OR EXISTS (SELECT 1 FROM "{DELIVERY_TABLE}" WHERE "id" = NEW."id" '
                   f'OR "link_nonce" = NEW."link_nonce" OR ("approval_id" = NEW."approval_id" AND "recipient" = '
@@ -455,6 +465,17 @@ def _postgresql_statements() -> list[str]:
         f"FOR EACH ROW EXECUTE FUNCTION ctrlrun_guard_pausedrun()",
         f'CREATE TRIGGER "{PAUSED_TABLE}_no_truncate" BEFORE TRUNCATE ON "{PAUSED_TABLE}" '
         f"FOR EACH STATEMENT EXECUTE FUNCTION ctrlrun_guard_pausedrun()",
+    ]
+    statements.append(_pg_function("ctrlrun_guard_continuation", "\n".join([
+        "IF TG_OP IN ('DELETE', 'TRUNCATE') THEN " + _pg_raise(CONTINUATION_MESSAGE) + " END IF;",
+        'IF NEW."effect_key" <> OLD."effect_key" THEN ' + _pg_raise(CONTINUATION_MESSAGE) + " END IF;",
+        "RETURN NEW;",
+    ])))
+    statements += [
+        f'CREATE TRIGGER "{CONTINUATION_TABLE}_guard" BEFORE UPDATE OR DELETE ON "{CONTINUATION_TABLE}" '
+        f"FOR EACH ROW EXECUTE FUNCTION ctrlrun_guard_continuation()",
+        f'CREATE TRIGGER "{CONTINUATION_TABLE}_no_truncate" BEFORE TRUNCATE ON "{CONTINUATION_TABLE}" '
+        f"FOR EACH STATEMENT EXECUTE FUNCTION ctrlrun_guard_continuation()",
     ]
     statements.append(_pg_function("ctrlrun_guard_delegation", "\n".join([
         "IF TG_OP IN ('DELETE', 'TRUNCATE') THEN " + _pg_raise("ctrlrun delegations are never deleted") + " END IF;",

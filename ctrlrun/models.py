@@ -570,3 +570,26 @@ class RetentionLock(models.Model):
 
     class Meta:
         db_table = "ctrlrun_retentionlock"
+
+
+class Continuation(models.Model):
+    """A suspended attempt (``ctrlrun.Suspended``): the continuation that resumes it, held once.
+
+    One row per effect key; its identity is the key and the attempt it suspended. ``continuation``
+    is the SHA-256 of the token the executor raised (the token itself is never stored), and is
+    emptied by the one resume that takes it (``store.take_continuation``: a conditional UPDATE).
+    ``action_json`` is the suspended call as the effect record stashed it (its action, decision and
+    approval), so the resume finishes the very call. ``rounds`` counts the suspensions of this
+    attempt; ``held_until`` is when the suspension lapses like a lease. Signed
+    (``signatures.continuation_mac``) over every column a resume reads.
+    """
+
+    effect_key = models.CharField(primary_key=True, max_length=MAX_KEY_LENGTH)
+    action_id = models.CharField(max_length=ID_LENGTH)
+    attempt = models.PositiveIntegerField()
+    action_json = models.TextField()
+    continuation = models.CharField(max_length=71, null=True, blank=True, db_index=True)
+    rounds = models.PositiveIntegerField(default=0)
+    held_until = models.DateTimeField()
+    updated_at = models.DateTimeField()
+    mac = models.CharField(max_length=200, null=True, blank=True)

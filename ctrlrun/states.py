@@ -105,7 +105,7 @@ class EventType(_Str):
 
 
 #: The event types this version writes (CLOCK_SKEW_DETECTED on PostgreSQL: store/clock.py). The rest of
-#: the vocabulary (authority, delegation, suspension) belongs to capabilities not built yet; the console offers only these.
+#: the vocabulary (authority, delegation) belongs to capabilities not built yet; the console offers only these.
 EMITTED_EVENT_TYPES: frozenset[str] = frozenset({
     EventType.ACTION_PROPOSED, EventType.POLICY_EVALUATED, EventType.ACTION_DENIED, EventType.APPROVAL_REQUESTED,
     EventType.APPROVAL_GRANTED, EventType.APPROVAL_DENIED, EventType.APPROVAL_EXPIRED,
@@ -114,6 +114,7 @@ EMITTED_EVENT_TYPES: frozenset[str] = frozenset({
     EventType.EXECUTION_FAILED, EventType.EXECUTION_AMBIGUOUS, EventType.EFFECT_RESOLVED,
     EventType.RECONCILIATION_STARTED, EventType.RECONCILIATION_RESOLVED, EventType.CLOCK_SKEW_DETECTED,
     EventType.RETENTION_APPLIED,
+    EventType.EXECUTION_SUSPENDED, EventType.EXECUTION_RESUMED,  # ctrlrun.Suspended / Control.resume (spec A5)
 })
 
 #: What a reconcile hook may answer. Anything else is recorded as ``invalid_return``.

@@ -38,6 +38,10 @@ class Runtime(Protocol):
         """The lease a call's effect record is held under, unless its plan names one."""
 
     @property
+    def suspend_timeout(self) -> dt.timedelta:
+        """How long a suspended call (``ctrlrun.Suspended``) keeps its key before it lapses."""
+
+    @property
     def poll_interval(self) -> float:
         """Seconds between looks at a pending approval (``wait=True``)."""
 

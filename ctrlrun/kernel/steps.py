@@ -66,6 +66,7 @@ from ..errors import (
     IdentityError,
     InvalidArgument,
     NotExecuted,
+    Suspended,
 )
 from .. import messages
 from ..identity import IdentityContext, answer_of, expired_message, wrapped
@@ -585,6 +586,19 @@ class _Running:
         except NotExecuted as exc:
             yield from self.finish(call, attempt, Result.FAILED, evidence_text(str(exc)), None, exc, held=held,
                                    would_have=would_have)
+            raise
+        except Suspended as exc:
+            if not held or would_have is not None or not isinstance(exc.continuation, (str, bytes)) \
+                    or not exc.continuation:
+                problem = (f"{self.name}: Suspended needs a held effect key and a non-empty str or bytes "
+                           f"continuation; the call is recorded ambiguous")
+                yield from self.finish(call, attempt, Result.AMBIGUOUS, problem, None, exc, held=held,
+                                       would_have=would_have)
+                raise InvalidArgument(problem) from exc
+            # Held: no outcome, no receipt; the key stays executing until a resume or its lapse (spec A5).
+            exc.round = yield Record(self.control.store.hold_continuation, (
+                call, attempt, exc.continuation, self.control.suspend_timeout))
+            exc.effect_key = call.effect_key
             raise
         except BaseException as exc:
             yield from self.finish(call, attempt, Result.AMBIGUOUS, evidence_text(f"{type(exc).__name__}: {exc}"),

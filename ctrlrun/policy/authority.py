@@ -181,6 +181,10 @@ def window_text(seconds: int) -> str:
     return " ".join(parts) or "0 seconds"
 
 
+#: ``evaluate(..., evaluate_task=False)``: the task a grant's ``tasks:`` are not checked against.
+TASK_UNCHECKED: Any = object()
+
+
 @dataclass(frozen=True)
 class Budget:
     """``count`` calls, or the sum of an int argument, at most ``limit`` within any ``window``.
@@ -262,7 +266,8 @@ class Grant:
         """Why this grant, which covers the call, does not pass it (a reason code), or None: it passes."""
         if self.expires_at is not None and (now is None or now > self.expires_at):
             return "authority_expired"
-        if self.tasks is not None and not any(matches(pattern, task, ":") for pattern in self.tasks):
+        if self.tasks is not None and task is not TASK_UNCHECKED and not any(
+                matches(pattern, task, ":") for pattern in self.tasks):
             return "authority_task"
         if self.constraints is not None and not all(c.holds(action.name, action.arguments) for c in self.constraints):
             return "authority_constraint"
@@ -431,11 +436,15 @@ class Authority:
         return self.max_delegation_depth > 0 and any(grant.delegable for grant in self.grants.values())
 
     def evaluate(self, action: Any, *, now: dt.datetime | None = None, task: str | None = None,
-                 delegations: Sequence[Delegation] = (), hop: str | None = None) -> AuthorityResult:
+                 delegations: Sequence[Delegation] = (), hop: str | None = None,
+                 evaluate_task: bool = True) -> AuthorityResult:
         """Judge ``action`` (a canonical ``Action``) at ``now`` for ``task``, over the section's grants
         and the store's ``delegations`` (each chain re-walked). With ``hop`` (a delegation id the
         caller presents, §C7) that delegation is the only candidate: the caller's own grants do not
-        widen it, and its chain pays. Pure."""
+        widen it, and its chain pays. ``evaluate_task=False`` (a resumed call, spec A5): a grant's
+        ``tasks:`` are not checked. Pure."""
+        if not evaluate_task:
+            task = TASK_UNCHECKED  # type: ignore[assignment]
         for delegation in delegations:  # one row that cannot be read: nothing can be trusted
             if delegation.problem is not None or delegation.grant is None:
                 return AuthorityResult(False, "authority_unreadable", delegation.id, None, delegation.id,

@@ -13,6 +13,7 @@ the work lives in one module per concern:
 - ``resolutions`` an AMBIGUOUS effect's ends: a hook's answer, a person's resolve, the sweep
 - ``budgets``     the budget ledger: charged with a reservation, released when an attempt fails
 - ``evidence``    reads, chain verification, recorded checks, the overview
+- ``continuations`` suspended attempts (``ctrlrun.Suspended``): held with their key, resumed once
 - ``paused``      paused runs of agent frameworks (``ctrlrun.resumption``): stored, claimed once
 - ``reports``     small reads behind what the console's pages and the commands claim
 - ``delegations`` grants handed down at runtime (authority, §C3): created or refused, revoked once
@@ -96,7 +97,7 @@ from ..values import (
     Refused,
     Reserved,
 )
-from . import (approvals, base, budgets, chain, delegations, effects, evidence, notifications, paused, people,
+from . import (approvals, base, budgets, chain, continuations, delegations, effects, evidence, notifications, paused, people,
                policies, reports, resolutions, signatures, sql)
 from .approvals import (
     answer_approval,
@@ -142,6 +143,7 @@ from .evidence import (
     verify,
     verify_incremental,
 )
+from .continuations import continuation_rounds, hold_continuation, take_continuation
 from .paused import (
     claim_paused_run,
     finish_paused_run,
@@ -205,6 +207,8 @@ __all__ = [
     # approvals
     "request_approval", "answer_approval", "expire_if_due", "get_approval", "list_approvals", "approvals_for_hash",
     "approvals_of_call",
+    # suspended attempts (spec A5): a continuation held with its key, taken once
+    "hold_continuation", "take_continuation", "continuation_rounds",
     # paused runs of agent frameworks (ctrlrun.resumption): mutable, not evidence
     "save_paused_run", "get_paused_run", "paused_run_for", "list_paused_runs", "ready_paused_runs",
     "claim_paused_run", "finish_paused_run", "release_paused_run",
@@ -225,5 +229,5 @@ __all__ = [
     "TAMPERED_HINT",
     # the modules, for tests and tools that reach one concern
     "approvals", "base", "budgets", "chain", "delegations", "effects", "evidence", "paused", "people", "policies",
-    "reports", "resolutions", "signatures", "sql", "notifications",
+    "reports", "resolutions", "signatures", "sql", "notifications", "continuations",
 ]

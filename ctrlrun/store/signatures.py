@@ -289,3 +289,23 @@ def sign_link_use(row: LinkUse) -> None:
 
 def link_use_ok(row: LinkUse) -> bool:
     return _signed_ok(LINK_USE_DOMAIN, _link_use_fields, row)
+
+
+# --------------------------------------------------------------------------- continuations (spec A5)
+
+CONTINUATION_DOMAIN = "ctrlrun.continuation/v1"
+
+
+def _continuation_fields(row: Any) -> tuple:
+    """Everything a resume reads: the key and attempt (the row's identity), the action id, the stashed
+    call, the continuation's digest (None once taken), the round and when the suspension lapses."""
+    return (row.effect_key, row.action_id, int(row.attempt), text_digest(row.action_json), row.continuation,
+            int(row.rounds), iso_text(row.held_until))
+
+
+def continuation_mac(row: Any) -> str:
+    return signing.sign(CONTINUATION_DOMAIN, _continuation_fields(row))
+
+
+def continuation_ok(row: Any) -> bool:
+    return _signed_ok(CONTINUATION_DOMAIN, _continuation_fields, row)

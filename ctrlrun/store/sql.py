@@ -21,7 +21,7 @@ __all__ = [
     "OUTCOME_UPDATE_NOW", "OUTCOME_UPDATE_AT", "EFFECT_RESOLVE", "RECONCILE_BACKOFF", "LATER_HISTORY",
     "BUDGET_LOCK", "LEDGER_SPENT", "LEDGER_LAST", "ledger_spent", "ledger_last", "LEDGER_INSERT", "LEDGER_HELD",
     "LEDGER_RELEASE", "DELEGATION_COLUMNS",
-    "delegations_up", "DELEGATIONS_DOWN", "delegations_revoked", "value_rows",
+    "delegations_up", "DELEGATIONS_DOWN", "delegations_revoked", "value_rows", "SUSPEND_HOLD",
 ]
 
 
@@ -208,3 +208,9 @@ def delegations_revoked(count: int, lock: str) -> str:
     marks = ", ".join(["%s"] * count)
     return (f'SELECT "delegation_id", "revoked_at" FROM "ctrlrun_delegation" WHERE "delegation_id" IN ({marks}) '
             f'ORDER BY "delegation_id"{lock}')
+
+#: executing -> executing: a suspended attempt (spec A5) keeps its key, its lease moved to the
+#: suspension's end (never earlier) and its opening events gone into the chain (``pending`` emptied).
+SUSPEND_HOLD = (
+    'UPDATE "ctrlrun_effectrecord" SET "state" = %s, "lease_expires_at" = %s, "pending" = NULL, "mac" = %s '
+    'WHERE "effect_key" = %s AND "action_id" = %s AND "attempt" = %s AND "state" = %s')

@@ -396,6 +396,27 @@ def test_a_paused_run_inserted_by_the_role_is_never_resumed(store):
     assert ("signature_invalid", "paused") in breaks(store.verify())
 
 
+def test_a_continuation_the_role_deletes_rekeys_or_forges_is_refused_or_never_resumed(store):
+    """A suspended call's continuation row (spec A5): DELETE and a moved key are refused by the database;
+    a token digest the role writes in (or a row it copies under another key) is not signed: never resumed."""
+    from ctrlrun.store.continuations import digest
+
+    assert store.agent({"op": "suspend", "payment_id": "s1", "amount": 1, "token": "tok-1"}) == [{"value": 1}]
+    for statement in ('DELETE FROM "ctrlrun_continuation"',
+                      'UPDATE "ctrlrun_continuation" SET "effect_key" = \'refund:moved\''):
+        with pytest.raises(role_refused(store)):
+            store.sql(statement)
+    _copy_with(store, "ctrlrun_continuation", '"effect_key" = \'refund:s1\'', effect_key="refund:t1",
+               continuation=digest("tok-copy"))
+    store.sql(f'UPDATE "ctrlrun_continuation" SET "continuation" = \'{digest("tok-evil")}\' '
+              f'WHERE "effect_key" = \'refund:s1\'')
+    done = store.agent({"op": "resume_call", "token": "tok-evil"}, {"op": "resume_call", "token": "tok-copy"},
+                       {"op": "resume_call", "token": "tok-1"})
+    assert [d.get("error") for d in done] == ["InvalidArgument"] * 3, done
+    assert "signature" in done[0]["message"] and "signature" in done[1]["message"], done
+    assert store.sql('SELECT "state" FROM "ctrlrun_effectrecord" WHERE "effect_key" = \'refund:s1\'') == [("executing",)]
+
+
 def test_a_delivery_inserted_or_marked_sent_by_the_role_is_unsigned_never_sent_and_named(store):
     """A mail delivery the role INSERTs (it must start pending, no attempt) to an address of its own is not
     ctrlrun's: never sent (notify skips it) and named; one inserted already sent is refused."""

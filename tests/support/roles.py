@@ -96,6 +96,18 @@ def run(op):
     if kind == "last_check":
         view = store.last_check()
         return None if view is None else {"id": view.id, "ok": view.ok, "signature_ok": view.signature_ok}
+    if kind in ("suspend", "resume_call"):  # a suspended refund (spec A5), and its resume by token
+        from ctrlrun.control import default_control
+        control = default_control()
+        if kind == "resume_call":
+            return {"value": control.resume(op["token"], lambda: "refunded")}
+        def suspend():
+            raise ctrlrun.Suspended(op["token"])
+        try:
+            control.call("stripe.refund", {"payment_id": op["payment_id"], "amount": op["amount"]}, suspend,
+                         principal="support-agent")
+        except ctrlrun.Suspended as suspended:
+            return {"value": suspended.round}
     if kind == "verify":
         report = store.verify()
         return {"ok": report.ok, "breaks": [[b.name, b.kind] for b in report.breaks]}
