@@ -8,7 +8,7 @@ from ctrlrun import store
 from ctrlrun.control import Control
 from ctrlrun.identity import StaticIdentityProvider
 from ctrlrun.models import Approval
-from tests.integration.test_policy_change import GOVERNED, WIDER
+from tests.support import GOVERNED_POLICY as GOVERNED, WIDER_GOVERNED_POLICY as WIDER
 
 pytestmark = pytest.mark.usefixtures("store_db")
 
@@ -50,7 +50,7 @@ def test_the_gateway_asks_again_after_a_grant_the_kernel_cannot_use(tmp_path):
     """A role request granted on the command line (it verifies nobody) is refused at use
     (approver_unverified) and left granted. The gateway re-presented that same granted row on every
     re-sent call until it expired, so no new request could be asked of a person of finance."""
-    from tests.integration.test_mcp_gateway import sdk
+    from tests.support import sdk_client_calls as sdk
     from tests.support import run_command, start_gateway, start_upstream
 
     upstream = start_upstream(tmp_path)

@@ -8,6 +8,7 @@ import pytest
 
 from tests.support import (
     executions,
+    sdk_client_calls,
     mcp_post,
     receipts,
     run_command,
@@ -49,23 +50,7 @@ def gateway(tmp_path, upstream, store_db):
     proc.stop()
 
 
-def sdk(url: str, *calls: tuple[str, dict]) -> list:
-    """Each call through the SDK's Client: the CallToolResult, or the MCPError it raised."""
-    from mcp import Client
-    from mcp.shared.exceptions import MCPError
-
-    async def run():
-        answers = []
-        async with Client(url) as client:
-            answers.append([tool.name for tool in (await client.list_tools()).tools])
-            for name, arguments in calls:
-                try:
-                    answers.append(await client.call_tool(name, arguments))
-                except MCPError as exc:
-                    answers.append(exc)
-        return answers
-
-    return asyncio.run(run())
+sdk = sdk_client_calls
 
 
 def test_allowed_denied_and_approved_calls_through_the_sdk_client(gateway, upstream):

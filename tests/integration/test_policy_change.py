@@ -11,24 +11,11 @@ from ctrlrun import store
 from ctrlrun.control import Control, default_control
 from ctrlrun.models import EffectRecord
 from ctrlrun.policy import parse_policy
-from tests.support import evidence_unguarded, receipts
+from tests.support import GOVERNED_POLICY, WIDER_GOVERNED_POLICY, evidence_unguarded, receipts
 
 pytestmark = pytest.mark.usefixtures("store_db")
 
-GOVERNED = """\
-schema: ctrlrun.policy/v6
-actions:
-  ctrlrun.policy.change:
-    decision: approve
-  stripe.refund:
-    effect: "refund:{payment_id}"
-    rules:
-      - when: { amount_lte: 1000 }
-        decision: allow
-      - decision: deny
-"""
-#: The candidate: refunds up to 5000 are allowed.
-WIDER = GOVERNED.replace("amount_lte: 1000", "amount_lte: 5000")
+GOVERNED, WIDER = GOVERNED_POLICY, WIDER_GOVERNED_POLICY
 
 
 def refund(control: Control, payment_id: str, amount: int):

@@ -8,6 +8,8 @@
 """
 from __future__ import annotations
 
+import asyncio
+
 import json
 import socket
 import subprocess
@@ -19,7 +21,7 @@ from pathlib import Path
 
 from .base import REPO, script_environment
 
-__all__ = ["free_port", "wait_for_port", "start_upstream", "start_gateway", "Misbehaving", "Proc",
+__all__ = ["sdk_client_calls", "free_port", "wait_for_port", "start_upstream", "start_gateway", "Misbehaving", "Proc",
            "mcp_post", "executions", "tools_call"]
 
 
@@ -179,3 +181,22 @@ class Misbehaving:
             head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
             conn.sendall(f"HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nContent-Length: {len(data)}\r\n"
                          f"{head}Connection: close\r\n\r\n".encode() + data)
+
+
+def sdk_client_calls(url: str, *calls: tuple[str, dict]) -> list:
+    """Each call through the SDK's Client: the CallToolResult, or the MCPError it raised."""
+    from mcp import Client
+    from mcp.shared.exceptions import MCPError
+
+    async def run():
+        answers = []
+        async with Client(url) as client:
+            answers.append([tool.name for tool in (await client.list_tools()).tools])
+            for name, arguments in calls:
+                try:
+                    answers.append(await client.call_tool(name, arguments))
+                except MCPError as exc:
+                    answers.append(exc)
+        return answers
+
+    return asyncio.run(run())

@@ -74,3 +74,20 @@ def send_email(msg_id: str) -> str:
 @ctrlrun.protect("audit.note")
 def note(text: str) -> str:
     return text
+
+
+#: A policy that governs its own changes (the approved-policy flow, docs/policy-changes.md).
+GOVERNED_POLICY = """\
+schema: ctrlrun.policy/v6
+actions:
+  ctrlrun.policy.change:
+    decision: approve
+  stripe.refund:
+    effect: "refund:{payment_id}"
+    rules:
+      - when: { amount_lte: 1000 }
+        decision: allow
+      - decision: deny
+"""
+#: The candidate: refunds up to 5000 are allowed.
+WIDER_GOVERNED_POLICY = GOVERNED_POLICY.replace("amount_lte: 1000", "amount_lte: 5000")
