@@ -8,6 +8,7 @@ else raises ``UpstreamAmbiguous`` (recorded ``ambiguous``).
 """
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 from collections.abc import Awaitable, Callable
@@ -24,11 +25,13 @@ from ctrlrun.errors import (
     AuthorityDenied,
     CTRLRunError,
     DuplicateEffect,
+    IdentityError,
     InvalidArgument,
     NotExecuted,
 )
 from ctrlrun.gateway.outcome import AMBIGUOUS, COMMITTED, Observed, Outcome, classify
 from ctrlrun.gateway.wire import RECEIPT_META, GatewayError, find_unrepresentable
+from ctrlrun.identity import IdentityContext, answer_of, wrapped
 from ctrlrun.kernel.context import with_approval
 from ctrlrun.states import Decision
 
@@ -128,8 +131,13 @@ def _answered_for(store: Any, action_hash: str) -> Any:
 # ---------------------------------------------------------------- one call
 
 async def intercept(control: Any, *, alias: str, request_id: Any, params: dict[str, Any], principal: Principal | None,
-                    send: Callable[[], Awaitable[Observed]]) -> tuple[int, dict[str, Any], dict[str, str]]:
-    """Decide and run one ``tools/call``; the HTTP status, the JSON-RPC answer and extra headers."""
+                    send: Callable[[], Awaitable[Observed]], headers: dict[str, str] | None = None,
+                    ) -> tuple[int, dict[str, Any], dict[str, str]]:
+    """Decide and run one ``tools/call``; the HTTP status, the JSON-RPC answer and extra headers.
+
+    ``headers`` (the request's) mean the Control's identity provider says who acts: it is asked
+    here, so an approval re-sent on the wire is matched to the hash of that principal's call, and
+    the kernel asks it again with the same headers (``Control.acall(headers=...)``)."""
     tool = params.get("name")
     if not isinstance(tool, str) or not tool:
         raise GatewayError(-32602, "tools/call needs params.name, the tool's name (a string)", 400, None, request_id)
@@ -139,13 +147,14 @@ async def intercept(control: Any, *, alias: str, request_id: Any, params: dict[s
     if not isinstance(arguments, dict):
         raise GatewayError(-32602, "tools/call params.arguments must be an object of argument names to values",
                            400, None, request_id)
+    name = f"mcp.{alias}.{tool}"
+    policy = control.loaded_policy or await control.aread(control.load)
+    if principal is None and headers is not None and control.identity is not None:
+        principal = await _identified(control, name, policy, headers, request_id)
     if principal is None:
         raise GatewayError.of("no_principal", "the gateway's identity named nobody for this request", request_id)
-    name = f"mcp.{alias}.{tool}"
     if not observers._process.count(_CATCHER):
         observers.register(_CATCHER)
-
-    policy = control.loaded_policy or await control.aread(control.load)
     pointer = find_unrepresentable(arguments)
     if pointer is not None:
         message = (f"the argument at {pointer} is a float, which ctrlrun cannot key or hash exactly: send an "
@@ -190,7 +199,7 @@ async def intercept(control: Any, *, alias: str, request_id: Any, params: dict[s
     try:
         with with_approval(presented) if presented else contextlib.nullcontext():
             try:
-                result = await control.acall(name, arguments, executor, principal=principal)
+                result = await control.acall(name, arguments, executor, principal=principal, headers=headers)
             except (UpstreamAmbiguous, _NotRun) as exc:
                 outcome = exc.outcome
             except CTRLRunError as exc:
@@ -203,6 +212,24 @@ async def intercept(control: Any, *, alias: str, request_id: Any, params: dict[s
         answer["_meta"] = {**(answer.get("_meta") or {}), RECEIPT_META: meta}
         return 200, {"jsonrpc": "2.0", "id": request_id, "result": answer}, {}
     return _answered(outcome, request_id, meta)
+
+
+async def _identified(control: Any, name: str, policy: Any, headers: dict[str, str], request_id: Any) -> Principal:
+    """The principal the Control's identity provider names for this request, or the refusal: a
+    rejected credential or a provider that declines is ``-41007`` (the message stays coarse; the
+    detail is in the ``ctrlrun.identity`` log)."""
+    provider = control.identity
+    context = IdentityContext(action=name, environment=policy.environment, headers=headers)
+    try:
+        answer = answer_of(provider, name, await asyncio.to_thread(provider.resolve, context))
+    except IdentityError as exc:
+        raise GatewayError.of("no_principal", f"{name}: {exc}", request_id) from None
+    except Exception as exc:
+        raise GatewayError.of("no_principal", str(wrapped(provider, name, exc)), request_id) from None
+    if answer is None:
+        raise GatewayError.of("no_principal", f"{name}: the request carries no identity the gateway trusts",
+                              request_id)
+    return answer
 
 
 def _as_text(value: Any) -> Any:
@@ -254,6 +281,9 @@ def _answered(outcome: Outcome, request_id: Any, meta: dict[str, Any]) -> tuple[
 
 async def _refusal(control: Any, exc: CTRLRunError, name: str, request_id: Any) -> GatewayError:
     """The kernel's refusal as the gateway's JSON-RPC error (these carry no ``_meta``)."""
+    if isinstance(exc, IdentityError):
+        kind = "principal_expired" if "principal_expired" in str(exc) else "no_principal"
+        return GatewayError.of(kind, str(exc), request_id)
     if isinstance(exc, AuthorityDenied):
         return GatewayError.of("unauthorized", f"{name} is not permitted to you: {exc.reason}", request_id,
                                reason=exc.reason, action_id=exc.action_id)
