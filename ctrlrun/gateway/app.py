@@ -134,6 +134,12 @@ class GatewayApp:
                                                 revision=revision)
 
         params = message.get("params") if isinstance(message.get("params"), dict) else {}
+
+        async def tools() -> Any:
+            return await wire_upstream.list_tools(self.upstream, headers, params.get("_meta"),
+                                                  timeout=self.upstream_timeout, max_bytes=self.max_response_bytes,
+                                                  revision=revision)
+
         try:
             # With a principal callable it says who acts; without one the Control's identity
             # provider does, reading this request's headers (Control.acall(headers=...)).
@@ -142,7 +148,8 @@ class GatewayApp:
                 name.lower(): value for name, value in request.headers.items()}
             status, answer, extra = await intercept(self.control, alias=self.alias, request_id=request_id,
                                                     params=params, principal=principal, send=send,
-                                                    headers=identity_headers)
+                                                    headers=identity_headers, upstream=self.upstream,
+                                                    tools=tools)
         except GatewayError as refused:
             if refused.request_id is None:
                 refused.request_id = request_id

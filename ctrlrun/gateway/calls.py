@@ -34,6 +34,8 @@ from ctrlrun.gateway.wire import RECEIPT_META, GatewayError, find_unrepresentabl
 from ctrlrun.identity import IdentityContext, answer_of, wrapped
 from ctrlrun.kernel.context import with_approval
 from ctrlrun.states import Decision
+from ctrlrun.upstream import check as pin_check
+from ctrlrun.upstream import observe_certificate, observe_tool_schema, verified
 
 __all__ = ["UpstreamAmbiguous", "intercept"]
 
@@ -132,12 +134,16 @@ def _answered_for(store: Any, action_hash: str) -> Any:
 
 async def intercept(control: Any, *, alias: str, request_id: Any, params: dict[str, Any], principal: Principal | None,
                     send: Callable[[], Awaitable[Observed]], headers: dict[str, str] | None = None,
+                    upstream: str | None = None, tools: Callable[[], Awaitable[Any]] | None = None,
                     ) -> tuple[int, dict[str, Any], dict[str, str]]:
     """Decide and run one ``tools/call``; the HTTP status, the JSON-RPC answer and extra headers.
 
     ``headers`` (the request's) mean the Control's identity provider says who acts: it is asked
     here, so an approval re-sent on the wire is matched to the hash of that principal's call, and
-    the kernel asks it again with the same headers (``Control.acall(headers=...)``)."""
+    the kernel asks it again with the same headers (``Control.acall(headers=...)``).
+
+    ``tools()`` reads the upstream's ``tools/list`` now (and its certificate), for a pinned entry
+    (``upstream:``, ``ctrlrun.upstream``): checked before anyone is asked to approve."""
     tool = params.get("name")
     if not isinstance(tool, str) or not tool:
         raise GatewayError(-32602, "tools/call needs params.name, the tool's name (a string)", 400, None, request_id)
@@ -164,6 +170,14 @@ async def intercept(control: Any, *, alias: str, request_id: Any, params: dict[s
                               reason="unrepresentable_argument", action_id=action_id)
     entry = policy.entry(name)
     not_executed_on_error = bool((entry.mcp or {}).get("not_executed_on_error")) if entry is not None else False
+
+    if entry is not None and entry.upstream:
+        reason = await _pinned(entry.upstream, upstream, name, tool, tools)
+        if reason is not None:
+            message = (f"{name}: the upstream does not match the policy's pin ({reason}): the tool, its schema or "
+                       f"the server's certificate is not the one pinned")
+            action_id = await _record_refusal(control, policy, name, arguments, principal, reason, message)
+            raise GatewayError.of("upstream_unpinned", message, request_id, reason=reason, action_id=action_id)
 
     presented = None
     bound = _bound(policy, name, arguments, principal)
@@ -197,7 +211,8 @@ async def intercept(control: Any, *, alias: str, request_id: Any, params: dict[s
     token = _capture.set(caught)
     outcome: Outcome | None = None
     try:
-        with with_approval(presented) if presented else contextlib.nullcontext():
+        with with_approval(presented) if presented else contextlib.nullcontext(), \
+                verified(name) if entry is not None and entry.upstream else contextlib.nullcontext():
             try:
                 result = await control.acall(name, arguments, executor, principal=principal, headers=headers)
             except (UpstreamAmbiguous, _NotRun) as exc:
@@ -212,6 +227,22 @@ async def intercept(control: Any, *, alias: str, request_id: Any, params: dict[s
         answer["_meta"] = {**(answer.get("_meta") or {}), RECEIPT_META: meta}
         return 200, {"jsonrpc": "2.0", "id": request_id, "result": answer}, {}
     return _answered(outcome, request_id, meta)
+
+
+async def _pinned(pins: Any, upstream: str | None, name: str, tool: str,
+                  tools: Callable[[], Awaitable[Any]] | None) -> str | None:
+    """Observe the upstream as it is now (its tool's ``tools/list`` entry, its certificate) under the
+    action name, then check the pins: the refusal's reason, or None."""
+    if upstream is None or tools is None:
+        return pin_check(pins, None, name)
+    listed, certificate = await tools()
+    observe_certificate(upstream, certificate)
+    found = next((item for item in listed if item.get("name") == tool), None) if listed is not None else None
+    try:
+        observe_tool_schema(upstream, name, found)
+    except CTRLRunError:  # an entry ctrlrun cannot hash (a float in its schema): not verifiable
+        observe_tool_schema(upstream, name, None)
+    return pin_check(pins, upstream, name)
 
 
 async def _identified(control: Any, name: str, policy: Any, headers: dict[str, str], request_id: Any) -> Principal:
@@ -241,6 +272,19 @@ def _as_text(value: Any) -> Any:
     if isinstance(value, list):
         return [_as_text(item) for item in value]
     return value
+
+
+async def _record_refusal(control: Any, policy: Any, name: str, arguments: dict[str, Any], principal: Principal,
+                          reason: str, message: str) -> str | None:
+    """A gateway refusal in the evidence: ACTION_DENIED and a ``denied`` receipt with ``reason``."""
+    store = control.store
+    try:
+        action = Action(name, canonical_arguments(arguments), principal, environment=policy.environment)
+    except CTRLRunError:
+        return None
+    call = store.Call(action, Decision.DENY, reason, policy.hash, None, policy_version=policy.version)
+    await control.aread(store.record_denial, call, {"reason": reason, "error": message})
+    return action.action_id
 
 
 async def _record_unrepresentable(control: Any, policy: Any, name: str, arguments: dict[str, Any],

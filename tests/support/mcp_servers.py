@@ -59,10 +59,12 @@ class Proc:
         self.proc.wait(timeout=30)
 
 
-def start_upstream(folder: Path, tool_name: str = "refund", port: int | None = None) -> Proc:
+def start_upstream(folder: Path, tool_name: str = "refund", port: int | None = None, variant: str = "") -> Proc:
+    """``variant="reschemed"``: the same tool names, ``refund`` with another description."""
     port = port or free_port()
     log = folder / "executions.log"
-    proc = subprocess.Popen([sys.executable, "-m", "tests.support.mcp_upstream", str(port), str(log), tool_name],
+    proc = subprocess.Popen([sys.executable, "-m", "tests.support.mcp_upstream", str(port), str(log), tool_name,
+                             *([variant] if variant else [])],
                             cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     wait_for_port(port, proc)
     return Proc(proc, port, log)
