@@ -139,3 +139,14 @@ def test_a_pinned_action_called_in_process_is_refused_unverified(store_db):
         control.call("mcp.pay.refund", {"payment_id": "p1", "amount": 5}, lambda: ran.append(1), principal="agent-1")
     assert refused.value.reason == "upstream_unverified" and ran == []
     assert [(r["result"], r["decision_reason"]) for r in receipts()] == [("denied", "upstream_unverified")]
+
+
+def test_a_certificate_pin_on_a_plain_http_upstream_is_never_verified(tmp_path, upstream, store_db):
+    policy = POLICY.replace('tool_schema_sha256: "{pin}"', 'tls_cert_sha256: ["{pin}"]')
+    gateway = start_gateway(tmp_path, upstream.url, policy.format(pin="sha256:" + "1" * 64))
+    try:
+        (refused,) = call(gateway.url, ("refund", {"payment_id": "p1", "amount": 5}))
+    finally:
+        gateway.stop()
+    assert (refused.error.code, refused.error.data["reason"]) == (-41016, "upstream_unverified")
+    assert executions(upstream) == []
