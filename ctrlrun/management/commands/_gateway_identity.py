@@ -7,7 +7,7 @@ request's headers, the headers it reads (never passed on to the tool) and the ba
 """
 from __future__ import annotations
 
-from argparse import ArgumentParser
+from argparse import SUPPRESS, ArgumentParser
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ _JWT_FLAGS = ("jwt_jwks_url", "jwt_public_key_file", "jwt_secret_file", "jwt_alg
 
 def add_identity_arguments(parser: ArgumentParser) -> None:
     parser.add_argument("--principal", help="the agent every call through this gateway acts for")
-    parser.add_argument("--principal-from-client-info", action="store_true", help="(removed)",
+    parser.add_argument("--principal-from-client-info", action="store_true", help=SUPPRESS,
                         default=False, dest="from_client_info")
     parser.add_argument("--principal-header", help="the request header naming the agent (set by a proxy you trust)")
     parser.add_argument("--user-header", help="the request header naming the user the agent acts for "
@@ -33,7 +33,7 @@ def add_identity_arguments(parser: ArgumentParser) -> None:
     jwt.add_argument("--identity-jwt-public-key-file", dest="jwt_public_key_file", help="a PEM public key file")
     jwt.add_argument("--identity-jwt-secret-file", dest="jwt_secret_file",
                      help="a file holding the HS256/384/512 secret (never given as a flag value)")
-    jwt.add_argument("--identity-jwt-secret", dest="jwt_secret_value", help="(refused: use --identity-jwt-secret-file)")
+    jwt.add_argument("--identity-jwt-secret", dest="jwt_secret_value", help=SUPPRESS)  # refused by name
     jwt.add_argument("--identity-jwt-algorithm", "--identity-jwt-algorithms", dest="jwt_algorithm", action="append",
                      default=[], help="an accepted algorithm, e.g. RS256 (repeatable or comma-separated; required)")
     jwt.add_argument("--identity-jwt-issuer", dest="jwt_issuer", help="the exact iss (required)")
