@@ -59,8 +59,8 @@ def fixed_principal(agent: str, user: str | None = None) -> Callable[[Request], 
 class GatewayApp:
     """An ASGI application serving ``path`` (default ``/mcp``)."""
 
-    def __init__(self, *, upstream: str, alias: str, principal: Callable[[Request], Principal | None],
-                 control: Any = None, path: str = "/mcp", upstream_timeout: float = DEFAULT_UPSTREAM_TIMEOUT,
+    def __init__(self, *, upstream: str, alias: str, principal: Callable[[Request], Principal | None] | None = None,
+                 control: Any = None, private_headers: tuple[str, ...] = (), path: str = "/mcp", upstream_timeout: float = DEFAULT_UPSTREAM_TIMEOUT,
                  max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
                  allow_origins: tuple[str, ...] = ()) -> None:
         if not isinstance(upstream, str) or not upstream.startswith(("http://", "https://")):
@@ -82,6 +82,8 @@ class GatewayApp:
         self.upstream_timeout, self.max_body_bytes = float(upstream_timeout), max_body_bytes
         self.max_response_bytes, self.allow_origins = max_response_bytes, tuple(allow_origins)
         self._control = control
+        # Headers an identity provider reads are the gateway's: never passed on to the tool.
+        self._not_forwarded = _NOT_FORWARDED | {name.strip().lower() for name in private_headers}
 
     @property
     def control(self) -> Any:
@@ -123,7 +125,7 @@ class GatewayApp:
             return _json(refused.status, refused.body())
         if message.get("method") != "tools/call" or "id" not in message:
             return await self._relay(request, body)
-        headers = wire_upstream.forward_headers(request.headers, drop=_NOT_FORWARDED)
+        headers = wire_upstream.forward_headers(request.headers, drop=self._not_forwarded)
         request_id = message.get("id")
 
         async def send() -> Any:
@@ -132,10 +134,22 @@ class GatewayApp:
                                                 revision=revision)
 
         params = message.get("params") if isinstance(message.get("params"), dict) else {}
+
+        async def tools() -> Any:
+            return await wire_upstream.list_tools(self.upstream, headers, params.get("_meta"),
+                                                  timeout=self.upstream_timeout, max_bytes=self.max_response_bytes,
+                                                  revision=revision)
+
         try:
-            principal = self.principal(request)
+            # With a principal callable it says who acts; without one the Control's identity
+            # provider does, reading this request's headers (Control.acall(headers=...)).
+            principal = self.principal(request) if self.principal is not None else None
+            identity_headers = None if self.principal is not None else {
+                name.lower(): value for name, value in request.headers.items()}
             status, answer, extra = await intercept(self.control, alias=self.alias, request_id=request_id,
-                                                    params=params, principal=principal, send=send)
+                                                    params=params, principal=principal, send=send,
+                                                    headers=identity_headers, upstream=self.upstream,
+                                                    tools=tools)
         except GatewayError as refused:
             if refused.request_id is None:
                 refused.request_id = request_id
@@ -193,7 +207,7 @@ class GatewayApp:
     async def _relay(self, request: Request, body: bytes) -> Response:
         """Any message but a tools/call: sent on, its answer streamed back unchanged (within the
         response bound for a POST's answer)."""
-        headers = wire_upstream.forward_headers(request.headers, drop=_NOT_FORWARDED)
+        headers = wire_upstream.forward_headers(request.headers, drop=self._not_forwarded)
         client = httpx.AsyncClient(timeout=httpx.Timeout(self.upstream_timeout, read=None if request.method == "GET"
                                                           else self.upstream_timeout), trust_env=False)
         try:

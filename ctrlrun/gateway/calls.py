@@ -8,6 +8,7 @@ else raises ``UpstreamAmbiguous`` (recorded ``ambiguous``).
 """
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 from collections.abc import Awaitable, Callable
@@ -24,13 +25,17 @@ from ctrlrun.errors import (
     AuthorityDenied,
     CTRLRunError,
     DuplicateEffect,
+    IdentityError,
     InvalidArgument,
     NotExecuted,
 )
 from ctrlrun.gateway.outcome import AMBIGUOUS, COMMITTED, Observed, Outcome, classify
 from ctrlrun.gateway.wire import RECEIPT_META, GatewayError, find_unrepresentable
+from ctrlrun.identity import IdentityContext, answer_of, wrapped
 from ctrlrun.kernel.context import with_approval
 from ctrlrun.states import Decision
+from ctrlrun.upstream import check as pin_check
+from ctrlrun.upstream import observe_certificate, observe_tool_schema, verified
 
 __all__ = ["UpstreamAmbiguous", "intercept"]
 
@@ -140,8 +145,17 @@ def _answered_for(store: Any, action_hash: str) -> Any:
 # ---------------------------------------------------------------- one call
 
 async def intercept(control: Any, *, alias: str, request_id: Any, params: dict[str, Any], principal: Principal | None,
-                    send: Callable[[], Awaitable[Observed]]) -> tuple[int, dict[str, Any], dict[str, str]]:
-    """Decide and run one ``tools/call``; the HTTP status, the JSON-RPC answer and extra headers."""
+                    send: Callable[[], Awaitable[Observed]], headers: dict[str, str] | None = None,
+                    upstream: str | None = None, tools: Callable[[], Awaitable[Any]] | None = None,
+                    ) -> tuple[int, dict[str, Any], dict[str, str]]:
+    """Decide and run one ``tools/call``; the HTTP status, the JSON-RPC answer and extra headers.
+
+    ``headers`` (the request's) mean the Control's identity provider says who acts: it is asked
+    here, so an approval re-sent on the wire is matched to the hash of that principal's call, and
+    the kernel asks it again with the same headers (``Control.acall(headers=...)``).
+
+    ``tools()`` reads the upstream's ``tools/list`` now (and its certificate), for a pinned entry
+    (``upstream:``, ``ctrlrun.upstream``): checked before anyone is asked to approve."""
     tool = params.get("name")
     if not isinstance(tool, str) or not tool:
         raise GatewayError(-32602, "tools/call needs params.name, the tool's name (a string)", 400, None, request_id)
@@ -151,13 +165,14 @@ async def intercept(control: Any, *, alias: str, request_id: Any, params: dict[s
     if not isinstance(arguments, dict):
         raise GatewayError(-32602, "tools/call params.arguments must be an object of argument names to values",
                            400, None, request_id)
+    name = f"mcp.{alias}.{tool}"
+    policy = control.loaded_policy or await control.aread(control.load)
+    if principal is None and headers is not None and control.identity is not None:
+        principal = await _identified(control, name, policy, headers, request_id)
     if principal is None:
         raise GatewayError.of("no_principal", "the gateway's identity named nobody for this request", request_id)
-    name = f"mcp.{alias}.{tool}"
     if not observers._process.count(_CATCHER):
         observers.register(_CATCHER)
-
-    policy = control.loaded_policy or await control.aread(control.load)
     pointer = find_unrepresentable(arguments)
     if pointer is not None:
         message = (f"the argument at {pointer} is a float, which ctrlrun cannot key or hash exactly: send an "
@@ -167,6 +182,14 @@ async def intercept(control: Any, *, alias: str, request_id: Any, params: dict[s
                               reason="unrepresentable_argument", action_id=action_id)
     entry = policy.entry(name)
     not_executed_on_error = bool((entry.mcp or {}).get("not_executed_on_error")) if entry is not None else False
+
+    if entry is not None and entry.upstream:
+        reason = await _pinned(entry.upstream, upstream, name, tool, tools)
+        if reason is not None:
+            message = (f"{name}: the upstream does not match the policy's pin ({reason}): the tool, its schema or "
+                       f"the server's certificate is not the one pinned")
+            action_id = await _record_refusal(control, policy, name, arguments, principal, reason, message)
+            raise GatewayError.of("upstream_unpinned", message, request_id, reason=reason, action_id=action_id)
 
     presented = None
     bound = _bound(policy, name, arguments, principal)
@@ -200,9 +223,10 @@ async def intercept(control: Any, *, alias: str, request_id: Any, params: dict[s
     token = _capture.set(caught)
     outcome: Outcome | None = None
     try:
-        with with_approval(presented) if presented else contextlib.nullcontext():
+        with with_approval(presented) if presented else contextlib.nullcontext(), \
+                verified(name) if entry is not None and entry.upstream else contextlib.nullcontext():
             try:
-                result = await control.acall(name, arguments, executor, principal=principal)
+                result = await control.acall(name, arguments, executor, principal=principal, headers=headers)
             except (UpstreamAmbiguous, _NotRun) as exc:
                 outcome = exc.outcome
             except CTRLRunError as exc:
@@ -217,6 +241,40 @@ async def intercept(control: Any, *, alias: str, request_id: Any, params: dict[s
     return _answered(outcome, request_id, meta)
 
 
+async def _pinned(pins: Any, upstream: str | None, name: str, tool: str,
+                  tools: Callable[[], Awaitable[Any]] | None) -> str | None:
+    """Observe the upstream as it is now (its tool's ``tools/list`` entry, its certificate) under the
+    action name, then check the pins: the refusal's reason, or None."""
+    if upstream is None or tools is None:
+        return pin_check(pins, None, name)
+    listed, certificate = await tools()
+    observe_certificate(upstream, certificate)
+    found = next((item for item in listed if item.get("name") == tool), None) if listed is not None else None
+    try:
+        observe_tool_schema(upstream, name, found)
+    except CTRLRunError:  # an entry ctrlrun cannot hash (a float in its schema): not verifiable
+        observe_tool_schema(upstream, name, None)
+    return pin_check(pins, upstream, name)
+
+
+async def _identified(control: Any, name: str, policy: Any, headers: dict[str, str], request_id: Any) -> Principal:
+    """The principal the Control's identity provider names for this request, or the refusal: a
+    rejected credential or a provider that declines is ``-41007`` (the message stays coarse; the
+    detail is in the ``ctrlrun.identity`` log)."""
+    provider = control.identity
+    context = IdentityContext(action=name, environment=policy.environment, headers=headers)
+    try:
+        answer = answer_of(provider, name, await asyncio.to_thread(provider.resolve, context))
+    except IdentityError as exc:
+        raise GatewayError.of("no_principal", f"{name}: {exc}", request_id) from None
+    except Exception as exc:
+        raise GatewayError.of("no_principal", str(wrapped(provider, name, exc)), request_id) from None
+    if answer is None:
+        raise GatewayError.of("no_principal", f"{name}: the request carries no identity the gateway trusts",
+                              request_id)
+    return answer
+
+
 def _as_text(value: Any) -> Any:
     """The arguments with each float as its JSON text (``1.5`` -> ``"1.5"``), so the refusal can be recorded."""
     if isinstance(value, float):
@@ -226,6 +284,19 @@ def _as_text(value: Any) -> Any:
     if isinstance(value, list):
         return [_as_text(item) for item in value]
     return value
+
+
+async def _record_refusal(control: Any, policy: Any, name: str, arguments: dict[str, Any], principal: Principal,
+                          reason: str, message: str) -> str | None:
+    """A gateway refusal in the evidence: ACTION_DENIED and a ``denied`` receipt with ``reason``."""
+    store = control.store
+    try:
+        action = Action(name, canonical_arguments(arguments), principal, environment=policy.environment)
+    except CTRLRunError:
+        return None
+    call = store.Call(action, Decision.DENY, reason, policy.hash, None, policy_version=policy.version)
+    await control.aread(store.record_denial, call, {"reason": reason, "error": message})
+    return action.action_id
 
 
 async def _record_unrepresentable(control: Any, policy: Any, name: str, arguments: dict[str, Any],
@@ -266,6 +337,9 @@ def _answered(outcome: Outcome, request_id: Any, meta: dict[str, Any]) -> tuple[
 
 async def _refusal(control: Any, exc: CTRLRunError, name: str, request_id: Any) -> GatewayError:
     """The kernel's refusal as the gateway's JSON-RPC error (these carry no ``_meta``)."""
+    if isinstance(exc, IdentityError):
+        kind = "principal_expired" if "principal_expired" in str(exc) else "no_principal"
+        return GatewayError.of(kind, str(exc), request_id)
     if isinstance(exc, AuthorityDenied):
         return GatewayError.of("unauthorized", f"{name} is not permitted to you: {exc.reason}", request_id,
                                reason=exc.reason, action_id=exc.action_id)

@@ -15,7 +15,7 @@ import httpx
 
 from ctrlrun.gateway.outcome import Observed
 
-__all__ = ["forward_headers", "exchange", "sse_messages"]
+__all__ = ["forward_headers", "exchange", "sse_messages", "list_tools"]
 
 #: Not relayed either way: hop-by-hop headers and what the gateway recomputes.
 _HOP = frozenset({"host", "content-length", "transfer-encoding", "connection", "keep-alive", "upgrade",
@@ -77,3 +77,56 @@ async def exchange(url: str, body: bytes, headers: Mapping[str, str], request_id
     message = _response_to(messages, request_id)
     headers_seen = {k: v for k, v in response.headers.items() if k.lower() not in _HOP}
     return Observed(None, status=response.status_code, headers=headers_seen, message=message, revision=revision)
+
+
+#: The most ``tools/list`` pages read to find a pinned tool.
+MAX_LIST_PAGES = 20
+
+
+async def list_tools(url: str, headers: Mapping[str, str], meta: Any, *, timeout: float, max_bytes: int,
+                     revision: str) -> tuple[list[dict[str, Any]] | None, bytes | None]:
+    """The upstream's ``tools/list`` now (every page, on fresh connections), and the TLS
+    certificate it presented (DER; None over plain HTTP): what a pinned call is checked against.
+    ``(None, certificate)`` when the list could not be read whole."""
+    sent = {k: v for k, v in headers.items() if k.lower() not in ("mcp-method", "mcp-name", "content-length")}
+    sent["mcp-method"] = "tools/list"
+    tools: list[dict[str, Any]] = []
+    cursor, certificate = None, None
+    limits = httpx.Limits(max_connections=1, max_keepalive_connections=0)
+    for page in range(MAX_LIST_PAGES):
+        params: dict[str, Any] = {"_meta": meta} if isinstance(meta, dict) else {}
+        if cursor is not None:
+            params["cursor"] = cursor
+        request_id = f"ctrlrun-pin-{page}"
+        body = json.dumps({"jsonrpc": "2.0", "id": request_id, "method": "tools/list", "params": params}).encode()
+        try:
+            async with httpx.AsyncClient(timeout=timeout, limits=limits, follow_redirects=False,
+                                         trust_env=False) as client:
+                async with client.stream("POST", url, content=body, headers=sent) as response:
+                    certificate = _peer_certificate(response) if certificate is None else certificate
+                    raw = await response.aread()
+        except httpx.HTTPError:
+            return None, certificate
+        if len(raw) > max_bytes or response.status_code != 200:
+            return None, certificate
+        kind = response.headers.get("content-type", "").split(";")[0].strip().lower()
+        try:
+            text = raw.decode("utf-8")
+            messages = sse_messages(text) if kind == "text/event-stream" else [json.loads(text)]
+        except ValueError:
+            return None, certificate
+        message = _response_to(messages, request_id)
+        result = message.get("result") if message else None
+        if not isinstance(result, dict) or not isinstance(result.get("tools"), list):
+            return None, certificate
+        tools.extend(tool for tool in result["tools"] if isinstance(tool, dict))
+        cursor = result.get("nextCursor")
+        if not cursor:
+            return tools, certificate
+    return None, certificate
+
+
+def _peer_certificate(response: httpx.Response) -> bytes | None:
+    stream = response.extensions.get("network_stream")
+    ssl_object = stream.get_extra_info("ssl_object") if stream is not None else None
+    return ssl_object.getpeercert(binary_form=True) if ssl_object is not None else None

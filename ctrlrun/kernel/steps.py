@@ -69,6 +69,7 @@ from ..errors import (
     Suspended,
 )
 from .. import messages
+from .. import upstream as upstream_pins
 from ..identity import IdentityContext, answer_of, expired_message, wrapped
 from ..preconditions import described_failure, fingerprint
 from ..roles import required_roles
@@ -263,6 +264,14 @@ def call_steps(control: Runtime, plan: Plan, bind: Callable[[], Mapping[str, Any
                                                       policy_version=policy.version),
                                            {"reason": "principal_expired"}), {"with_policy": False})
         raise IdentityError(expired_message(plan.name, principal))
+    if entry is not None and entry.upstream and not upstream_pins.is_verified(plan.name):
+        # A pinned action (``upstream:``) runs only through the gateway, which checked the server.
+        yield Record(store.record_denial, (store.Call(action, Decision.DENY, upstream_pins.UNVERIFIED, policy.hash,
+                                                      None, policy_version=policy.version),
+                                           {"reason": upstream_pins.UNVERIFIED}), {"with_policy": False})
+        raise ActionDenied(f"{plan.name}: the policy pins its upstream server ('upstream:'), which only the MCP "
+                           f"gateway can check; it is refused here (upstream_unverified)",
+                           reason=upstream_pins.UNVERIFIED, action_id=action.action_id)
     effect_key, named, problem = None, {"task": None, "hop": None}, None
     try:
         effect_key = _effect_key(plan, effect, action)

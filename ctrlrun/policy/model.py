@@ -158,7 +158,8 @@ class ActionEntry:
     ``effect`` and ``resource`` are the entry's templates (schema v2), ``mcp`` the gateway's
     options as written (a plain dict), each None when absent. From v4: ``controls`` (the entry's
     citations, in registry order) and ``data`` (argument name -> data label); from v5
-    ``max_attempts`` (None: unbounded); from v6 ``approvals_required`` (1 unless written).
+    ``max_attempts`` (None: unbounded); from v6 ``approvals_required`` (1 unless written); from v8
+    ``upstream`` (the gateway's pins, ``ctrlrun.upstream``; None when absent).
     """
 
     name: str
@@ -171,6 +172,7 @@ class ActionEntry:
     data: Mapping[str, str] = field(default_factory=dict)
     max_attempts: int | None = None
     approvals_required: int = 1
+    upstream: Mapping[str, Any] | None = None
     _evaluation: Evaluation | None = field(init=False, repr=False, compare=False)
     _no_match: Evaluation = field(init=False, repr=False, compare=False)
     _scoped: bool = field(init=False, repr=False, compare=False)

@@ -483,12 +483,12 @@ class Reader:
         approvals = 1
         if "approvals_required" in entry:
             approvals = self.read_count(entry, "approvals_required", where, "people who must approve")
-        if "upstream" in entry:
-            self.read_upstream(entry["upstream"], entry.key_lines["upstream"], where)
+        upstream = self.read_upstream(entry["upstream"], entry.key_lines["upstream"], where) \
+            if "upstream" in entry else None
         return ActionEntry(
             name=name, decision=decision, rules=rules, effect=effect, resource=resource, mcp=mcp,
             controls=self.in_registry_order(cited), data=types.MappingProxyType(data),
-            max_attempts=max_attempts, approvals_required=approvals,
+            max_attempts=max_attempts, approvals_required=approvals, upstream=upstream,
         )
 
     def read_count(self, entry: YamlMap, key: str, where: str, what: str) -> int:
@@ -527,15 +527,53 @@ class Reader:
             labels[argument] = label
         return labels
 
-    def read_upstream(self, value: Any, line: int, where: str) -> None:
+    def read_upstream(self, value: Any, line: int, where: str) -> types.MappingProxyType:
+        """``upstream: {tls_cert_sha256: [pins], tls_cert_file: path|[paths], tool_schema_sha256: pin}``
+        (v8, ``ctrlrun.upstream``): each pin ``sha256:<64 hex>``; each PEM file must hash to a listed pin."""
+        from ..upstream import PIN_PATTERN, pem_cert_hash
+
         where = f"{where} upstream"
         if not isinstance(value, dict) or not value:
             self.fail(line, where, f"'upstream' must be a non-empty mapping of pins, got {type_name(value)}")
         self.check_keys(value, UPSTREAM_KEYS, line, where)
-        for key, pin in value.items():
-            if not isinstance(pin, str) or not pin.strip():
-                self.fail(value.key_lines[key], where, f"'{key}' must be a non-empty string")
-        self.not_built(line, where, "upstream")
+        shape = "'sha256:' followed by 64 lowercase hex digits"
+        pins: dict[str, Any] = {}
+        if "tool_schema_sha256" in value:
+            pin = value["tool_schema_sha256"]
+            if not isinstance(pin, str) or not PIN_PATTERN.match(pin):
+                self.fail(value.key_lines["tool_schema_sha256"], where, f"'tool_schema_sha256' must be {shape}, "
+                                                                        f"got {pin!r}")
+            pins["tool_schema_sha256"] = pin
+        digests: list[str] = []
+        if "tls_cert_sha256" in value:
+            listed = value["tls_cert_sha256"]
+            listed = [listed] if isinstance(listed, str) else listed
+            if not isinstance(listed, list) or not listed or not all(
+                    isinstance(pin, str) and PIN_PATTERN.match(pin) for pin in listed):
+                self.fail(value.key_lines["tls_cert_sha256"], where, f"'tls_cert_sha256' must be a list (for "
+                                                                     f"rotation) of {shape}")
+            digests = list(listed)
+        if "tls_cert_file" in value:
+            files = value["tls_cert_file"]
+            files = [files] if isinstance(files, str) else files
+            file_line = value.key_lines["tls_cert_file"]
+            if not isinstance(files, list) or not files or not all(isinstance(f, str) and f.strip() for f in files):
+                self.fail(file_line, where, "'tls_cert_file' must be a PEM file's path or a list of them")
+            if not digests:
+                self.fail(file_line, where, "'tls_cert_file' needs 'tls_cert_sha256' listing the digest each file "
+                                            "must hash to (a file alone could be swapped)")
+            for path in files:
+                try:
+                    with open(path, encoding="ascii") as handle:
+                        digest = pem_cert_hash(handle.read())
+                except (OSError, ValueError, UnicodeError) as exc:
+                    self.fail(file_line, where, f"'tls_cert_file' {path!r} is not a readable PEM certificate ({exc})")
+                if digest not in digests:
+                    self.fail(file_line, where, f"'tls_cert_file' {path!r} hashes to {digest}, which "
+                                                f"'tls_cert_sha256' does not list")
+        if digests:
+            pins["tls_cert_sha256"] = tuple(digests)
+        return types.MappingProxyType(pins)
 
     def read_decision(self, value: Any, line: int, where: str) -> Decision:
         if isinstance(value, str):

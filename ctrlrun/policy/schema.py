@@ -63,10 +63,9 @@ MAX_CONTROL_ID = 200
 
 #: Features of the format that this version reads and validates but cannot enforce yet. A policy
 #: that uses one is refused whole, never half-applied: ignoring ``approvals_required: 2`` would let
-#: one person approve what needs two, and ignoring an ``upstream`` pin would trust any server.
+#: one person approve what needs two.
 NOT_BUILT = {
     "break_glass": "'break_glass' envelopes (opened by an approver; not publicly invocable in the reference either)",
-    "upstream": "'upstream' pins (the MCP gateway)",
 }
 
 #: Action name reserved for the approved-policy flow of v6; no earlier document may use it.

@@ -61,10 +61,12 @@ class Proc:
         self.proc.wait(timeout=30)
 
 
-def start_upstream(folder: Path, tool_name: str = "refund", port: int | None = None) -> Proc:
+def start_upstream(folder: Path, tool_name: str = "refund", port: int | None = None, variant: str = "") -> Proc:
+    """``variant="reschemed"``: the same tool names, ``refund`` with another description."""
     port = port or free_port()
     log = folder / "executions.log"
-    proc = subprocess.Popen([sys.executable, "-m", "tests.support.mcp_upstream", str(port), str(log), tool_name],
+    proc = subprocess.Popen([sys.executable, "-m", "tests.support.mcp_upstream", str(port), str(log), tool_name,
+                             *([variant] if variant else [])],
                             cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     wait_for_port(port, proc)
     return Proc(proc, port, log)
@@ -74,11 +76,13 @@ def executions(upstream: Proc) -> list[str]:
     return upstream.log.read_text().splitlines() if upstream.log and upstream.log.exists() else []
 
 
-def start_gateway(folder: Path, upstream_url: str, policy: str, *extra: str, alias: str = "pay") -> Proc:
+def start_gateway(folder: Path, upstream_url: str, policy: str, *extra: str, alias: str = "pay",
+                  identity: tuple[str, ...] = ("--principal", "agent-1")) -> Proc:
+    """``identity``: the flags saying who acts (default ``--principal agent-1``)."""
     port = free_port()
     env = script_environment(folder, policy)
     proc = subprocess.Popen([sys.executable, "-m", "ctrlrun", "gateway", "--upstream", upstream_url, "--alias", alias,
-                             "--principal", "agent-1", "--listen", f"127.0.0.1:{port}", *extra],
+                             *identity, "--listen", f"127.0.0.1:{port}", *extra],
                             cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wait_for_port(port, proc)
     return Proc(proc, port)

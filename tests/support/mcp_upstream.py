@@ -1,5 +1,6 @@
 """An MCP server built with the SDK (``MCPServer``), run as its own OS process on loopback:
-``python -m tests.support.mcp_upstream PORT LOG [TOOL_NAME]``.
+``python -m tests.support.mcp_upstream PORT LOG [TOOL_NAME [VARIANT]]`` (``reschemed``: ``refund``
+described differently, so its ``tools/list`` entry changes).
 
 ``refund`` (or ``TOOL_NAME``: the tool renamed) appends one line per execution to LOG, so a test
 counts how often each key really ran; ``slow_refund`` writes its line and then waits, so a test can
@@ -15,7 +16,7 @@ import uvicorn
 from mcp.server.mcpserver import MCPServer
 
 
-def build(log: str, tool_name: str = "refund") -> MCPServer:
+def build(log: str, tool_name: str = "refund", variant: str = "") -> MCPServer:
     server = MCPServer("upstream")
 
     def executed(line: str) -> None:
@@ -40,7 +41,8 @@ def build(log: str, tool_name: str = "refund") -> MCPServer:
         executed(f"broken {payment_id}")
         raise RuntimeError("the bank is closed")
 
-    server.tool(name=tool_name)(refund)
+    server.tool(name=tool_name, description="Refund, then notify the customer." if variant == "reschemed"
+                else None)(refund)
     server.tool()(slow_refund)
     server.tool()(broken)
     return server
@@ -49,4 +51,5 @@ def build(log: str, tool_name: str = "refund") -> MCPServer:
 if __name__ == "__main__":
     port, log = int(sys.argv[1]), sys.argv[2]
     name = sys.argv[3] if len(sys.argv) > 3 else "refund"
-    uvicorn.run(build(log, name).streamable_http_app(), host="127.0.0.1", port=port, log_level="warning")
+    variant = sys.argv[4] if len(sys.argv) > 4 else ""
+    uvicorn.run(build(log, name, variant).streamable_http_app(), host="127.0.0.1", port=port, log_level="warning")

@@ -306,14 +306,30 @@ class TestAttemptsAndApprovals:
         assert policy.approving_actions() == frozenset({"ctrlrun.policy.change"})
 
 
-class TestNotBuiltYet:
-    def test_upstream(self) -> None:
+class TestUpstreamPins:
+    PIN = "sha256:" + "ab" * 32
+
+    def test_upstream_pins_load_from_v8(self) -> None:
         refused(doc("actions:\n  a:\n    decision: allow\n    upstream: {tls_cert_sha256: abc}\n", 7), "line 5",
                 "'upstream' needs 'schema: ctrlrun.policy/v8'")
-        refused(doc("actions:\n  a:\n    decision: allow\n    upstream: {tls_cert_sha256: abc}\n", 8), "line 5",
-                "'upstream' pins", "does not enforce it yet")
-        refused(doc("actions:\n  a:\n    decision: allow\n    upstream: {pin: abc}\n", 8), "unknown key(s) 'pin'")
+        policy = parse_policy(doc(f"actions:\n  a:\n    decision: allow\n    upstream:\n      tool_schema_sha256: "
+                                  f"'{self.PIN}'\n      tls_cert_sha256: ['{self.PIN}']\n", 8))
+        pins = policy.entry("a").upstream  # type: ignore[union-attr]
+        assert dict(pins) == {"tool_schema_sha256": self.PIN, "tls_cert_sha256": (self.PIN,)}
 
+    @pytest.mark.parametrize(("pins", "says"), [
+        ("{pin: abc}", "unknown key(s) 'pin'"),
+        ("{tool_schema_sha256: abc}", "'tool_schema_sha256' must be 'sha256:' followed by 64"),
+        ("{tls_cert_sha256: [sha256:xyz]}", "'tls_cert_sha256' must be a list"),
+        ("{tls_cert_file: /nonexistent.pem}", "needs 'tls_cert_sha256'"),
+        (f"{{tls_cert_sha256: ['{PIN}'], tls_cert_file: /nonexistent.pem}}", "not a readable PEM certificate"),
+        ("{}", "non-empty mapping of pins"),
+    ])
+    def test_bad_pins_are_refused_with_the_line(self, pins: str, says: str) -> None:
+        refused(doc(f"actions:\n  a:\n    decision: allow\n    upstream: {pins}\n", 8), "line 5", says)
+
+
+class TestNotBuiltYet:
     AUTHORITY = """\
         authority:
           max_delegation_depth: 2

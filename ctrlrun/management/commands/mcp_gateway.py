@@ -7,6 +7,7 @@ from typing import Any
 
 from ...errors import CTRLRunError
 from ..base import CtrlrunCommand, Error, positive_int
+from ._gateway_identity import add_identity_arguments, identity_from
 
 
 def _listen(value: str) -> tuple[str, int]:
@@ -35,9 +36,7 @@ class Command(CtrlrunCommand):
         parser.add_argument("--listen", default="127.0.0.1:8900", help="HOST:PORT to serve (default 127.0.0.1:8900)")
         parser.add_argument("--allow-remote", action="store_true", help="allow a --listen address that is not loopback")
         parser.add_argument("--path", default="/mcp", help="the MCP endpoint's path (default /mcp; not under /ctrlrun/)")
-        parser.add_argument("--principal", help="the agent every call through this gateway acts for")
-        parser.add_argument("--principal-from-client-info", action="store_true", help="(removed)",
-                            default=False, dest="from_client_info")
+        add_identity_arguments(parser)
         parser.add_argument("--environment", help="the environment stamped on the actions")
         parser.add_argument("--upstream-timeout", type=float, default=30.0,
                             help="seconds to wait for the upstream's answer (default 30)")
@@ -49,42 +48,40 @@ class Command(CtrlrunCommand):
                             help="a browser Origin allowed besides loopback (repeatable)")
 
     def run(self, **options: Any) -> None:
-        if options["from_client_info"]:
-            raise Error("--principal-from-client-info was removed: a client's self-declared name is not an "
-                        "identity. Use --principal NAME")
-        if not options["principal"]:
-            raise Error("name who the gateway's calls act for: --principal NAME")
+        principal, provider, private, identity_lines = identity_from(options)
         host, port = _listen(options["listen"])
         if not _loopback(host) and not options["allow_remote"]:
-            raise Error(f"--listen {options['listen']} is not a loopback address: anyone who reaches it acts as "
-                        f"{options['principal']!r}. Add --allow-remote if that is meant")
+            raise Error(f"--listen {options['listen']} is not a loopback address: anyone who reaches it can call "
+                        f"the upstream's tools. Add --allow-remote if that is meant")
         from ...control import Control, default_control
 
         try:
-            control = Control(environment=options["environment"]) if options["environment"] else default_control()
+            if provider is not None or options["environment"]:
+                control = Control(environment=options["environment"], identity=provider)
+            else:
+                control = default_control()
             policy = control.read_policy()
-            from ctrlrun.gateway import GatewayApp, fixed_principal
+            from ctrlrun.gateway import GatewayApp
 
-            app = GatewayApp(upstream=options["upstream"], alias=options["alias"],
-                             principal=fixed_principal(options["principal"]),
-                             control=control, path=options["path"], upstream_timeout=options["upstream_timeout"],
+            app = GatewayApp(upstream=options["upstream"], alias=options["alias"], principal=principal,
+                             control=control, private_headers=private, path=options["path"], upstream_timeout=options["upstream_timeout"],
                              max_body_bytes=options["max_body_bytes"], max_response_bytes=options["max_response_bytes"],
                              allow_origins=tuple(options["allow_origin"]))
         except CTRLRunError as exc:
             raise Error(str(exc)) from None
-        self.stdout.write(self.banner(control, policy, options, host, port))
+        self.stdout.write(self.banner(control, policy, options, host, port, identity_lines))
         self.stdout.flush()
         import uvicorn
 
         uvicorn.run(app, host=host, port=port, log_level="warning", lifespan="off")
 
-    def banner(self, control: Any, policy: Any, options: dict[str, Any], host: str, port: int) -> str:
+    def banner(self, control: Any, policy: Any, options: dict[str, Any], host: str, port: int,
+               identity_lines: list[str]) -> str:
         prefix = f"mcp.{options['alias']}."
         actions = sorted(name for name in policy.actions if name.startswith(prefix))
         unkeyed = [name for name in actions if policy.entry(name).effect is None]
         lines = [f"ctrlrun gateway on http://{host}:{port}{options['path']} -> {options['upstream']}",
-                 f"environment {policy.environment}",
-                 f"identity FixedPrincipal ({options['principal']})"]
+                 f"environment {policy.environment}", *identity_lines]
         if policy.authority is None:
             lines.append("authority: none (the policy has no authority: section, so every principal is unrestricted)")
         else:
