@@ -185,3 +185,51 @@ def test_resolving_an_ambiguous_record_by_the_verified_person(use_policy, refund
                           person("console", "dana"))
     assert code(again) == (-41003, "ctrlrun.approval_denied")
     assert store.verify().ok
+
+
+def test_an_expired_token_is_refused_with_principal_expired(use_policy, refund, jwt_operator):
+    import time
+
+    use_policy(PLAIN)
+    request_id = ask(refund, user="rita")
+    proc = jwt_operator(PLAIN)
+
+    def token(exp: int) -> dict[str, str]:
+        claims = {"iss": ISSUER, "aud": "ctrlrun-operator", "sub": "assistant", "email": "dana", "exp": exp}
+        return {"authorization": f"Bearer {sign(claims, SECRET.encode(), alg='HS256', typ=None)}"}
+
+    # expired a moment ago (inside the provider's leeway): the principal is read and refused as expired
+    lapsed = operator_call(proc.url, "approve", {"request_id": request_id}, token(int(time.time()) - 5))
+    assert code(lapsed) == (-41014, "ctrlrun.principal_expired")
+    # long expired: the provider itself refuses the token
+    stale = operator_call(proc.url, "approve", {"request_id": request_id}, token(1000))
+    assert code(stale) == (-41007, "ctrlrun.no_principal")
+    assert store.get_approval(request_id).status == "pending"
+
+
+@pytest.mark.parametrize(("flags", "said"), [
+    ((), "name the operator's identity"),
+    (("--principal-header", "x-agent"), "required together"),
+    (("--identity-jwt", "--identity-jwt-issuer", "i", "--identity-jwt-audience", "a", "--identity-jwt-algorithm",
+      "HS256"), "--identity-jwt-user-claim is required"),
+    (("--listen", "0.0.0.0:8901", "--principal-header", "a", "--user-header", "u"), "not a loopback address"),
+])
+def test_bad_flags_are_said_plainly(tmp_path, flags, said):
+    import subprocess
+    import sys
+
+    from tests.support import script_environment
+
+    done = subprocess.run([sys.executable, "-m", "ctrlrun", "mcp-operator", *flags], cwd=tmp_path,
+                          env=script_environment(tmp_path, PLAIN), capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and said in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_the_startup_block_says_what_answers_without_a_credential(use_policy, headers_operator):
+    proc = headers_operator(PLAIN)
+    proc.stop()
+    printed = proc.proc.stdout.read()
+    assert "ctrlrun mcp-operator on http://127.0.0.1:" in printed
+    assert "identity headers x-agent / x-user (trusted as given)" in printed
+    assert "answer without a credential" in printed and "need a verified human" in printed
