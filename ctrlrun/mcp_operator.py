@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .canonical import Principal
-from .errors import CTRLRunError, IdentityError, InvalidArgument, StateConflict
+from .errors import IdentityError, InvalidArgument, StateConflict
 from .identity import IdentityContext
 
 __all__ = ["Operator", "SERVER_NAME", "VIA", "TOOLS"]

@@ -156,11 +156,11 @@ def test_an_approver_without_the_role_is_not_entitled(use_policy, refund, jwt_op
         assert code(refused) == (-41015, "ctrlrun.not_entitled")
         assert refused.data["role"] == "finance" and refused.data["control"] == "four-eyes"
     assert store.get_approval(request_id).status == "pending"
+    claims = {"iss": ISSUER, "aud": "ctrlrun-operator", "sub": "x", "email": "dave", "roles": ["finance"],
+              "exp": 4102444800}
+    other_key = b"another-secret-of-at-least-32-bytes!!"
     forged = operator_call(proc.url, "approve", {"request_id": request_id},
-                           {"authorization": "Bearer " + sign({"iss": ISSUER, "aud": "ctrlrun-operator", "sub": "x",
-                                                               "email": "dave", "roles": ["finance"], "exp": 4102444800},
-                                                              b"another-secret-of-at-least-32-bytes!!", alg="HS256",
-                                                              typ=None)})
+                           {"authorization": "Bearer " + sign(claims, other_key, alg="HS256", typ=None)})
     assert code(forged) == (-41007, "ctrlrun.no_principal")
     ok = operator_call(proc.url, "approve", {"request_id": request_id}, bearer("erin", ["finance"]))
     assert ok.structured_content["status"] == "granted"

@@ -19,15 +19,18 @@ class Command(CtrlrunCommand):
         parser.add_argument("--path", default="/mcp", help="the MCP endpoint's path (default /mcp)")
         parser.add_argument("--principal-header", help="the trusted header naming the agent (with --user-header)")
         parser.add_argument("--user-header", help="the trusted header naming the person (with --principal-header)")
-        parser.add_argument("--identity-jwt", action="store_true", help="verify a bearer JWT (the --identity-jwt-* flags)")
+        parser.add_argument("--identity-jwt", action="store_true",
+                            help="verify a bearer JWT (the --identity-jwt-* flags)")
         parser.add_argument("--identity-jwt-secret-file", type=Path, help="a file holding the HMAC secret")
         parser.add_argument("--identity-jwt-public-key-file", type=Path, help="a PEM public key file")
         parser.add_argument("--identity-jwt-jwks-url", help="the issuer's JWKS URL")
         parser.add_argument("--identity-jwt-issuer", help="the required iss")
         parser.add_argument("--identity-jwt-audience", action="append", default=[], help="an accepted aud (repeatable)")
-        parser.add_argument("--identity-jwt-algorithm", action="append", default=[], help="an accepted alg (repeatable)")
+        parser.add_argument("--identity-jwt-algorithm", action="append", default=[],
+                            help="an accepted alg (repeatable)")
         parser.add_argument("--identity-jwt-user-claim", help="the claim naming the person (required with a JWT)")
-        parser.add_argument("--identity-jwt-agent-claim", default="sub", help="the claim naming the agent (default sub)")
+        parser.add_argument("--identity-jwt-agent-claim", default="sub",
+                            help="the claim naming the agent (default sub)")
         parser.add_argument("--identity-jwt-token-type", default=None, help="the required typ header, if any")
         parser.add_argument("--approver-roles-claim", default=None,
                             help="the claim listing the person's roles, matched byte for byte against approver_role")
@@ -77,7 +80,8 @@ class Command(CtrlrunCommand):
                                        token_type=options["identity_jwt_token_type"],
                                        agent_claim=options["identity_jwt_agent_claim"],
                                        user_claim=options["identity_jwt_user_claim"], claim_names=claims)
-        return provider, f"JWT (issuer {options['identity_jwt_issuer']}, user claim {options['identity_jwt_user_claim']})"
+        return provider, (f"JWT (issuer {options['identity_jwt_issuer']}, "
+                          f"user claim {options['identity_jwt_user_claim']})")
 
     def run(self, **options: Any) -> None:
         host, port = _listen(options["listen"])
