@@ -233,3 +233,20 @@ def test_the_startup_block_says_what_answers_without_a_credential(use_policy, he
     assert "ctrlrun mcp-operator on http://127.0.0.1:" in printed
     assert "identity headers x-agent / x-user (trusted as given)" in printed
     assert "answer without a credential" in printed and "need a verified human" in printed
+
+
+def test_the_read_tools_answer_from_the_store(use_policy, refund, headers_operator):
+    from tests.support import pay
+
+    use_policy(PLAIN)
+    pay(refund, "txn_5")
+    request_id = ask(refund, user="rita")
+    proc = headers_operator(PLAIN)
+    [latest] = operator_call(proc.url, "receipts", {"limit": 1}).structured_content["receipts"]
+    inspected = operator_call(proc.url, "inspect_action", {"action_id": latest["action_id"]}).structured_content
+    assert inspected["schema"] == "ctrlrun.inspection/v2" and inspected["receipts"][0]["action_id"] == latest["action_id"]
+    asked = store.get_approval(request_id).action_id
+    assert operator_call(proc.url, "inspect_action", {"action_id": asked}).structured_content["approvals"][0][
+        "request_id"] == request_id
+    assert operator_call(proc.url, "stats", {"since": "1h"}).structured_content["schema"] == "ctrlrun.stats/v1"
+    assert operator_call(proc.url, "receipts", {"limit": 500}).code == -32602  # limit 1..200
