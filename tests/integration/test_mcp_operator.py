@@ -244,7 +244,8 @@ def test_the_read_tools_answer_from_the_store(use_policy, refund, headers_operat
     proc = headers_operator(PLAIN)
     [latest] = operator_call(proc.url, "receipts", {"limit": 1}).structured_content["receipts"]
     inspected = operator_call(proc.url, "inspect_action", {"action_id": latest["action_id"]}).structured_content
-    assert inspected["schema"] == "ctrlrun.inspection/v2" and inspected["receipts"][0]["action_id"] == latest["action_id"]
+    assert inspected["schema"] == "ctrlrun.inspection/v2"
+    assert inspected["receipts"][0]["action_id"] == latest["action_id"]
     asked = store.get_approval(request_id).action_id
     assert operator_call(proc.url, "inspect_action", {"action_id": asked}).structured_content["approvals"][0][
         "request_id"] == request_id
