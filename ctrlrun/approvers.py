@@ -31,7 +31,7 @@ from .identity import same_person
 from .roles import RequiredRole
 
 __all__ = ["VerifiedApprover", "dump_approvers", "load_approvers", "dump_roles", "load_roles", "distinct",
-           "needs_verification", "problem", "tally", "CONSOLE_AGENT", "CONSOLE_ISSUER"]
+           "needs_verification", "problem", "tally", "CONSOLE_AGENT", "CONSOLE_ISSUER", "ClaimedPerson"]
 
 #: What the console records as the approver's agent and issuer: the Django admin, which authenticated them.
 CONSOLE_AGENT, CONSOLE_ISSUER = "console", "django"
@@ -52,6 +52,19 @@ class VerifiedApprover:
     def as_json(self) -> dict[str, Any]:
         return {"agent": self.agent, "user": self.user, "issuer": self.issuer, "entitled": list(self.entitled),
                 "granted_at": self.granted_at}
+
+
+@dataclass(frozen=True)
+class ClaimedPerson:
+    """A person an identity provider verified (``mcp-operator``): the principal's agent and user, the
+    issuer that vouches for them, and the roles their credential's claims name (matched byte for byte
+    against ``approver_role``). The store records their grant as a :class:`VerifiedApprover`."""
+
+    agent: str
+    user: str
+    issuer: str
+    roles: frozenset[str]
+    via: str
 
 
 def dump_approvers(approvers: tuple[VerifiedApprover, ...] | list[VerifiedApprover]) -> str:

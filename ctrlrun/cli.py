@@ -47,11 +47,12 @@ COMMANDS: dict[str, tuple[bool, str]] = {
     "demo": (False, "run the guided scenarios in a scratch store"),
     "scan": (False, "find consequential calls nothing protects (--coverage: actions no receipt names)"),
     "gateway": (True, "serve an MCP gateway: every tools/call of --upstream a protected call (needs the mcp extra)"),
+    "mcp-operator": (False, "answer approvals and resolve AMBIGUOUS effects from an MCP client (needs the mcp extra)"),
 }
 
 #: Console-script names whose management command is called something else (``manage.py init``
 #: would be too generic a name inside a project).
-COMMAND_MODULES = {"init": "ctrlrun_init", "gateway": "mcp_gateway"}
+COMMAND_MODULES = {"init": "ctrlrun_init", "gateway": "mcp_gateway", "mcp-operator": "mcp_operator"}
 
 #: Commands that never open a store: the console script configures Django without one.
 NO_STORE = ("demo", "init")

@@ -149,6 +149,8 @@ def answer_approval(approval_id: str, grant: bool, *, by: str, note: str | None 
                     data["approvers"] = [a.as_json() for a in verified.distinct(approvers)]
             if note:
                 data["note"] = note
+            if isinstance(person, verified.ClaimedPerson):
+                data["via"] = person.via
             kind = EventType.APPROVAL_GRANTED if grant else EventType.APPROVAL_DENIED
             seal([event_row(kind, row.action_id, row.effect_key, data, when, row.approval_id)], [], when)
     if expired is not None:
@@ -163,16 +165,23 @@ def _verified_grant(row: Approval, roles: tuple[Any, ...], approvers: tuple[veri
     checking, now, that they hold every pinned role and are not the requester."""
     from .people import holds
 
-    username = person.get_username() if callable(getattr(person, "get_username", None)) else None
-    if not isinstance(username, str) or not username.strip() or not getattr(person, "is_authenticated", False):
+    claimed = isinstance(person, verified.ClaimedPerson)
+    if claimed:
+        username, agent, issuer = person.user, person.agent, person.issuer
+    else:
+        username = person.get_username() if callable(getattr(person, "get_username", None)) else None
+        agent, issuer = verified.CONSOLE_AGENT, verified.CONSOLE_ISSUER
+        if not getattr(person, "is_authenticated", False):
+            username = None
+    if not isinstance(username, str) or not username.strip():
         raise InvalidArgument("a verified answer needs an authenticated person (sign in to the console)")
     if row.user is not None and same_person(row.user, username):
         raise InvalidArgument(messages.own_request(row.action, row.user, username))
     for role in roles:
-        if not holds(person, role.role):
+        if not (role.role in person.roles if claimed else holds(person, role.role)):
             raise InvalidArgument(f"{username} does not hold the role {role.role!r} that control {role.control!r} "
                                   f"requires of every approver of this request; a person who holds it must answer")
-    entry = verified.VerifiedApprover(verified.CONSOLE_AGENT, evidence_text(username), verified.CONSOLE_ISSUER,
+    entry = verified.VerifiedApprover(evidence_text(agent), evidence_text(username), evidence_text(issuer),
                                       tuple(r.control for r in roles), evidence_time(when))
     return verified.distinct((*approvers, entry))
 

@@ -112,7 +112,7 @@ def write_ambiguous_receipt(call: Call, attempt: int | None, error: str,
 
 
 def resolve(effect_key: str, outcome: str, *, by: str, reason: str | None = None,
-            attempt: int | None = None) -> EffectView:
+            attempt: int | None = None, via: str | None = None) -> EffectView:
     """A human says what happened to an ambiguous effect (``committed`` or ``failed``)."""
     if outcome not in ("committed", "failed"):
         raise InvalidArgument(messages.resolve_which(outcome))
@@ -136,6 +136,8 @@ def resolve(effect_key: str, outcome: str, *, by: str, reason: str | None = None
         data = {"state": state.value, "resolver": resolver, "resolved_by": "human", "attempt": record.attempt}
         if reason:
             data["reason"] = evidence_text(reason)
+        if via:
+            data["via"] = evidence_text(via)
         seal([event_row(EventType.EFFECT_RESOLVED, record.action_id, effect_key, data, when)], [], when)
     return effect_view(record)
 

@@ -13,6 +13,7 @@ concern. ``from tests.support import X`` finds X in whichever module holds it.
 - ``tokens``: signed JWTs, and the loopback JWKS and revocation-feed servers.
 - ``smtp``: a real SMTP server on loopback (aiosmtpd), a refusing one, a closed port.
 - ``mcp_servers``: MCP upstreams (SDK-built and misbehaving) and the gateway as a process.
+- ``operator``: ``ctrlrun mcp-operator`` as a process and the SDK's client calling its tools.
 - ``scratch``: scratch stores for ``verify`` and clock skew, and an agent under a clock that moves.
 
 The fixtures built on these live in ``tests/conftest.py`` and ``tests/*/conftest.py``.
