@@ -27,11 +27,13 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from .errors import InvalidArgument
 from .identity import same_person
 from .roles import RequiredRole
 
 __all__ = ["VerifiedApprover", "dump_approvers", "load_approvers", "dump_roles", "load_roles", "distinct",
-           "needs_verification", "problem", "tally", "CONSOLE_AGENT", "CONSOLE_ISSUER", "ClaimedPerson"]
+           "needs_verification", "problem", "tally", "CONSOLE_AGENT", "CONSOLE_ISSUER", "ClaimedPerson",
+           "ApproverIdentity"]
 
 #: What the console records as the approver's agent and issuer: the Django admin, which authenticated them.
 CONSOLE_AGENT, CONSOLE_ISSUER = "console", "django"
@@ -52,6 +54,26 @@ class VerifiedApprover:
     def as_json(self) -> dict[str, Any]:
         return {"agent": self.agent, "user": self.user, "issuer": self.issuer, "entitled": list(self.entitled),
                 "granted_at": self.granted_at}
+
+
+@dataclass(frozen=True)
+class ApproverIdentity:
+    """How the people who answer a Control's requests are verified outside the console (§D4): an
+    identity provider of their own (never the agent's) and the claim of its principals that lists
+    their roles (``roles_claim``; None: no role can be satisfied through it). Giving one to
+    ``Control(approver_identity=...)`` says "a verifying surface answers these requests" (e.g.
+    ``ctrlrun mcp-operator`` with the same provider), so M-of-N requests are asked rather than refused
+    ``approvals_unverifiable``; the answers themselves are still verified where they are given."""
+
+    provider: Any
+    roles_claim: str | None = None
+
+    def __post_init__(self) -> None:
+        if not callable(getattr(self.provider, "resolve", None)):
+            raise InvalidArgument(f"ApproverIdentity(provider=...): {self.provider!r} is not an identity provider "
+                                  f"(it needs resolve(context); see ctrlrun.identity)")
+        if self.roles_claim is not None and (not isinstance(self.roles_claim, str) or not self.roles_claim.strip()):
+            raise InvalidArgument(f"ApproverIdentity(roles_claim=...) must name a claim, got {self.roles_claim!r}")
 
 
 @dataclass(frozen=True)

@@ -68,7 +68,9 @@ class Control:
     ``LocalApprovalProvider``). ``observers``: objects with ``on_event(event)`` and/or
     ``on_receipt(receipt)``, told what this Control's calls wrote, after each commit.
     ``identity``: an identity provider that says who acts (``ctrlrun.identity``); without one,
-    ``ctrlrun.context()`` (or ``call(principal=)``) says.
+    ``ctrlrun.context()`` (or ``call(principal=)``) says. ``approver_identity``: a
+    ``ctrlrun.approvers.ApproverIdentity`` when a surface other than the console verifies approvers
+    (``ctrlrun mcp-operator``), so M-of-N requests are asked (docs/approvals.md).
     """
 
     def __init__(self, policy: Policy | str | Path | None = None, *, database: str | None = None,
@@ -77,7 +79,7 @@ class Control:
                  approval_ttl: dt.timedelta | float | None = None, environment: str | None = None,
                  authority: str | Path | AuthorityDocument | None = None,
                  require_approved_policy: bool | None = None, identity: Any = None,
-                 suspend_timeout: dt.timedelta | float | None = None) -> None:
+                 suspend_timeout: dt.timedelta | float | None = None, approver_identity: Any = None) -> None:
         if authority is not None and not isinstance(authority, AuthorityDocument):
             if not isinstance(authority, (str, Path)):
                 raise InvalidArgument(f"Control(authority=...) is the path of an authority file (or a parsed "
@@ -114,6 +116,17 @@ class Control:
         self._require_approved = require_approved_policy
         self._approved_policies: set[tuple[str, str]] = set()  # (database alias, policy hash) seen approved
         self._identity = _identity_provider(identity)
+        if approver_identity is not None:
+            from .approvers import ApproverIdentity
+
+            if not isinstance(approver_identity, ApproverIdentity):
+                raise InvalidArgument(f"Control(approver_identity=...) takes a ctrlrun.approvers.ApproverIdentity"
+                                      f"(provider, roles_claim=...), got {type(approver_identity).__name__}")
+            if approver_identity.provider is self._identity and identity is not None:
+                raise InvalidArgument("Control(approver_identity=...) must not use the agents' identity provider: "
+                                      "whoever can act as an agent could then vouch for an approver")
+        #: How approvers are verified outside the console (§D4), or None.
+        self.approver_identity = approver_identity
         self._policy: Policy | None = policy
         #: Whether the policy comes from settings' files (read again when they change), not given here.
         self._from_settings = policy is None

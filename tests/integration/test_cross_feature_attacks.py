@@ -1,4 +1,4 @@
-"""Attacks across features: a policy proposal under an identity provider, the gateway facing a grant the kernel cannot use, the approver_identity option the refusal names."""
+"""Attacks across features: a policy proposal under an identity provider, the gateway facing a grant the kernel cannot use."""
 from __future__ import annotations
 
 import pytest
@@ -65,14 +65,3 @@ def test_the_gateway_asks_again_after_a_grant_the_kernel_cannot_use(tmp_path):
     finally:
         gateway.stop()
         upstream.stop()
-
-
-@pytest.mark.xfail(strict=True, reason="review2: docs and the approvals_unverifiable refusal name a Control option "
-                                       "that does not exist")
-def test_the_verifying_surface_the_refusal_advises_can_be_given():
-    """docs/approvals.md, reference-differences.md and the approvals_unverifiable message say M-of-N
-    can be asked "where a Control [is] given an approver_identity"; Control has no such option
-    (Control.verifies_approvers reads an attribute nothing sets)."""
-    import inspect
-
-    assert "approver_identity" in inspect.signature(Control.__init__).parameters

@@ -289,6 +289,48 @@ def test_m_of_n_without_a_verifying_surface_is_denied_at_request_time(tmp_path):
     assert "ACTION_DENIED" in types and "APPROVAL_REQUESTED" not in types
 
 
+#: The same agent under a Control told that its approvers are verified elsewhere (an mcp-operator).
+SCRIPT_WITH_APPROVER_IDENTITY = """
+import json, ctrlrun
+from ctrlrun.approvers import ApproverIdentity
+from ctrlrun.identity import HeaderIdentityProvider
+
+control = ctrlrun.Control.from_file(
+    "ctrlrun.yaml", approver_identity=ApproverIdentity(HeaderIdentityProvider("x-approver"), roles_claim=None))
+with ctrlrun.context(agent="support-agent", user="rita"):
+    try:
+        control.call("stripe.refund", {"payment_id": "txn_1", "amount": 60000}, lambda: "refunded",
+                     effect="refund:{payment_id}")
+    except ctrlrun.ApprovalRequired as asked:
+        print(json.dumps({"asked": asked.request_id}))
+"""
+
+
+def test_m_of_n_is_asked_where_the_control_is_told_who_verifies_approvers(tmp_path):
+    (tmp_path / "ctrlrun.yaml").write_text(TWO_PEOPLE)
+    (tmp_path / "agent.py").write_text(SCRIPT_WITH_APPROVER_IDENTITY)
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("DJANGO_SETTINGS_MODULE", "DATABASE_URL", "CTRLRUN_STORE_URL", "CTRLRUN_STATE")}
+    env.update(CTRLRUN_CONFIG=str(tmp_path / "ctrlrun.yaml"), CTRLRUN_STATE=str(tmp_path / "store.db"),
+               PYTHONPATH=str(os.getcwd()))
+    [out] = run_together(tmp_path, "agent.py", [[]], env)
+    assert json.loads(out)["asked"].startswith("apr_")
+
+
+def test_an_approver_identity_is_checked_when_given():
+    from ctrlrun.approvers import ApproverIdentity
+    from ctrlrun.control import Control
+    from ctrlrun.identity import StaticIdentityProvider
+
+    with pytest.raises(InvalidArgument, match="not an identity provider"):
+        ApproverIdentity(object())
+    with pytest.raises(InvalidArgument, match="takes a ctrlrun.approvers.ApproverIdentity"):
+        Control(approver_identity="ops")
+    agents = StaticIdentityProvider("bot")
+    with pytest.raises(InvalidArgument, match="must not use the agents' identity provider"):
+        Control(identity=agents, approver_identity=ApproverIdentity(agents))
+
+
 def test_in_this_project_the_console_verifies_so_m_of_n_asks(use_policy, refund):
     use_policy(TWO_PEOPLE)
     approval_id = ask(refund, user="rita")
