@@ -8,7 +8,6 @@ import sys
 from io import StringIO
 
 import pytest
-from django.core.management import call_command
 
 import ctrlrun
 from ctrlrun import store
