@@ -8,24 +8,10 @@ from django.contrib.auth.models import Group
 
 import ctrlrun
 from ctrlrun.models import Approval
-from tests.support import APPROVED_AMOUNT, make_user, row_link, shown_json
+from tests.support import APPROVED_AMOUNT, TWO_OF_FINANCE_POLICY as TWO_OF_FINANCE, make_user, row_link, shown_json
 
 pytestmark = pytest.mark.usefixtures("hook_registry", "store_db", "console_groups")
 
-TWO_OF_FINANCE = """\
-schema: ctrlrun.policy/v6
-controls:
-  four-eyes: {title: "Two people of finance approve a large refund", approver_role: finance}
-actions:
-  stripe.refund:
-    effect: "refund:{payment_id}"
-    approvals_required: 2
-    rules:
-      - when: { amount_lte: 1000 }
-        decision: allow
-      - decision: approve
-        controls: [four-eyes]
-"""
 
 
 def approve(console, request_id: str, tally: str) -> None:

@@ -9,22 +9,10 @@ from django.contrib.admin.utils import quote
 import ctrlrun
 from ctrlrun import store
 from ctrlrun.control import default_control
-from tests.support import make_user, receipts
+from tests.support import GOVERNED_POLICY as GOVERNED, make_user, receipts
 
 pytestmark = pytest.mark.usefixtures("store_db", "console_groups")
 
-GOVERNED = """\
-schema: ctrlrun.policy/v6
-actions:
-  ctrlrun.policy.change:
-    decision: approve
-  stripe.refund:
-    effect: "refund:{payment_id}"
-    rules:
-      - when: { amount_lte: 1000 }
-        decision: allow
-      - decision: deny
-"""
 WIDER = GOVERNED.replace("amount_lte: 1000", "amount_lte: 5000")
 
 

@@ -8,22 +8,10 @@ import pytest
 import ctrlrun
 from ctrlrun import store
 from ctrlrun.control import Control, default_control
-from tests.support import approval_url, has_id, receipts, shown_messages, text, url
+from tests.support import GOVERNED_POLICY as GOVERNED, approval_url, has_id, receipts, shown_messages, text, url
 
 pytestmark = pytest.mark.usefixtures("store_db", "console_groups")
 
-GOVERNED = """\
-schema: ctrlrun.policy/v6
-actions:
-  ctrlrun.policy.change:
-    decision: approve
-  stripe.refund:
-    effect: "refund:{payment_id}"
-    rules:
-      - when: { amount_lte: 1000 }
-        decision: allow
-      - decision: deny
-"""
 #: The candidate, with a line a page must escape.
 WIDER = GOVERNED.replace("amount_lte: 1000", "amount_lte: 5000") + "# <script>alert(1)</script>\n"
 

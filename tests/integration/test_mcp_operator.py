@@ -11,25 +11,11 @@ import pytest
 
 from ctrlrun import store
 from ctrlrun.models import Event
-from tests.support import ISSUER, ask, make_ambiguous, sign
+from tests.support import ISSUER, TWO_OF_FINANCE_POLICY as TWO_OF_FINANCE, ask, make_ambiguous, sign
 from tests.support.operator import operator_call, operator_tools, start_operator
 
 pytestmark = pytest.mark.usefixtures("hook_registry", "store_db")
 
-TWO_OF_FINANCE = """\
-schema: ctrlrun.policy/v6
-controls:
-  four-eyes: {title: "Two people of finance approve a large refund", approver_role: finance}
-actions:
-  stripe.refund:
-    effect: "refund:{payment_id}"
-    approvals_required: 2
-    rules:
-      - when: { amount_lte: 1000 }
-        decision: allow
-      - decision: approve
-        controls: [four-eyes]
-"""
 ONE_OF_FINANCE = TWO_OF_FINANCE.replace("    approvals_required: 2\n", "")
 PLAIN = ONE_OF_FINANCE.replace("        controls: [four-eyes]\n", "")
 SECRET = "operator-test-secret-of-at-least-32-bytes!"

@@ -12,22 +12,10 @@ import pytest
 import ctrlrun
 from ctrlrun import store
 from ctrlrun.control import Control
-from tests.support import receipts, run_command, script_environment
+from tests.support import GOVERNED_POLICY as GOVERNED, receipts, run_command, script_environment
 
 pytestmark = pytest.mark.usefixtures("store_db")
 
-GOVERNED = """\
-schema: ctrlrun.policy/v6
-actions:
-  ctrlrun.policy.change:
-    decision: approve
-  stripe.refund:
-    effect: "refund:{payment_id}"
-    rules:
-      - when: { amount_lte: 1000 }
-        decision: allow
-      - decision: deny
-"""
 WIDER = GOVERNED.replace("amount_lte: 1000", "amount_lte: 5000")
 
 

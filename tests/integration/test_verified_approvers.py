@@ -18,26 +18,13 @@ from ctrlrun import store
 from ctrlrun.errors import ApprovalMismatch, InvalidArgument
 from ctrlrun.models import Approval, Event, Receipt
 from tests.support import (
-    approval_url, ask, make_user, run_command, url, run_together, shown_messages, store_environment, text,
+    TWO_OF_FINANCE_POLICY, approval_url, ask, make_user, run_command, url, run_together, shown_messages, store_environment, text,
 )
 
 pytestmark = pytest.mark.usefixtures("hook_registry", "store_db", "console_groups")
 
 #: Two people of the finance group approve a refund above 1000.
-TWO_OF_FINANCE = """\
-schema: ctrlrun.policy/v6
-controls:
-  four-eyes: {title: "Two people of finance approve a large refund", approver_role: finance}
-actions:
-  stripe.refund:
-    effect: "refund:{payment_id}"
-    approvals_required: 2
-    rules:
-      - when: { amount_lte: 1000 }
-        decision: allow
-      - decision: approve
-        controls: [four-eyes]
-"""
+TWO_OF_FINANCE = TWO_OF_FINANCE_POLICY
 #: One person of finance.
 ONE_OF_FINANCE = TWO_OF_FINANCE.replace("    approvals_required: 2\n", "")
 #: Two people, no role.

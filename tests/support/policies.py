@@ -91,3 +91,19 @@ actions:
 """
 #: The candidate: refunds up to 5000 are allowed.
 WIDER_GOVERNED_POLICY = GOVERNED_POLICY.replace("amount_lte: 1000", "amount_lte: 5000")
+
+#: Two people of the finance group approve a refund above 1000 (verified approvers, M-of-N).
+TWO_OF_FINANCE_POLICY = """\
+schema: ctrlrun.policy/v6
+controls:
+  four-eyes: {title: "Two people of finance approve a large refund", approver_role: finance}
+actions:
+  stripe.refund:
+    effect: "refund:{payment_id}"
+    approvals_required: 2
+    rules:
+      - when: { amount_lte: 1000 }
+        decision: allow
+      - decision: approve
+        controls: [four-eyes]
+"""
