@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from scratch_site import scratch_site
+from scratch_site import fill_chain, scratch_site
 
 REPO = Path(__file__).resolve().parent.parent
 POLICY = """\
@@ -39,51 +39,9 @@ def _fill(backend: str, receipts: int) -> dict:
     scratch_site("prune-" + backend, POLICY)
     import datetime as dt
 
-    from django.db import connection, transaction
-
-    import ctrlrun
-    from ctrlrun import signing, store
-    from ctrlrun.canonical import evidence_time, new_id
-    from ctrlrun.models import ChainHead, Receipt
-    from ctrlrun.receipts import dump_receipt, receipt_hash
-
-    @ctrlrun.protect("bench.note")
-    def note(n: int) -> int:
-        return n
-
-    with ctrlrun.context(agent="bench-agent"):
-        note(n=0)
-    template = json.loads(Receipt.objects.get(seq=1).document)
-    prev, started = ChainHead.objects.get(pk=1).hash, time.perf_counter()
-    adapt = store.base.time_param(connection)
+    # A year of receipts, ending two months ago: all of it older than a 30-day retention.
     start = dt.datetime.now(dt.timezone.utc) - dt.timedelta(days=425)
-    step = dt.timedelta(days=365) / receipts
-    insert = ('INSERT INTO "ctrlrun_receipt" ("receipt_id","seq","action_id","action","agent","decision","result",'
-              '"effect_key","ts","document","prev_hash","hash") VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)')
-    chunk: list[tuple] = []
-    for seq in range(2, receipts + 1):
-        moment = start + step * seq
-        doc = dict(template)
-        doc.update(receipt_id=new_id("ctr_"), action_id=new_id("act_"), arguments={"n": seq},
-                   started_at=evidence_time(moment), finished_at=evidence_time(moment), seq=seq, prev_hash=prev)
-        digest = receipt_hash(doc, trusted=True)
-        chunk.append((doc["receipt_id"], seq, doc["action_id"], doc["action"], doc["principal"]["agent"],
-                      doc["decision"], doc["result"], None, adapt(moment), dump_receipt(doc), prev, digest))
-        prev = digest
-        if len(chunk) == 5000 or seq == receipts:
-            with transaction.atomic(), connection.cursor() as cursor:
-                cursor.executemany(insert, chunk)
-            chunk = []
-    head = ChainHead.objects.get(pk=1)
-    with transaction.atomic(), connection.cursor() as cursor:
-        mac = signing.sign(store.HEAD_DOMAIN, store.signatures.head_document(receipts, prev, head.event_seq,
-                                                                             head.event_hash, signing.key_id()))
-        cursor.execute('UPDATE "ctrlrun_chainhead" SET "seq" = %s, "hash" = %s, "mac" = %s, "key_id" = %s '
-                       'WHERE "id" = 1', [receipts, prev, mac, signing.key_id()])
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute("VACUUM ANALYZE")
-    return {"fill_s": time.perf_counter() - started}
+    return {"fill_s": fill_chain(receipts, start, dt.timedelta(days=365) / receipts)}
 
 
 def _prune(backend: str, receipts: int, anchors: str) -> dict:
