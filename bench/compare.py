@@ -456,15 +456,8 @@ def worker_calls(scenario: str, calls: int, rounds: int, args: argparse.Namespac
         return refund_sync(payment_id, amount)
 
     options: dict[str, Any] = {}
-    if "budget" in scenario and _flavour(ctrlrun) == "reference":
-        # The reference enforces authority only when its Control is given one (its default Control reads
-        # the policy file's actions, not its authority section): build that Control over its default store.
-        from ctrlrun import control as reference_control
-        from ctrlrun.policy.authority import Authority
-
-        default = reference_control._default_control()
-        options["control"] = ctrlrun.Control(default.policy, default._store, authority=Authority.from_yaml(
-            Path("ctrlrun.yaml").read_text()))
+    # Both read the policy file's `authority:` section in their default Control (the reference's
+    # Control.from_file loads it), so the budget scenario needs no special wiring on either side.
     try:
         refund = ctrlrun.protect("stripe.refund", effect="refund:{payment_id}", **options)(
             refund_async if is_async else refund_sync)
