@@ -239,6 +239,22 @@ class _Step:
         self.text_slots = [(i, p) for i, p in enumerate(params or []) if isinstance(p, str)
                            and any(t in p for t in tokens)]
         self.seq_slots = seq_slots(original) if params else []  # (position, table) of chain positions
+        # A budget ledger row continues its (grant, metric) chain (n one past the last, cum the last
+        # plus the amount; the database refuses anything else): the replay reads the chains' last rows
+        # as the store does and continues them from what it read, not from the captured positions.
+        self.ledger_read = '"ctrlrun_budgetledger"' in original and 'ORDER BY "n" DESC' in original
+        self.ledger_insert = original.startswith('INSERT INTO "ctrlrun_budgetledger"')
+
+
+def continue_ledger(params: list[Any], lasts: dict[int, tuple[Any, ...]]) -> list[Any]:
+    """A captured ledger insert (rows of grant, metric, amount, effect key, attempt, consumed_at,
+    released_at, n, cum, mac) renumbered to continue the chains' last rows ``(n, cum, ...)`` by row."""
+    params = list(params)
+    for row in range(len(params) // 10):
+        last, amount = lasts.get(row), params[row * 10 + 2]
+        params[row * 10 + 7] = 1 if last is None else last[0] + 1
+        params[row * 10 + 8] = amount if last is None else last[1] + amount
+    return params
 
 
 class OwnFloor:
@@ -308,7 +324,7 @@ class OwnFloor:
         return out
 
     def replay(self, plan: list[tuple[_Step, list[Any] | None]]) -> None:
-        conn, offsets = self.conn, {}
+        conn, offsets, lasts = self.conn, {}, {}
         for step, params in plan:
             if step.marker is not None:
                 conn.commit() if not self.sqlite else conn.execute("COMMIT")
@@ -317,8 +333,12 @@ class OwnFloor:
                 params = list(params)
                 for i, table in step.seq_slots:
                     params[i] += offsets.get(table, 0)
+            if step.ledger_insert:
+                params = continue_ledger(params, lasts)
             cur = conn.execute(step.sql) if params is None else conn.execute(step.sql, params)
             rows = cur.fetchall() if cur.description is not None else None  # read, as the store reads them
+            if step.ledger_read:
+                lasts = {int(row[0]): row[1:] for row in rows}
             if step.head_take:
                 row = rows[0]
                 offsets = {table: row[col] - self.captured_top.get(table, 0)

@@ -36,7 +36,8 @@ def run_worker(tmp_path, scenario: str, *extra: str) -> dict:
     return json.loads(lines[0][len(RESULT_MARK):])
 
 
-@pytest.mark.parametrize("scenario, kind", [("allowed", "floor_allowed"), ("duplicate", "floor_refused")])
+@pytest.mark.parametrize("scenario, kind", [("allowed", "floor_allowed"), ("duplicate", "floor_refused"),
+                                            ("allowed_budget", "floor_allowed")])
 def test_worker_prints_the_in_process_floor_keys(tmp_path, scenario, kind):
     result = run_worker(tmp_path, scenario, "--floor-block", "3")
     assert "inproc_floor_error" not in result, result.get("inproc_floor_error")
@@ -45,8 +46,9 @@ def test_worker_prints_the_in_process_floor_keys(tmp_path, scenario, kind):
     for key in ("inproc_floor_us", "own_floor_us"):
         assert result[key] > 0
         assert len(result[key.replace("_us", "_per_round_us")]) == 2
-    # What the own floor replays: an allowed call's two transactions, a refusal's one.
-    assert result["own_floor_commits"] == (2 if scenario == "allowed" else 1)
+    # What the own floor replays: an allowed call's two transactions, a refusal's one (a budgeted call's
+    # ledger rows continue their chain on every replay: the database refuses a reused position).
+    assert result["own_floor_commits"] == (2 if scenario.startswith("allowed") else 1)
     assert result["own_floor_statements"] >= 4
     assert (tmp_path / "inproc-floor.db").exists() and (tmp_path / "own-floor.db").exists()
 
