@@ -242,8 +242,10 @@ class _Step:
         # A budget ledger row continues its (grant, metric) chain (n one past the last, cum the last
         # plus the amount; the database refuses anything else): the replay reads the chains' last rows
         # as the store does and continues them from what it read, not from the captured positions.
-        self.ledger_read = '"ctrlrun_budgetledger"' in original and 'ORDER BY "n" DESC' in original
-        self.ledger_insert = original.startswith('INSERT INTO "ctrlrun_budgetledger"')
+        from ctrlrun.store import sql as ours  # the store's own statements name what to look for
+
+        self.ledger_read = ours.LEDGER_LAST in original
+        self.ledger_insert = original.startswith(ours.LEDGER_INSERT)
 
 
 def continue_ledger(params: list[Any], lasts: dict[int, tuple[Any, ...]]) -> list[Any]:
