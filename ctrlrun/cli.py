@@ -21,6 +21,7 @@ from .errors import CTRLRunError
 #: and not 1 or 2, which say the chain is broken or the command line is wrong. (Help and the
 #: version cut short exit 0: the reader had what it asked for.)
 BROKEN_PIPE_STATUS = 141
+INTERRUPTED_STATUS = 130  # 128 + SIGINT, as a shell reports Ctrl-C
 VERSION = f"ctrlrun, version {__version__}"
 
 #: command -> (creates the store if missing?, one-line summary)
@@ -91,6 +92,9 @@ def main(argv: list[str] | None = None) -> int:
             stop_for_closed_pipe()
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else 1
+    except KeyboardInterrupt:  # a command that does not catch Ctrl-C itself: its open step rolled back
+        print("interrupted: ctrlrun stopped", file=sys.stderr)
+        return INTERRUPTED_STATUS
     return status
 
 
@@ -132,6 +136,9 @@ def _main(argv: list[str] | None) -> int:
             # (policy replay only reads: like the read-only commands, it never creates a store)
             creates = COMMANDS[name][0] and not (name == "policy" and argv[1:2] == ["replay"])
             standalone.configure(create=creates, command=name)
+    except KeyboardInterrupt:  # Ctrl-C while Django sets up: no store was touched yet
+        print(f"interrupted: ctrlrun {name} did not start (no command step had begun)", file=sys.stderr)
+        return INTERRUPTED_STATUS
     except CTRLRunError as exc:
         print(f"Error: {exc}", file=sys.stderr)
         # scan's exit 1 says it found something, verify's that a guarantee failed: for them, a store or

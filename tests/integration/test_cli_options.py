@@ -228,3 +228,17 @@ def test_manage_py_receipts_into_a_closed_pipe(folder):
     _, stderr = process.communicate(timeout=120)
     assert stderr.decode() == "", stderr.decode()
     assert process.returncode == BROKEN_PIPE
+
+
+def test_ctrl_c_while_the_store_opens_is_a_line_not_a_traceback(folder, monkeypatch, capsys):
+    """Ctrl-C before a command has started (Django still setting up) ends with 130 and one line."""
+    from ctrlrun import cli, standalone
+
+    def interrupted(**_options):
+        raise KeyboardInterrupt
+
+    monkeypatch.chdir(folder)
+    monkeypatch.setattr(standalone, "configure", interrupted)
+    assert cli.main(["receipts"]) == 130
+    err = capsys.readouterr().err
+    assert err.strip() == "interrupted: ctrlrun receipts did not start (no command step had begun)", err

@@ -294,7 +294,7 @@ def test_an_idle_loop_at_verbosity_2_logs_each_pass_with_a_time(tmp_path, comman
     import re
 
     folder = quiet_store(tmp_path)
-    out, err, status = script_loop(folder, *command, "--interval", "0.2", "-v", "2")
+    out, err, status = script_loop(folder, *command, "--interval", "0.2", "-v", "2", lines=4)
     assert status == 0, err
     lines = out.splitlines()
     assert lines[-1] == "stopped" and len(lines) >= 4, out

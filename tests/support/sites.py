@@ -135,19 +135,47 @@ def script_manage(*args: str, env: dict[str, str] | None = None) -> subprocess.C
                           capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
 
 
-def script_loop(folder: Path, *args: str, seconds: float = 3.0) -> tuple[str, str, int]:
-    """``ctrlrun ARGS...`` (a loop) as an OS process for ``seconds``, then Ctrl-C (SIGINT): its stdout,
-    stderr and exit status."""
+def script_loop(folder: Path, *args: str, seconds: float = 3.0, lines: int = 0) -> tuple[str, str, int]:
+    """``ctrlrun ARGS...`` (a loop) as an OS process, then Ctrl-C (SIGINT): its stdout, stderr and exit status.
+
+    The interrupt comes ``seconds`` after the loop has started (it holds the folder's store open:
+    Django's setup is behind it, however slow the machine), and not before it has printed ``lines``
+    lines. Counting from the start of the process instead let a loaded machine interrupt the
+    setup itself, or leave too few passes for the test."""
     import signal
+    import threading
     import time
 
+    store = (folder / ".ctrlrun" / "state.db").resolve()
     proc = subprocess.Popen([sys.executable, "-m", "ctrlrun", *args], cwd=folder, env=script_env(),
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    printed: list[str] = []
+    errors: list[str] = []
+    readers = [threading.Thread(target=lambda: printed.extend(proc.stdout), daemon=True),
+               threading.Thread(target=lambda: errors.append(proc.stderr.read()), daemon=True)]
+    for reader in readers:
+        reader.start()
     try:
+        deadline = time.monotonic() + 120
+        while proc.poll() is None and time.monotonic() < deadline and not _holds_open(proc.pid, store):
+            time.sleep(0.02)
         time.sleep(seconds)
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=120)
+        while proc.poll() is None and time.monotonic() < deadline and len(printed) < lines:
+            time.sleep(0.02)
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
-    return out, err, proc.returncode
+    for reader in readers:
+        reader.join(timeout=30)
+    return "".join(printed), "".join(errors), proc.returncode
+
+
+def _holds_open(pid: int, path: Path) -> bool:
+    """Whether process ``pid`` has ``path`` open (Linux's /proc)."""
+    try:
+        return any(os.path.realpath(f"/proc/{pid}/fd/{fd}") == str(path) for fd in os.listdir(f"/proc/{pid}/fd"))
+    except OSError:  # it ended, or a descriptor closed while being read
+        return False
