@@ -202,7 +202,11 @@ def _grade(gid: str, facts: Facts) -> Result:
         return Result(gid, PASS, "the receipts and events verify from the genesis, under this store's signing key")
     if gid == "G13":
         return _clock(facts)
-    if gid in ("G15", "G23", "G25", "G26", "G28", "G29", "G30", "G32"):
+    if gid in ("G28", "G29", "G30", "G32"):
+        from . import verify_retention
+
+        return verify_retention.grade(gid, facts, Result)
+    if gid in ("G15", "G23", "G25", "G26"):
         return Result(gid, NOT_APPLICABLE, not_built)
     if gid == "G16":
         return Result(gid, NOT_APPLICABLE, "preconditions are declared in code (protect(precondition=...)), not in "
@@ -236,7 +240,13 @@ def _grade(gid: str, facts: Facts) -> Result:
         result.grant_id = budgeted[0]
         return result
     if gid == "G27":
-        return Result(gid, NOT_APPLICABLE, "the policy declares no upstream pins (the reader refuses them until built)")
+        pinned = _actions(policy, lambda e: getattr(e, "upstream", None))
+        if not pinned:
+            return Result(gid, NOT_APPLICABLE, "the policy declares no upstream pins (v8 'upstream:')")
+        return Result(gid, PASS, f"{len(pinned)} action(s) pin their upstream ({', '.join(pinned[:5])}): the gateway "
+                      "reads the tool and its certificate again at each call and refuses a changed one -41016 "
+                      "(upstream_mismatch); called in-process, a pinned action is refused upstream_unverified",
+                      action=pinned[0])
     if gid == "G31":
         return Result(gid, NOT_APPLICABLE, "this store's receipts are this port's own; older reference schemas arrive "
                       "only with an import, not built")

@@ -273,3 +273,48 @@ def test_bad_input_is_a_clear_error(store):
     assert none.returncode == 2 and "CTRLRUN_ANCHOR_FILE" in none.stderr, none
     both = store.command("prune", "--loop", "--through", "2", "--older-than", "1d", "--by", "o", "--reason", "r")
     assert both.returncode == 2 and "--loop" in both.stderr, both
+
+
+def test_verify_grades_the_retention_guarantees_from_the_deployment(store, tmp_path_factory):
+    """G28/G29/G30/G32 read the deployment's anchors, prune checkpoint and holds: not applicable
+    until each exists, pass while they hold, fail naming what broke them (a rewound store, an edited
+    anchor file, a hold changed by the role)."""
+    anchors = tmp_path_factory.mktemp("verify-volume") / "anchors.jsonl"
+
+    def run(*args: str, anchored: bool = True) -> subprocess.CompletedProcess:
+        env = {**store.environment(), **({"CTRLRUN_ANCHOR_FILE": str(anchors)} if anchored else {})}
+        return subprocess.run([sys.executable, "-m", "ctrlrun", *args], cwd=store.folder, capture_output=True,
+                              text=True, timeout=300, env=env)
+
+    def graded(anchored: bool = True) -> dict[str, dict]:
+        done = run("verify", "--json", "--only", "G28,G29,G30,G32", anchored=anchored)
+        assert "Traceback" not in done.stderr and done.stdout, done.stderr
+        return {g["id"]: g for g in json.loads(done.stdout)["guarantees"] if g["status"] != "skipped"}
+
+    first = graded(anchored=False)
+    assert {g: r["status"] for g, r in first.items()} == dict.fromkeys(("G28", "G29", "G30", "G32"),
+                                                                        "not_applicable"), first
+    assert "CTRLRUN_ANCHOR_FILE" in first["G28"]["reason"] and "pruned" in first["G29"]["reason"]
+    none_yet = graded()
+    assert none_yet["G28"]["status"] == "fail" and "run 'anchor'" in none_yet["G28"]["reason"], none_yet
+    assert run("anchor").returncode == 0
+    assert run("hold", "place", "--id", "case-7", "--from-seq", "5", "--reason", "case 7", "--by", "legal").returncode == 0
+    pruned = run("prune", "--through", "2", "--older-than", "0s", "--by", "ops", "--reason", "retention", "--quiet")
+    assert pruned.returncode == 0, pruned.stderr
+    honest = graded()
+    assert {g: r["status"] for g, r in honest.items()} == dict.fromkeys(("G28", "G29", "G30", "G32"), "pass"), honest
+    assert "seq 2" in honest["G29"]["reason"] and "case-7" in honest["G30"]["reason"], honest
+
+    owner = store if store.vendor == "sqlite" else RoleStore("postgresql", store.folder, url=store.owner_url)
+    (store.folder / "rewind.py").write_text(REWIND)
+    rewound = subprocess.run([sys.executable, str(store.folder / "rewind.py")], cwd=store.folder,
+                             env=owner.environment(), capture_output=True, text=True, timeout=300)
+    assert rewound.returncode == 0, rewound.stderr
+    behind = graded()
+    assert behind["G28"]["status"] == "fail" and behind["G28"]["counterexample"][0]["name"] == "anchor_broken", behind
+    assert behind["G29"]["status"] == "pass"  # the chain alone cannot tell: that is what the anchor is for
+
+    # the role "releases" the hold by hand: a prune still reads it as live, the grade names the edit
+    store.sql('UPDATE "ctrlrun_hold" SET "released_at" = "placed_at", "released_by" = %s', "intruder")
+    edited = graded()
+    assert edited["G30"]["status"] == "fail" and "case-7" in str(edited["G30"]["counterexample"]), edited

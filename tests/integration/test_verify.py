@@ -176,3 +176,19 @@ def test_a_policy_that_does_not_load_and_an_unreachable_store_are_exit_2(tmp_pat
     done = subprocess.run([sys.executable, "-m", "ctrlrun", "verify"], cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 2 and "Error:" in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+def test_a_policy_that_pins_an_upstream_grades_g27(vendor, tmp_path):
+    """G27 applies once an entry pins its upstream (v8 ``upstream:``); without one it is not applicable."""
+    pinned = ROLE_POLICY.replace("schema: ctrlrun.policy/v7", "schema: ctrlrun.policy/v8") + (
+        "  mcp.shop.refund:\n"
+        "    effect: \"refund:{payment_id}\"\n"
+        "    decision: allow\n"
+        "    upstream:\n"
+        "      tool_schema_sha256: \"sha256:" + "ab" * 32 + "\"\n")
+    with scratch_store(vendor, tmp_path, pinned, tag="verify") as store:
+        _used(store)
+        status, document = _verify(store, "--only", "G27")
+    graded = {g["id"]: g for g in document["guarantees"]}
+    assert status == 0 and graded["G27"]["status"] == "pass", document
+    assert "mcp.shop.refund" in graded["G27"]["reason"] and "-41016" in graded["G27"]["reason"]
