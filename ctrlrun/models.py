@@ -191,6 +191,7 @@ class Receipt(models.Model):
         ordering = ["seq"]
         # 'stats --since' and the front page's last 24 hours read a window of receipts by time.
         indexes = [models.Index(fields=["ts"], name="ctrlrun_receipt_ts_idx")]
+        permissions = [("run_verify", "Can grade the deployment (verify) in the console")]
 
     def __str__(self) -> str:
         return f"{self.receipt_id} {self.action} {self.result}"

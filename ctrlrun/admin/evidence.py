@@ -309,7 +309,11 @@ class ReceiptAdmin(EvidenceAdmin):
         return super().change_view(request, object_id, form_url, context)
 
     def get_urls(self) -> list[Any]:
+        from .deployment import deployment_view
+
         return [path("verify/", self.admin_site.admin_view(self.verify_view), name="ctrlrun_receipt_verify"),
+                path("deployment/", self.admin_site.admin_view(lambda request: deployment_view(self, request)),
+                     name="ctrlrun_receipt_deployment"),
                 *super().get_urls()]
 
     def verify_view(self, request: HttpRequest) -> HttpResponse:
