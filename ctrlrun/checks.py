@@ -229,3 +229,26 @@ def check_guard(app_configs: Any = None, databases: Any = None, **kwargs: Any) -
         text = f"the database {alias!r} has ctrlrun guard version {version}, older than version {guards.CURRENT}: " \
                f"{expected}"
     return [checks.Warning(text, hint=hint, id="ctrlrun.W005")]
+
+
+@checks.register(checks.Tags.database)
+def check_reference_store(app_configs: Any = None, databases: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """ctrlrun's database also holds the reference ctrlrun's store (ctrlrun.E008): this ctrlrun keeps its
+    own tables and would run again every key that one ran; its store is imported instead."""
+    from django.db import connections
+
+    from .reference_store import holds_reference_tables
+
+    alias = conf.database_alias()
+    try:
+        found = holds_reference_tables(connections[alias])
+    except Exception:  # noqa: BLE001 - a check never crashes; W004 names a database it cannot read
+        return []
+    if not found:
+        return []
+    return [checks.Error(
+        f"the database {alias!r} holds a store written by the reference ctrlrun (PyPI 'ctrlrun': tables effects, "
+        "receipts, receipt_chain): this ctrlrun keeps its own tables, so every key that store ran would run again",
+        hint="give ctrlrun a database of its own and import the reference's store into it (docs/importing.md); "
+             "SILENCED_SYSTEM_CHECKS = ['ctrlrun.E008'] if those tables are another application's",
+        id="ctrlrun.E008")]

@@ -42,6 +42,7 @@ COMMANDS: dict[str, tuple[bool, str]] = {
     "prune": (False, "delete old receipts behind a signed checkpoint (--through SEQ --older-than 90d --by --reason)"),
     "hold": (False, "legal holds on receipt ranges: a held range is never pruned (place|release|list)"),
     "anchor": (False, "record the chain head outside the store, or --verify the store against it"),
+    "import": (True, "import a store the reference ctrlrun wrote: its receipts v1-v7 verified first (--dry-run)"),
     "stats": (False, "count what the receipts of a time window say (--since 24h, --json)"),
     "verify": (False, "grade this deployment against the guarantees G1-G32 and X1-X4 (--json, --only, --junit FILE)"),
     "init": (False, "write a commented starter ctrlrun.yaml and create .ctrlrun/ beside it"),
@@ -53,7 +54,7 @@ COMMANDS: dict[str, tuple[bool, str]] = {
 
 #: Console-script names whose management command is called something else (``manage.py init``
 #: would be too generic a name inside a project).
-COMMAND_MODULES = {"init": "ctrlrun_init", "gateway": "mcp_gateway", "mcp-operator": "mcp_operator"}
+COMMAND_MODULES = {"init": "ctrlrun_init", "import": "import_store", "gateway": "mcp_gateway", "mcp-operator": "mcp_operator"}
 
 #: Commands that never open a store: the console script configures Django without one.
 NO_STORE = ("demo", "init")

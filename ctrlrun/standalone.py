@@ -186,6 +186,7 @@ def configure(create: bool = True, command: str | None = None) -> None:
                 raise StoreUnavailable(_no_store(path, command))
             path.parent.mkdir(parents=True, exist_ok=True)
     try:
+        _refuse_reference_store(connections[conf.database_alias()])
         if create:
             migrate()
         else:
@@ -195,6 +196,26 @@ def configure(create: bool = True, command: str | None = None) -> None:
             f"the ctrlrun store ({describe_store()}) could not be opened: {' '.join(str(exc).split())}. Check "
             f"CTRLRUN_STORE_URL / DATABASE_URL / CTRLRUN_STATE; nothing ran"
         ) from None
+
+
+def _refuse_reference_store(connection: Any) -> None:
+    """The reference's store is not ours to open: creating our tables beside its own would forget every
+    key it ran (a refund it committed would run again). It is imported instead (docs/importing.md)."""
+    from .reference_store import holds_reference_tables
+
+    if connection.vendor == "sqlite" and not Path(connection.settings_dict["NAME"]).exists():
+        return
+    if not holds_reference_tables(connection):
+        return
+    if connection.vendor == "sqlite":
+        here = Path(connection.settings_dict["NAME"])
+        aside = here.with_name("reference-" + here.name)
+        how = f"move it aside and import it: mv {here} {aside} && ctrlrun import {aside}"
+    else:
+        how = "point this ctrlrun at a database of its own and import the reference's (ctrlrun import, from SQLite)"
+    raise StoreUnavailable(f"the store {describe_store()} was written by the reference ctrlrun (PyPI 'ctrlrun'): "
+                           "this ctrlrun keeps its own store and, opened on that one, would run again the keys it "
+                           f"ran. To move to this ctrlrun, {how} (docs/importing.md); nothing ran")
 
 
 def _setup() -> None:

@@ -202,10 +202,10 @@ def _grade(gid: str, facts: Facts) -> Result:
         return Result(gid, PASS, "the receipts and events verify from the genesis, under this store's signing key")
     if gid == "G13":
         return _clock(facts)
-    if gid in ("G28", "G29", "G30", "G32"):
-        from . import verify_retention
+    if gid in ("G28", "G29", "G30", "G31", "G32"):
+        from . import verify_evidence
 
-        return verify_retention.grade(gid, facts, Result)
+        return verify_evidence.grade(gid, facts, Result)
     if gid in ("G15", "G23", "G25", "G26"):
         return Result(gid, NOT_APPLICABLE, not_built)
     if gid == "G16":
@@ -247,9 +247,6 @@ def _grade(gid: str, facts: Facts) -> Result:
                       "reads the tool and its certificate again at each call and refuses a changed one -41016 "
                       "(upstream_mismatch); called in-process, a pinned action is refused upstream_unverified",
                       action=pinned[0])
-    if gid == "G31":
-        return Result(gid, NOT_APPLICABLE, "this store's receipts are this port's own; older reference schemas arrive "
-                      "only with an import, not built")
     return _own(gid, facts)
 
 

@@ -1,4 +1,5 @@
-"""``verify``'s retention guarantees (G28, G29, G30, G32), graded from the deployment itself.
+"""``verify``'s guarantees about the evidence's history, graded from the deployment itself: retention
+(G28, G29, G30, G32) and the receipts imported from the reference (G31).
 
 Like the rest of this port's ``verify``, nothing is re-run in a scratch store: each grade reads what
 the deployment has — the anchor provider it is configured with (``CTRLRUN_ANCHOR_FILE``) and the
@@ -11,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 #: The grades this module gives (verify.py hands them here).
-IDS = ("G28", "G29", "G30", "G32")
+IDS = ("G28", "G29", "G30", "G31", "G32")
 
 
 def grade(gid: str, facts: Any, result: Any) -> Any:
@@ -19,6 +20,8 @@ def grade(gid: str, facts: Any, result: Any) -> Any:
     from . import anchor
     from .store.retention import checkpoint_ok, latest_checkpoint
 
+    if gid == "G31":
+        return _imported(facts, result)
     checkpoint = latest_checkpoint()
     if gid == "G30":
         return _holds(facts, checkpoint, result)
@@ -84,3 +87,33 @@ def _holds(facts: Any, checkpoint: Any, result: Any) -> Any:
     names = ", ".join(h.hold_id for h in live[:5]) or "none live"
     return result("G30", "pass", f"{len(live)} live hold(s) ({names}): the guard refuses a prune into them, and "
                   "none reaches below the prune checkpoint")
+
+
+def _imported(facts: Any, result: Any) -> Any:
+    """Every receipt an import brought in still re-hashes under its own schema's keys and chains to the
+    source head its STORE_IMPORTED names (and the event chain holding them verifies)."""
+    from .reference_store import SourceReceipt, check_chain
+    from .store.imports import imported
+
+    sources = imported()
+    if not sources:
+        return result("G31", "not_applicable", "this store's receipts are all its own: no reference store was "
+                      "imported ('import' brings one in, its receipts v1-v7 verified)")
+    broken = facts.broken("event", "head")
+    if broken:
+        return result("G31", "fail", f"the event chain holding the imported receipts names {len(broken)} break(s)",
+                      counterexample=broken[:10])
+    schemas: set[str] = set()
+    count, failures = 0, []
+    for source, documents in sources:
+        receipts = [SourceReceipt(d.get("seq"), d.get("receipt_id", ""), d.get("schema", ""), d.get("hash"),
+                                  d.get("prev_hash"), d.get("document", "")) for d in documents]
+        schemas.update(r.schema for r in receipts)
+        count += len(receipts)
+        _, breaks = check_chain(receipts, source.get("head_seq", 0), source.get("head_hash", ""))
+        failures += [{**b, "source": source.get("path")} for b in breaks]
+    if failures:
+        return result("G31", "fail", f"{len(failures)} break(s) in the imported receipts", counterexample=failures[:10])
+    return result("G31", "pass", f"{count} receipt(s) imported from {len(sources)} reference store(s), of "
+                  f"{len(schemas)} schema(s) ({', '.join(sorted(s.rsplit('/', 1)[-1] for s in schemas))}), re-hash "
+                  "under their own keys and chain to the head each import recorded")
