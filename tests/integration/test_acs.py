@@ -449,3 +449,51 @@ def test_a_malformed_envelope_echoes_its_id_when_it_has_a_usable_one(hook):
 def test_ahandle_refuses_malformed_envelopes_the_same_way(hook):
     answer = asyncio.run(hook.ahandle(MALFORMED["deep value"]))
     assert answer["error"]["code"] == -32002
+
+
+# --------------------------------------------------------------------------- the Django endpoint
+
+
+@pytest.fixture
+def endpoint(use_policy, client, settings):
+    settings.ROOT_URLCONF = "tests.support.acs_urls"
+    use_policy(ACS_POLICY)
+
+    def post(path, body, **extra):
+        data = body if isinstance(body, (bytes, str)) else json.dumps(body)
+        return client.post(path, data=data, content_type="application/json", **extra)
+
+    return post
+
+
+def test_the_endpoint_answers_posted_envelopes(endpoint, client):
+    request_id = str(uuid.uuid4())
+    allowed = endpoint("/acs", tool_call(request_id=request_id, payment_id="txn_w"))
+    assert allowed.status_code == 200 and acs_result(allowed.json())["decision"] == "allow"
+    closed = endpoint("/acs", tool_result(request_id))
+    assert acs_result(closed.json())["policy_data"]["ctrlrun"]["result"] == "committed"
+    assert state("refund:txn_w") == "committed"
+    asked = endpoint("/acs-small", tool_call(payment_id="txn_v", amount=200000))
+    assert acs_result(asked.json())["ask_details"]["approver"]["id"] == "console"
+    assert client.get("/acs").status_code == 405
+
+
+@pytest.mark.parametrize("body", [b"{not json", b"", b"[" * 100_000 + b"]" * 100_000, b'{"a": NaN}',
+                                  "\ufeff{}".encode(), b"\xff\xfe", json.dumps(_deep(200)).encode()])
+def test_the_endpoint_answers_bad_bodies_minus_32002(endpoint, body):
+    written = Event.objects.count()
+    answer = endpoint("/acs", body)
+    assert answer.status_code == 200
+    assert acs_error(answer.json())["code"] == -32002
+    assert Event.objects.count() == written
+
+
+def test_the_endpoint_bounds_the_body(endpoint):
+    big = tool_call(payment_id="txn_b", note="x" * 4096)
+    refused = endpoint("/acs-small", big)
+    assert refused.status_code == 413 and refused.json()["error"]["code"] == -32002
+    assert not EffectRecord.objects.filter(pk="refund:txn_b").exists()
+    with pytest.raises(ctrlrun.InvalidArgument, match="max_body_bytes"):
+        from ctrlrun.views import acs_endpoint
+
+        acs_endpoint(max_body_bytes=10)
