@@ -114,6 +114,56 @@ def test_the_result_leg_in_another_os_process_finds_the_held_call_in_the_store(t
     assert acs_error(json.loads(again))["code"] == -32001  # a result closes its call once
 
 
+RACER = """
+import json, sys, time
+import ctrlrun
+ctrlrun.setup()
+from ctrlrun.acs import AcsControlHook
+from ctrlrun.control import default_control
+
+start_at, envelope = float(sys.argv[1]), json.loads(sys.argv[2])
+hook = AcsControlHook(default_control())
+while time.time() < start_at:
+    time.sleep(0.001)
+print(json.dumps(hook.handle(envelope)))
+"""
+
+
+def test_two_processes_closing_one_call_at_once_exactly_one_records_it(tmp_path):
+    """Two results for one request, sent at once from two OS processes (success and blocked): one is
+    recorded, the other is -32001, and the record says the winner's outcome."""
+    import time
+
+    env = script_environment(tmp_path, ACS_POLICY)
+    (tmp_path / "racer.py").write_text(RACER)
+    from ctrlrun.control import default_control
+    from tests.support import run_together
+
+    request_id = str(uuid.uuid4())
+    assert acs_result(AcsControlHook(default_control()).handle(tool_call(request_id=request_id)))["decision"] \
+        == "allow"
+    start_at = str(time.time() + 4.0)
+    outputs = [json.loads(out) for out in run_together(
+        tmp_path, "racer.py", [[start_at, json.dumps(tool_result(request_id, status))]
+                               for status in ("success", "blocked")], env)]
+    won = [o["result"]["policy_data"]["ctrlrun"]["result"] for o in outputs if "result" in o]
+    refused = [o["error"]["code"] for o in outputs if "error" in o]
+    assert len(won) == 1 and refused == [-32001], outputs
+    assert state("refund:txn_1") == won[0]
+    assert [r["result"] for r in receipts()] == won
+
+
+def test_observe_mode_allows_every_request_and_holds_nothing(tmp_path):
+    path = tmp_path / "observe.yaml"
+    path.write_text(ACS_POLICY.replace("ctrlrun.policy/v2", "ctrlrun.policy/v3\nmode: observe"))
+    hook = AcsControlHook(Control.from_file(path))
+    request_id = str(uuid.uuid4())
+    answer = acs_result(hook.handle(tool_call(payment_id="txn_o", amount=99999999, request_id=request_id)))
+    assert answer["decision"] == "allow" and Receipt.objects.count() == 1
+    assert not Event.objects.filter(type="EXECUTION_SUSPENDED").exists()
+    assert acs_error(hook.handle(tool_result(request_id)))["code"] == -32001
+
+
 def test_ahandle_is_the_same_round_trip_from_an_event_loop(hook):
     async def scenario():
         request_id = str(uuid.uuid4())
@@ -126,6 +176,18 @@ def test_ahandle_is_the_same_round_trip_from_an_event_loop(hook):
     assert allowed["decision"] == "allow" and closed["policy_data"]["ctrlrun"]["result"] == "committed"
     assert busy["decision"] == "deny" and busy["reason_codes"] == ["ctrlrun.duplicate_effect", "committed"]
     assert state("refund:txn_a") == "committed"
+
+
+def test_ahandle_asks_then_allows_once_approved(hook):
+    call = {"payment_id": "txn_aa", "amount": 200000}
+    asked = acs_result(asyncio.run(hook.ahandle(tool_call(**call))))
+    assert asked["decision"] == "ask"
+    run_command("approve", asked["ask_details"]["context"]["ctrlrun_request_id"], "--by", "ana")
+    request_id = str(uuid.uuid4())
+    allowed = acs_result(asyncio.run(hook.ahandle(tool_call(request_id=request_id, **call))))
+    assert allowed["decision"] == "allow", allowed
+    closed = acs_result(asyncio.run(hook.ahandle(tool_result(request_id, "failure"))))
+    assert closed["policy_data"]["ctrlrun"]["result"] == "ambiguous" and state("refund:txn_aa") == "ambiguous"
 
 
 def test_an_operation_is_part_of_the_action_name(policy_path, tmp_path):
