@@ -22,6 +22,7 @@ not answer. See docs/acs.md.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 from collections.abc import Callable, Generator, Mapping
@@ -29,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import resent
-from .canonical import MAX_DEPTH, Principal, evidence_time
+from .canonical import MAX_DEPTH, Principal, canonical_arguments, evidence_time
 from .errors import (
     ActionDenied,
     AmbiguousEffect,
@@ -225,7 +226,7 @@ class AcsControlHook:
         if isinstance(op, _Resolve):
             return op.provider.resolve(op.context)
         if isinstance(op, _Call):
-            with with_approval(op.presented) if op.presented else _nothing():
+            with with_approval(op.presented) if op.presented else contextlib.nullcontext():
                 return control.call(op.name, op.arguments, op.executor, principal=op.principal, headers=op.headers)
         if isinstance(op, _Resume):
             return drive.run_sync(resume_steps(control, op.continuation, op.invoke, awaitable=False), control)
@@ -243,7 +244,7 @@ class AcsControlHook:
             async def run() -> Any:
                 return executor()
 
-            with with_approval(op.presented) if op.presented else _nothing():
+            with with_approval(op.presented) if op.presented else contextlib.nullcontext():
                 return await control.acall(op.name, op.arguments, run, principal=op.principal, headers=op.headers)
         if isinstance(op, _Resume):
             invoke = op.invoke
@@ -283,9 +284,7 @@ class AcsControlHook:
         if not isinstance(name, str) or not _SEGMENT.match(name):
             raise _Malformed(f"payload.tool.name must be 1 to 128 letters, digits, '_' or '-' (it is part of the "
                              f"action name), got {_shown(name)}")
-        if provider is None and partial:
-            pass
-        elif not isinstance(provider, str) or not _SEGMENT.match(provider):
+        if not (provider is None and partial) and (not isinstance(provider, str) or not _SEGMENT.match(provider)):
             raise _Malformed(f"payload.tool.provider must be 1 to 128 letters, digits, '_' or '-' (the action is "
                              f"{self.prefix}.<provider>.<tool>), got {_shown(provider)}")
         if operation is not None and (not isinstance(operation, str) or not _SEGMENT.match(operation)):
@@ -404,6 +403,8 @@ class AcsControlHook:
             return answer.deny(f"{seen.get('name', claimed)}: {exc}; the call is recorded ambiguous",
                                [exc.reason], effect_key=seen.get("effect_key"), result="ambiguous")
         except InvalidArgument as exc:
+            if seen:  # the held call was taken and its outcome could not be written
+                return _error(envelope.rpc_id, INTERNAL, f"request_id_ref {reference!r}: {exc}")
             return _error(envelope.rpc_id, NOT_ANSWERED, f"request_id_ref {reference!r}: {exc}")
         return answer.allow(f"{seen.get('name', claimed)} is recorded {result} (exit_status {status})",
                             effect_key=seen.get("effect_key"), result=result)
@@ -418,7 +419,7 @@ def _resent_call(store: Any, policy: Any, name: str, arguments: dict[str, Any], 
     if bound is None:
         return None
     try:
-        if policy.evaluate(name, _canonical(arguments)).decision.value != "approve":
+        if policy.evaluate(name, canonical_arguments(arguments)).decision.value != "approve":
             return None
     except CTRLRunError:
         return None
@@ -432,20 +433,6 @@ def _resent_call(store: Any, policy: Any, name: str, arguments: dict[str, Any], 
     if found is None:
         return None
     return ("pending" if found.status == "pending" else "present"), found
-
-
-def _canonical(arguments: dict[str, Any]) -> dict[str, Any]:
-    from .canonical import canonical_arguments
-
-    return canonical_arguments(arguments)
-
-
-class _nothing:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: Any) -> None:
-        return None
 
 
 # --------------------------------------------------------------------------- answers

@@ -21,6 +21,7 @@ from .errors import InvalidArgument
 from .webhook import MAX_INBOUND_BYTES, SIGNATURE_HEADER, handle_inbound, webhook_secret
 
 logger = logging.getLogger("ctrlrun.webhook")
+logger_acs = logging.getLogger("ctrlrun.acs")
 
 
 @csrf_exempt
@@ -89,9 +90,6 @@ def acs_endpoint(hook: Any = None, *, max_body_bytes: int | None = None, **optio
         return JsonResponse(answering.handle(envelope, headers=headers))
 
     return acs_view
-
-
-logger_acs = logging.getLogger("ctrlrun.acs")
 
 
 def _not_json(constant: str) -> Any:

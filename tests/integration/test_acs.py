@@ -559,3 +559,38 @@ def test_the_endpoint_bounds_the_body(endpoint):
         from ctrlrun.views import acs_endpoint
 
         acs_endpoint(max_body_bytes=10)
+
+
+def test_a_forged_held_call_is_not_closed(hook):
+    """A continuation row rewritten around ctrlrun (to a token an attacker knows) fails its signature:
+    the result is -32001 and the held call stays held."""
+    from ctrlrun import store
+    from ctrlrun.models import Continuation
+
+    acs_result(hook.handle(tool_call(payment_id="txn_g")))
+    forged = "11111111-2222-4333-8444-555555555555"
+    Continuation.objects.filter(pk="refund:txn_g").update(continuation=store.continuations.digest("acs:" + forged))
+    error = acs_error(hook.handle(tool_result(forged)))
+    assert error["code"] == -32001 and "signature" in error["message"]
+    assert state("refund:txn_g") == "executing" and Receipt.objects.count() == 0
+
+
+def test_a_result_after_the_hold_lapsed_is_refused_and_the_call_is_ambiguous(policy_path):
+    from django.utils import timezone
+
+    from ctrlrun import store
+
+    moment = [timezone.now()]
+    control = Control(policy_path, clock=lambda: moment[0], suspend_timeout=dt.timedelta(minutes=5),
+                      lease=dt.timedelta(seconds=30))
+    hook = AcsControlHook(control)
+    request_id = str(uuid.uuid4())
+    acs_result(hook.handle(tool_call(request_id=request_id, payment_id="txn_l")))
+    moment[0] += dt.timedelta(minutes=6)
+    error = acs_error(hook.handle(tool_result(request_id)))
+    assert error["code"] == -32001 and "lapsed" in error["message"]
+    with control.scope():
+        store.sweep_lapsed()
+    assert state("refund:txn_l") == "ambiguous"
+    unclear = acs_result(hook.handle(tool_call(payment_id="txn_l")))
+    assert unclear["reason_codes"] == ["ctrlrun.ambiguous_effect"]
