@@ -26,13 +26,15 @@ from ctrlrun.errors import (
     CTRLRunError,
     DuplicateEffect,
     IdentityError,
-    InvalidArgument,
     NotExecuted,
 )
 from ctrlrun.gateway.outcome import AMBIGUOUS, COMMITTED, Observed, Outcome, classify
 from ctrlrun.gateway.wire import RECEIPT_META, GatewayError, find_unrepresentable
 from ctrlrun.identity import IdentityContext, answer_of, wrapped
 from ctrlrun.kernel.context import with_approval
+from ctrlrun.resent import answered_for as _answered_for
+from ctrlrun.resent import bound as _bound
+from ctrlrun.resent import settled as _settled
 from ctrlrun.states import Decision
 from ctrlrun.upstream import check as pin_check
 from ctrlrun.upstream import observe_certificate, observe_tool_schema, verified
@@ -78,68 +80,6 @@ def receipt_meta(receipt: dict[str, Any] | None, effect_key: str | None = None) 
     return {"action_id": receipt.get("action_id"), "receipt_id": receipt.get("receipt_id"),
             "effect_key": receipt.get("effect_key", effect_key), "result": receipt.get("result"),
             "attempt": receipt.get("attempt")}
-
-
-# ---------------------------------------------------------------- approvals re-sent on the wire
-
-def _bound(policy: Any, name: str, arguments: dict[str, Any], principal: Principal) -> tuple[str, str | None] | None:
-    """The hash the kernel will bind an approval of this call to, and its effect key (None if the
-    kernel will refuse the call before asking anyone)."""
-    try:
-        canonical = canonical_arguments(arguments)
-        entry = policy.entry(name)
-        resource = entry.resource.render(canonical, error=InvalidArgument) if entry and entry.resource else None
-        action = Action(name, canonical, principal, resource=resource, environment=policy.environment)
-        key = entry.effect.render(canonical, error=InvalidArgument) if entry and entry.effect else None
-        return action.hash, key
-    except CTRLRunError:
-        return None
-
-
-def _settled(store: Any, key: str | None) -> tuple[str, str] | None:
-    """A key that already ran or is running, so asking a person again would be pointless: the
-    refusal the kernel's reservation would give (it stays the authority on every other path)."""
-    if key is None:
-        return None
-    effect = store.get_effect(key)
-    if effect is None or not getattr(effect, "signature_ok", True):
-        return None
-    if effect.state == "committed":
-        return "duplicate_effect", "committed"
-    if effect.state == "executing":
-        return "duplicate_effect", "in_progress"
-    if effect.state == "ambiguous":
-        return "ambiguous_effect", "ambiguous"
-    return None
-
-
-def _verified_enough(row: Any) -> bool:
-    """Whether a granted row carries the verified approvers its own pins require: one granted through a
-    surface that verifies nobody (the command line, a webhook) is refused at use and left granted, so
-    presenting it again would refuse every re-sent call until it expires instead of asking again."""
-    from ctrlrun import approvers
-
-    return approvers.problem(pinned_roles=tuple(row.required_roles), pinned_count=row.approvals_required,
-                             approvers=tuple(row.approvers), required_roles=(), required_count=1,
-                             requester=row.user) is None
-
-
-def _answered_for(store: Any, action_hash: str) -> Any:
-    """The request to present for a re-sent call: the newest granted, unconsumed, unexpired one,
-    else the newest denied one, else a pending one (returned as is), else None."""
-    now = store.now()
-    rows = list(reversed(store.approvals_for_hash(action_hash)))
-    for row in rows:
-        if (row.status == "granted" and row.consumed_at is None and row.expires_at > now and row.signature_ok
-                and _verified_enough(row)):
-            return row
-    for row in rows:
-        if row.status == "pending" and row.expires_at > now:
-            return row
-    for row in rows:
-        if row.status == "denied" and row.signature_ok:
-            return row
-    return None
 
 
 # ---------------------------------------------------------------- one call
