@@ -156,3 +156,70 @@ def test_a_principal_callable_reads_the_request_headers(tmp_path, store_db):
     assert executions(server) == ["refund h1 5"]
     committed, = (r for r in receipts() if r["result"] == "committed")
     assert committed["principal"]["agent"] == "agent-7"
+
+
+def test_what_protect_server_cannot_protect_is_refused_when_it_is_wrapped():
+    from mcp.server.lowlevel import Server
+    from mcp.server.mcpserver import MCPServer
+
+    from ctrlrun.errors import InvalidArgument
+    from ctrlrun.mcp_server import protect_server
+
+    with pytest.raises(InvalidArgument, match="takes an mcp.server.mcpserver.MCPServer"):
+        protect_server(Server("low"), alias="shop", principal="agent-1")
+    for alias in ("Shop", "", "mcp.shop", None):
+        with pytest.raises(InvalidArgument, match="must match"):
+            protect_server(MCPServer("s"), alias=alias, principal="agent-1")
+    for principal in (42, "  ", b"agent"):
+        with pytest.raises(InvalidArgument, match="principal"):
+            protect_server(MCPServer("s"), alias="shop", principal=principal)
+    server = protect_server(MCPServer("s"), alias="shop", principal="agent-1")
+    with pytest.raises(InvalidArgument, match="already protected"):
+        protect_server(server, alias="other", principal="agent-1")
+
+
+def test_a_direct_call_outside_a_request_is_protected_too(store_db, use_policy):
+    """``await server.call_tool(...)`` in the server's own process (no HTTP, no SDK Context of a
+    request) meets the same pipeline; the principal callable is given ``None``."""
+    import asyncio
+
+    from mcp.server.mcpserver import MCPServer
+    from mcp.shared.exceptions import MCPError
+
+    from ctrlrun.control import Control
+    from ctrlrun.mcp_server import protect_server
+
+    use_policy(POLICY)
+    ran: list[str] = []
+    seen: list[object] = []
+
+    def build(principal):
+        server = MCPServer("direct")
+
+        @server.tool()
+        def refund(payment_id: str, amount: int) -> str:
+            ran.append(payment_id)
+            return "ok"
+
+        return protect_server(server, alias="shop", principal=principal, control=Control())
+
+    def raising(context):
+        raise RuntimeError("the token store is down")
+
+    async def calls():
+        answers = []
+        for principal, payment in (("agent-1", "d1"), ("agent-1", "d1"), (lambda c: seen.append(c) or "agent-2", "d2"),
+                                   (raising, "d3"), (lambda c: 7, "d4"), (None, "d5")):
+            try:
+                answers.append(await build(principal).call_tool("refund", {"payment_id": payment, "amount": 5}))
+            except MCPError as exc:
+                answers.append(exc)
+        return answers
+
+    first, again, by_callable, broken, wrong_type, nobody = asyncio.run(calls())
+    assert stamp(first)["result"] == "committed" and again.error.code == -41004
+    assert stamp(by_callable)["result"] == "committed" and seen == [None]
+    for refused in (broken, wrong_type, nobody):
+        assert (refused.error.code, refused.error.data["error"]) == (-41007, "ctrlrun.no_principal")
+    assert "token store" not in broken.error.message  # the detail is in the log, not told to the client
+    assert ran == ["d1", "d2"]
