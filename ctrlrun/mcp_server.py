@@ -88,6 +88,10 @@ def protect_server(server: MCPServer, *, alias: str, principal: Any = None, cont
                                                  principal=acting, run=run, request_id=request_id, headers=headers)
         except GatewayError as refused:
             raise MCPError(refused.code, refused.message, refused.data) from None
+        except Exception as exc:  # a fault of ctrlrun's own (the store away ...): said, not a traceback
+            logger.exception("tools/call %s failed inside ctrlrun", name)
+            raise MCPError(-32603, f"ctrlrun could not complete this call ({type(exc).__name__}: {exc}); do not "
+                                   f"retry blindly: look at the receipts first") from None
         if finished.unfinished is None:
             return _stamped(finished.result, finished.meta)
         return _unfinished(finished.unfinished, name, finished.meta)

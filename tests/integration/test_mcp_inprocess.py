@@ -223,3 +223,47 @@ def test_a_direct_call_outside_a_request_is_protected_too(store_db, use_policy):
         assert (refused.error.code, refused.error.data["error"]) == (-41007, "ctrlrun.no_principal")
     assert "token store" not in broken.error.message  # the detail is in the log, not told to the client
     assert ran == ["d1", "d2"]
+
+
+PINNED = """\
+schema: ctrlrun.policy/v8
+actions:
+  mcp.shop.refund:
+    effect: "refund:{payment_id}"
+    decision: allow
+    upstream:
+      tool_schema_sha256: "sha256:%s"
+""" % ("0" * 64)
+
+
+@pytest.mark.parametrize("policy, code, error", [
+    (PINNED, -41016, "ctrlrun.upstream_unpinned"),   # no upstream to check in-process: never verified
+    ("schema: ctrlrun.policy/v2\nactions: [\n", -32603, None),  # a policy that does not load: said, not run
+])
+def test_a_call_that_cannot_be_decided_here_never_runs(store_db, use_policy, policy, code, error):
+    import asyncio
+
+    from mcp.server.mcpserver import MCPServer
+    from mcp.shared.exceptions import MCPError
+
+    from ctrlrun.control import Control
+    from ctrlrun.mcp_server import protect_server
+
+    use_policy(policy)
+    ran: list[str] = []
+    server = MCPServer("direct")
+
+    @server.tool()
+    def refund(payment_id: str, amount: int) -> str:
+        ran.append(payment_id)
+        return "ok"
+
+    protect_server(server, alias="shop", principal="agent-1", control=Control())
+    with pytest.raises(MCPError) as refused:
+        asyncio.run(server.call_tool("refund", {"payment_id": "x1", "amount": 5}))
+    assert refused.value.error.code == code and ran == []
+    if error:
+        assert refused.value.error.data["error"] == error
+        assert refused.value.error.data["reason"] == "upstream_unverified"
+    else:
+        assert "PolicyError" in refused.value.error.message and "do not retry blindly" in refused.value.error.message
