@@ -123,8 +123,8 @@ def test_arguments_the_tool_refuses_before_running_are_failed(hosted):
 
 def test_a_tool_added_after_wrapping_is_protected(hosted):
     _, allowed, again, denied = sdk_client_calls(
-        hosted.url, ("late_refund", {"payment_id": "l1", "amount": 10}), ("late_refund", {"payment_id": "l1", "amount": 10}),
-        ("late_refund", {"payment_id": "l2", "amount": 5000}))
+        hosted.url, ("late_refund", {"payment_id": "l1", "amount": 10}),
+        ("late_refund", {"payment_id": "l1", "amount": 10}), ("late_refund", {"payment_id": "l2", "amount": 5000}))
     assert stamp(allowed)["result"] == "committed" and stamp(allowed)["effect_key"] == "late:l1"
     assert again.error.code == -41004
     assert (denied.error.code, denied.error.data["reason"]) == (-41001, "rule[1]")
