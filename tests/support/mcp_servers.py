@@ -4,7 +4,9 @@
   OS process; its ``log`` holds one line per real execution;
 - ``Misbehaving``: a raw HTTP server in a thread that answers each ``tools/call`` the way its tool's
   name says (drops the socket, ``isError``, a JSON-RPC error, HTTP 500, 401 with a challenge ...);
-- ``start_gateway(folder, upstream, policy)``: ``ctrlrun gateway`` as an OS process on the test store.
+- ``start_gateway(folder, upstream, policy)``: ``ctrlrun gateway`` as an OS process on the test store;
+- ``start_hosted(folder, policy)``: the SDK-built server of ``tests/support/mcp_hosted.py``, protected
+  in its own process (``ctrlrun.mcp_server``), as an OS process on the test store.
 """
 from __future__ import annotations
 
@@ -21,7 +23,8 @@ from pathlib import Path
 
 from .base import REPO, script_environment
 
-__all__ = ["sdk_client_calls", "free_port", "wait_for_port", "start_upstream", "start_gateway", "Misbehaving", "Proc",
+__all__ = ["sdk_client_calls", "free_port", "wait_for_port", "start_upstream", "start_gateway", "start_hosted",
+           "Misbehaving", "Proc",
            "mcp_post", "executions", "tools_call"]
 
 
@@ -86,6 +89,17 @@ def start_gateway(folder: Path, upstream_url: str, policy: str, *extra: str, ali
                             cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wait_for_port(port, proc)
     return Proc(proc, port)
+
+
+def start_hosted(folder: Path, policy: str, mode: str = "fixed") -> Proc:
+    """``mode``: ``fixed`` (every call acts for ``agent-1``) or ``header`` (the ``x-agent`` header says)."""
+    port = free_port()
+    log = folder / "executions.log"
+    env = script_environment(folder, policy)
+    proc = subprocess.Popen([sys.executable, "-m", "tests.support.mcp_hosted", str(port), str(log), mode],
+                            cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    wait_for_port(port, proc)
+    return Proc(proc, port, log)
 
 
 def mcp_post(url: str, body: object | bytes, *, headers: dict[str, str] | None = None, timeout: float = 60):
@@ -187,14 +201,19 @@ class Misbehaving:
                          f"{head}Connection: close\r\n\r\n".encode() + data)
 
 
-def sdk_client_calls(url: str, *calls: tuple[str, dict]) -> list:
-    """Each call through the SDK's Client: the CallToolResult, or the MCPError it raised."""
+def sdk_client_calls(url: str, *calls: tuple[str, dict], headers: dict[str, str] | None = None) -> list:
+    """Each call through the SDK's Client (sending ``headers`` on every request): the tool names it
+    listed, then each call's CallToolResult, or the MCPError it raised."""
     from mcp import Client
+    from mcp.client.streamable_http import streamable_http_client
+    from mcp.shared._httpx_utils import create_mcp_http_client
     from mcp.shared.exceptions import MCPError
 
     async def run():
         answers = []
-        async with Client(url) as client:
+        target = url if headers is None else streamable_http_client(
+            url, http_client=create_mcp_http_client(headers=headers))
+        async with Client(target) as client:
             answers.append([tool.name for tool in (await client.list_tools()).tools])
             for name, arguments in calls:
                 try:
