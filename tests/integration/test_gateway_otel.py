@@ -219,6 +219,57 @@ def test_without_otel_nothing_is_traced_and_the_client_context_is_passed_on_as_s
     assert [r["header"] for r in upstream_records(spans_file) if r.get("mcp_name") == "refund"] == [header]
 
 
+@pytest.mark.parametrize("hostile", ["00-zz-00-01", "ff-" + "0" * 32 + "-" + "0" * 16 + "-01", "x" * 10_000, 7, {"a": 1}])
+def test_a_hostile_traceparent_is_ignored_and_the_call_goes_on(gateway, upstream, hostile):
+    served, exporter = gateway(upstream.url, otel=True)
+    message = tools_call("refund", {"payment_id": f"h{len(str(hostile))}", "amount": 10})
+    message["params"]["_meta"]["traceparent"] = hostile
+    headers = {"traceparent": hostile} if isinstance(hostile, str) else {}
+    status, body = mcp_post(served.url, message, headers=headers)
+    assert status == 200 and body["result"]["_meta"]["com.ctrlrun/receipt"]["result"] == "committed"
+    span = only_span(exporter)
+    assert span.parent is None and span.status.status_code == StatusCode.OK  # a trace of its own
+
+
+def test_concurrent_calls_keep_their_own_attributes_and_other_calls_of_the_process_get_no_span(gateway, upstream,
+                                                                                              use_policy):
+    from concurrent.futures import ThreadPoolExecutor
+
+    served, exporter = gateway(upstream.url, otel=True)
+
+    def call(number):
+        return mcp_post(served.url, tools_call("refund", {"payment_id": f"c{number}", "amount": number},
+                                               request_id=number), headers={"mcp-session-id": f"s{number}"})
+
+    with ThreadPoolExecutor(4) as pool:
+        assert [status for status, _ in pool.map(call, range(1, 9))] == [200] * 8
+    seen = {(s.attributes["jsonrpc.request.id"], s.attributes["mcp.session.id"], s.attributes["ctrlrun.effect_key"])
+            for s in exporter.get_finished_spans()}
+    assert seen == {(str(n), f"s{n}", f"refund:c{n}") for n in range(1, 9)}
+    exporter.clear()
+    Control(use_policy(POLICY)).call("mcp.pay.refund", {"payment_id": "direct", "amount": 1}, lambda: "ok",
+                                     principal="agent-1")  # not through the gateway: not its span
+    assert exporter.get_finished_spans() == ()
+
+
+def test_credentials_in_the_upstream_url_stay_off_the_span(gateway, upstream):
+    secret_url = f"http://user:s3cret@127.0.0.1:{upstream.port}/mcp?token=t0ken"
+    served, exporter = gateway(secret_url, otel=True, otel_arguments=True)
+    assert mcp_post(served.url, tools_call("refund", {"payment_id": "u1", "amount": 3}))[0] == 200
+    span = only_span(exporter)
+    assert span.attributes["ctrlrun.gateway.upstream"] == upstream.url
+    assert not [value for value in span.attributes.values() if "s3cret" in str(value) or "t0ken" in str(value)]
+
+
+def test_a_float_refused_by_the_gateway_itself_has_its_span(gateway, upstream):
+    served, exporter = gateway(upstream.url, otel=True)
+    status, body = mcp_post(served.url, tools_call("refund", {"payment_id": "f1", "amount": 1.5}))
+    assert (status, body["error"]["code"]) == (400, -41008)
+    span = only_span(exporter)
+    assert (span.attributes["ctrlrun.result"], span.attributes["rpc.response.status_code"]) == ("denied", "-41008")
+    assert executions(upstream) == []
+
+
 def test_otel_arguments_without_otel_is_refused(store_db):
     with pytest.raises(InvalidArgument, match="goes with otel=True"):
         GatewayApp(upstream="http://127.0.0.1:9/mcp", alias="pay", otel_arguments=True)
