@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from contextvars import ContextVar
@@ -53,24 +54,27 @@ SEMCONV = {
     "client_attributes": {"CLIENT_ADDRESS": CLIENT_ADDRESS, "CLIENT_PORT": CLIENT_PORT},
 }
 
-#: What ``--otel`` needs installed, said when it is not.
-NEEDS = ("pip install 'django-ctrlrun[otel]' (OpenTelemetry's API and SDK) and an exporter, e.g. "
-         "opentelemetry-exporter-otlp-proto-http for OTLP (or OTEL_TRACES_EXPORTER=console)")
+#: What ``--otel`` needs installed (the otel extra is the API and the SDK; OTLP's exporter is apart).
+NEEDS = "pip install 'django-ctrlrun[otel]' opentelemetry-exporter-otlp-proto-http"
 
 #: Trace-context keys the gateway writes itself on what it sends on (the client's are replaced).
 _CONTEXT_KEYS = ("traceparent", "tracestate")
 _ERROR_RESULTS = frozenset({"failed", "ambiguous"})
+#: ctrlrun's refusals (-41001 ... -41016): not errors of the call (§F4 leaves them UNSET).
+_REFUSAL_CODES = frozenset(range(-41016, -41000))
 
 _call: ContextVar[CallTrace | None] = ContextVar("ctrlrun_gateway_trace", default=None)
 
 
 class CallTrace:
-    """One traced ``tools/call``: the client's context, the span's attributes, the spans its receipts
-    closed (ended once the answer is known)."""
+    """One traced ``tools/call``: the client's context, the span's attributes, the actions whose spans it
+    opened and the spans their receipts closed (ended once the answer is known)."""
 
-    def __init__(self, sink: GatewaySpans, parent: Any, links: list[Any], attributes: dict[str, Any]) -> None:
-        self.sink, self.parent, self.links, self.attributes = sink, parent, links, attributes
+    def __init__(self, sink: GatewaySpans, name: str, parent: Any, links: list[Any], attributes: dict[str, Any]) -> None:
+        self.sink, self.name, self.parent, self.links, self.attributes = sink, name, parent, links, attributes
         self.held: list[tuple[Any, dict[str, Any], int | None]] = []
+        self.opened: list[str] = []
+        self.started, self.done = time.time_ns(), False
 
     def outgoing(self, body: bytes, message: dict[str, Any], headers: dict[str, str]) -> tuple[bytes, dict[str, str]]:
         """The body and headers to send on, carrying the current span's context (called inside the span);
@@ -93,22 +97,51 @@ class CallTrace:
             return body, headers
 
     def answered(self, body: Any) -> None:
-        """End the call's spans, the last with what the client was told (a failure is logged)."""
-        held, self.held = self.held, []
-        for index, (span, receipt, end_time) in enumerate(held):
+        """End the call's spans, the last with what the client was told (a failure is logged). A span
+        with no receipt yet (a call waiting for a person) ends here too; a call the gateway answered
+        before any action was recorded (a re-sent call still waiting, a missing principal) gets a span
+        of its own, so every ``tools/call`` has one."""
+        if self.done:
+            return
+        self.done = True
+        held, opened = self.held, self.opened
+        try:
+            with self.sink._lock:
+                unreceipted = [self.sink._spans.pop(action_id) for action_id in opened if action_id in self.sink._spans]
+                for action_id in opened:
+                    self.sink._live.pop(action_id, None)
+            if not held and not unreceipted and not opened:
+                unreceipted = [self.sink._tracer.start_span(self.name, context=self.parent, kind=self.sink._kind,
+                                                            attributes=self.attributes, links=self.links,
+                                                            start_time=self.started)]
+            ends = [(span, receipt.get("result"), end_time) for span, receipt, end_time in held]
+            ends += [(span, None, None) for span in unreceipted]
+        except Exception:
+            logger.exception("a gateway span could not be ended")
+            return
+        for index, (span, result, end_time) in enumerate(ends):
             try:
-                if index == len(held) - 1:
-                    span.set_attributes(_answer_attributes(body, receipt.get("result")))
+                if index == len(ends) - 1:
+                    attributes = _answer_attributes(body, result)
+                    span.set_attributes(attributes)
+                    if result is None and ERROR_TYPE in attributes:
+                        from opentelemetry.trace import Status, StatusCode
+
+                        error = body.get("error") or {}
+                        span.set_status(Status(StatusCode.ERROR, str(error.get("message", ""))))
                 span.end(end_time=end_time)
             except Exception:
                 logger.exception("a gateway span could not be ended")
 
 
 def _answer_attributes(body: Any, result: Any) -> dict[str, str]:
+    """``rpc.response.status_code`` for a JSON-RPC error; ``error.type`` where the span is an error: a
+    ``failed`` or ``ambiguous`` call, or (no receipt) an error that is not one of ctrlrun's refusals."""
     error = body.get("error") if isinstance(body, dict) else None
     if isinstance(error, dict) and isinstance(error.get("code"), int):
         code = str(error["code"])
-        return {RPC_RESPONSE_STATUS_CODE: code, **({ERROR_TYPE: code} if result in _ERROR_RESULTS else {})}
+        failed = result in _ERROR_RESULTS or result is None and error["code"] not in _REFUSAL_CODES
+        return {RPC_RESPONSE_STATUS_CODE: code, **({ERROR_TYPE: code} if failed else {})}
     answer = body.get("result") if isinstance(body, dict) else None
     if isinstance(answer, dict) and answer.get("isError") is True and result in _ERROR_RESULTS:
         return {ERROR_TYPE: "tool_error"}
@@ -161,7 +194,8 @@ class GatewaySpans(OTelEventSink):
         if self.arguments and isinstance(params.get("arguments"), dict):
             attributes[GEN_AI_TOOL_CALL_ARGUMENTS] = json.dumps(params["arguments"], ensure_ascii=False,
                                                                 sort_keys=True, default=str)
-        return CallTrace(self, parent, links, attributes)
+        name = f"mcp.{alias}.{tool}" if isinstance(tool, str) and tool else "tools/call"
+        return CallTrace(self, name, parent, links, attributes)
 
     # ---------------------------------------------------------------- only this gateway's calls
 
@@ -183,6 +217,13 @@ class GatewaySpans(OTelEventSink):
 
     def _current(self, action: Any) -> Any:
         return super()._current(action) if self._mine() is not None else nullcontext()
+
+    def _start(self, action_id: str, name: str | None, start_time: int | None) -> Any:
+        span = super()._start(action_id, name, start_time)
+        call = self._mine()
+        if call is not None:
+            call.opened.append(action_id)
+        return span
 
     def _new_span(self, start_time: int | None) -> Any:
         call = self._mine()
@@ -256,15 +297,15 @@ def environment_provider() -> tuple[Any, list[str]]:
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
     except ImportError:
-        raise MissingDependency(f"--otel needs OpenTelemetry's SDK: {NEEDS}") from None
+        raise MissingDependency(f"--otel needs OpenTelemetry's SDK and an exporter: {NEEDS}") from None
     from importlib.metadata import entry_points
 
     names = [name.strip().lower() for name in os.environ.get("OTEL_TRACES_EXPORTER", "otlp").split(",") if name.strip()]
     exporters, shown = [], []
-    for name in names or ["otlp"]:
-        if name == "none":
+    for asked in names or ["otlp"]:
+        if asked == "none":
             continue
-        package = f"a package providing the span exporter {name!r}"
+        name, install = asked, "the package that provides it"
         if name in ("otlp", "otlp_proto_http", "otlp_proto_grpc"):
             protocol = (os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
                         or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "http/protobuf").strip()
@@ -272,11 +313,12 @@ def environment_provider() -> tuple[Any, list[str]]:
                 raise MissingDependency(f"--otel: the OTLP protocol {protocol!r} is not supported here; use "
                                         f"{' or '.join(_OTLP)}")
             name = _OTLP[protocol][0] if name == "otlp" else name
-            package = next(pkg for entry, pkg in _OTLP.values() if entry == name)
+            install = "pip install 'django-ctrlrun[otel]' " + next(pkg for entry, pkg in _OTLP.values() if entry == name)
         found = list(entry_points(group="opentelemetry_traces_exporter", name=name))
         if not found:
-            raise MissingDependency(f"--otel: OTEL_TRACES_EXPORTER asks for the span exporter {name!r}, which is not "
-                                    f"installed: pip install {package} (--otel needs {NEEDS})")
+            raise MissingDependency(f"--otel: the span exporter {name!r} (OTEL_TRACES_EXPORTER={asked}) is not "
+                                    f"installed: {install}, or set OTEL_TRACES_EXPORTER to one that is (console "
+                                    f"prints the spans)")
         try:
             exporters.append(found[0].load()())
         except Exception as exc:  # a broken install or a variable the exporter refuses: said, not a traceback

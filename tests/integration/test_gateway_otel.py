@@ -70,11 +70,11 @@ def upstream(tmp_path, spans_file):
 
 @pytest.fixture
 def gateway(store_db, use_policy):
-    """``gateway(upstream_url, **options)``: a served GatewayApp and the exporter its spans go to."""
-    path = use_policy(POLICY)
+    """``gateway(upstream_url, policy=POLICY, **options)``: a served GatewayApp and the exporter its spans go to."""
     made = []
 
-    def serve(upstream_url, **options):
+    def serve(upstream_url, policy=POLICY, **options):
+        path = use_policy(policy)
         exporter = InMemorySpanExporter()
         provider = TracerProvider()
         provider.add_span_processor(SimpleSpanProcessor(exporter))
@@ -335,10 +335,14 @@ def test_the_command_without_an_exporter_says_what_to_install(tmp_path, store_db
     env = {"OTEL_TRACES_EXPORTER": ""}
     done = gateway_command(tmp_path, "--otel", env=env)
     assert done.returncode == 2 and "Traceback" not in done.stderr
-    assert "pip install opentelemetry-exporter-otlp-proto-http" in done.stderr
-    assert "pip install 'django-ctrlrun[otel]'" in done.stderr
-    done = gateway_command(tmp_path, "--otel", env={"OTEL_TRACES_EXPORTER": "zipkin"})
-    assert done.returncode == 2 and "'zipkin', which is not installed" in done.stderr
+    assert done.stderr.startswith("Error: --otel: the span exporter 'otlp_proto_http' (OTEL_TRACES_EXPORTER=otlp) "
+                                  "is not installed: pip install 'django-ctrlrun[otel]' "
+                                  "opentelemetry-exporter-otlp-proto-http, or set OTEL_TRACES_EXPORTER")
+    done = gateway_command(tmp_path, "--otel", env={"OTEL_TRACES_EXPORTER": "console,zipkin"})
+    assert done.returncode == 2 and "'zipkin' (OTEL_TRACES_EXPORTER=zipkin) is not installed" in done.stderr
+    done = gateway_command(tmp_path, "--otel", env={"OTEL_TRACES_EXPORTER": "otlp",
+                                                    "OTEL_EXPORTER_OTLP_PROTOCOL": "carrier-pigeon"})
+    assert done.returncode == 2 and "the OTLP protocol 'carrier-pigeon' is not supported" in done.stderr
 
 
 def test_the_command_exports_through_the_otel_environment(tmp_path, store_db, upstream):
@@ -355,3 +359,38 @@ def test_the_command_exports_through_the_otel_environment(tmp_path, store_db, up
         out, err = proc.communicate(timeout=60)
     assert "otel: spans to console, service gw-test" in out
     assert '"name": "mcp.pay.refund"' in out and '"ctrlrun.result": "committed"' in out, err
+
+
+
+def test_every_tools_call_has_a_span_waiting_re_sent_approved_or_refused_by_the_gateway(gateway, upstream):
+    """A call sent for approval has no receipt yet: its span ends with the answer (-41002). A re-sent call
+    still waiting, or a malformed one, is answered by the gateway before any action: a span of its own."""
+    policy = POLICY.replace("      - decision: deny\n", "      - decision: approve\n", 1)
+    served, exporter = gateway(upstream.url, policy=policy, otel=True)
+    status, body = mcp_post(served.url, tools_call("refund", {"payment_id": "a1", "amount": 5000}))
+    assert (status, body["error"]["code"]) == (403, -41002)
+    waiting = only_span(exporter)
+    assert (waiting.name, waiting.status.status_code) == ("mcp.pay.refund", StatusCode.UNSET)
+    assert waiting.attributes["rpc.response.status_code"] == "-41002" and "ctrlrun.action_id" in waiting.attributes
+    exporter.clear()
+    assert mcp_post(served.url, tools_call("refund", {"payment_id": "a1", "amount": 5000}, request_id=2))[1][
+        "error"]["code"] == -41002
+    again = only_span(exporter)
+    assert (again.name, again.status.status_code, again.attributes["jsonrpc.request.id"]) == (
+        "mcp.pay.refund", StatusCode.UNSET, "2")
+    assert again.attributes["rpc.response.status_code"] == "-41002" and "ctrlrun.action_id" not in again.attributes
+    exporter.clear()
+    run_command("approve", body["error"]["data"]["request_id"], "--by", "ana")
+    status, answer = mcp_post(served.url, tools_call("refund", {"payment_id": "a1", "amount": 5000}, request_id=3))
+    assert status == 200
+    granted = only_span(exporter)
+    assert (granted.status.status_code, granted.attributes["ctrlrun.result"]) == (StatusCode.OK, "committed")
+    assert granted.attributes["ctrlrun.approval_id"] == body["error"]["data"]["request_id"]
+    exporter.clear()
+    status, _ = mcp_post(served.url, {"jsonrpc": "2.0", "id": 4, "method": "tools/call", "params": {"arguments": {}}},
+                         headers={"mcp-name": None, "mcp-protocol-version": "2025-06-18"})
+    assert status == 400
+    malformed = only_span(exporter)
+    assert (malformed.name, malformed.status.status_code, malformed.attributes["error.type"]) == (
+        "tools/call", StatusCode.ERROR, "-32602")
+    assert executions(upstream) == ["refund a1 5000"]
