@@ -12,6 +12,8 @@ JSON-RPC attributes. While the upstream exchange runs the span is current, and i
 the client's in the HTTP headers and in ``params._meta`` of what is sent on, so the upstream's spans
 are its children. The span ends once the client's answer is known: ``rpc.response.status_code``
 names a JSON-RPC error the client got, ``error.type`` the error of a call whose span is ``ERROR``.
+A call with no receipt (waiting for a person) ends its span then too; one the gateway answered before
+any action was recorded gets a span of its own (``CallTrace.answered``): every call has one.
 
 ``environment_provider()`` is the ``ctrlrun gateway --otel`` exporter set-up from the standard
 ``OTEL_*`` variables.
@@ -90,7 +92,8 @@ class CallTrace:
             meta = params.get("_meta") if isinstance(params.get("_meta"), dict) else {}
             meta = {k: v for k, v in meta.items() if k not in _CONTEXT_KEYS}
             propagate.inject(meta)
-            params["_meta"] = meta
+            if meta or "_meta" in params:
+                params["_meta"] = meta
             return dumps({**message, "params": params}), sent
         except Exception:
             logger.exception("the trace context could not be added to the upstream call")
