@@ -194,7 +194,7 @@ class OTelEventSink:
             span = self._spans.pop(receipt.get("action_id"), None)
             live = self._live.pop(receipt.get("action_id"), False)
         if span is None:  # its ACTION_PROPOSED was not heard: a span for the receipt alone
-            span = self._tracer.start_span(SPAN_NAME, start_time=_nanos(receipt.get("started_at")))
+            span = self._new_span(_nanos(receipt.get("started_at")))
         if isinstance(receipt.get("action"), str):
             span.update_name(receipt["action"])
         span.set_attributes(receipt_attributes(receipt, arguments=self.arguments))
@@ -207,7 +207,7 @@ class OTelEventSink:
             span.set_status(status(self._trace.StatusCode.OK))
         # A span opened live ends now, on the host's clock it started on; one opened from the evidence
         # ends at the receipt's finished_at, on the store's clock its start came from.
-        span.end(end_time=None if live else _nanos(receipt.get("finished_at")))
+        self._end(span, receipt, None if live else _nanos(receipt.get("finished_at")))
 
     # ------------------------------------------------------------------- helpers
 
@@ -218,8 +218,16 @@ class OTelEventSink:
             span = self._start(event.action_id, _action_name(event), _nanos(event.ts))
         span.add_event(event.type, _event_attributes(event), timestamp=_nanos(event.ts))
 
+    def _new_span(self, start_time: int | None) -> Any:
+        """A new action span (a subclass adds a kind and attributes: the gateway's, ctrlrun.gateway.tracing)."""
+        return self._tracer.start_span(SPAN_NAME, start_time=start_time)
+
+    def _end(self, span: Any, receipt: dict[str, Any], end_time: int | None) -> None:
+        """End an action's span once its receipt is told (a subclass may end it a moment later)."""
+        span.end(end_time=end_time)
+
     def _start(self, action_id: str, name: str | None, start_time: int | None) -> Any:
-        span = self._tracer.start_span(SPAN_NAME, start_time=start_time)
+        span = self._new_span(start_time)
         if name is not None:
             span.update_name(name)
         span.set_attribute("ctrlrun.action_id", action_id)

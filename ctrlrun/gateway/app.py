@@ -23,6 +23,7 @@ from ctrlrun.canonical import Principal
 from ctrlrun.errors import InvalidArgument
 from ctrlrun.gateway import upstream as wire_upstream
 from ctrlrun.gateway.calls import intercept
+from ctrlrun.gateway.tracing import traced
 from ctrlrun.gateway.wire import (
     ALIAS_PATTERN,
     DEFAULT_REVISION,
@@ -62,7 +63,8 @@ class GatewayApp:
     def __init__(self, *, upstream: str, alias: str, principal: Callable[[Request], Principal | None] | None = None,
                  control: Any = None, private_headers: tuple[str, ...] = (), path: str = "/mcp", upstream_timeout: float = DEFAULT_UPSTREAM_TIMEOUT,
                  max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
-                 allow_origins: tuple[str, ...] = ()) -> None:
+                 allow_origins: tuple[str, ...] = (), otel: bool = False, otel_arguments: bool = False,
+                 tracer_provider: Any = None) -> None:
         if not isinstance(upstream, str) or not upstream.startswith(("http://", "https://")):
             raise InvalidArgument(f"the upstream must be an http:// or https:// URL of an MCP server, not {upstream!r}")
         if not isinstance(alias, str) or not ALIAS_PATTERN.match(alias):
@@ -84,6 +86,29 @@ class GatewayApp:
         self._control = control
         # Headers an identity provider reads are the gateway's: never passed on to the tool.
         self._not_forwarded = _NOT_FORWARDED | {name.strip().lower() for name in private_headers}
+        self._tracing: Any = None
+        if otel or otel_arguments:
+            self.trace(otel=otel, arguments=otel_arguments, tracer_provider=tracer_provider)
+
+    def trace(self, *, otel: bool = True, arguments: bool = False, tracer_provider: Any = None) -> None:
+        """``--otel``: a span per ``tools/call`` (``ctrlrun.gateway.tracing``), through ``tracer_provider``
+        (default: OpenTelemetry's global one); ``arguments``: with the argument values (``--otel-arguments``)."""
+        if not isinstance(otel, bool) or not isinstance(arguments, bool):
+            raise InvalidArgument(f"otel and otel_arguments are True or False, got {otel!r} and {arguments!r}")
+        if arguments and not otel:
+            raise InvalidArgument("otel_arguments=True (--otel-arguments) goes with otel=True (--otel): argument "
+                                  "values are sent only on the gateway's spans")
+        from ctrlrun.gateway.tracing import GatewaySpans
+
+        self.close()
+        if otel:
+            self._tracing = GatewaySpans(tracer_provider=tracer_provider, arguments=arguments)
+
+    def close(self) -> None:
+        """Stop tracing (the spans' sink is unregistered); the gateway goes on serving without."""
+        if self._tracing is not None:
+            self._tracing.close()
+            self._tracing = None
 
     @property
     def control(self) -> Any:
@@ -125,11 +150,20 @@ class GatewayApp:
             return _json(refused.status, refused.body())
         if message.get("method") != "tools/call" or "id" not in message:
             return await self._relay(request, body)
+        with traced(self._tracing, request, message, revision, self.alias, self.upstream) as call:
+            status, answer, extra = await self._tools_call(request, body, message, revision, call)
+            if call is not None:
+                call.answered(answer)
+        return _json(status, answer, extra)
+
+    async def _tools_call(self, request: Request, body: bytes, message: dict[str, Any], revision: str,
+                          call: Any) -> tuple[int, Any, dict[str, str] | None]:
         headers = wire_upstream.forward_headers(request.headers, drop=self._not_forwarded)
         request_id = message.get("id")
 
         async def send() -> Any:
-            return await wire_upstream.exchange(self.upstream, body, headers, request_id,
+            sent, sent_headers = call.outgoing(body, message, headers) if call is not None else (body, headers)
+            return await wire_upstream.exchange(self.upstream, sent, sent_headers, request_id,
                                                 timeout=self.upstream_timeout, max_bytes=self.max_response_bytes,
                                                 revision=revision)
 
@@ -153,13 +187,13 @@ class GatewayApp:
         except GatewayError as refused:
             if refused.request_id is None:
                 refused.request_id = request_id
-            return _json(refused.status, refused.body())
+            return refused.status, refused.body(), None
         except Exception as exc:  # a fault of the gateway's own (the store away ...): said, not a traceback
             logger.exception("tools/call %s failed inside the gateway", params.get("name"))
-            return _json(500, error_body(request_id, -32603, f"the gateway could not complete this call "
-                                                             f"({type(exc).__name__}: {exc}); do not retry blindly: "
-                                                             f"look the call up in the console"))
-        return _json(status, answer, extra)
+            return 500, error_body(request_id, -32603, f"the gateway could not complete this call "
+                                                       f"({type(exc).__name__}: {exc}); do not retry blindly: "
+                                                       f"look the call up in the console"), None
+        return status, answer, extra
 
     def _origin_ok(self, origin: str) -> bool:
         if origin in self.allow_origins:

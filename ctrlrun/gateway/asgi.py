@@ -7,7 +7,8 @@ same console, approvers and signals. Serve it with gunicorn's uvicorn workers::
     gunicorn yourproject.asgi:application -k uvicorn.workers.UvicornWorker
 
 The gateway's calls run under the process's default Control (``CTRLRUN_POLICY``,
-``CTRLRUN_DATABASE``), unless the ``GatewayApp`` was given a Control of its own.
+``CTRLRUN_DATABASE``), unless the ``GatewayApp`` was given a Control of its own. ``mount(...,
+otel=True)`` makes a span of each call (docs/observability.md), through the project's tracer provider.
 """
 from __future__ import annotations
 
@@ -19,14 +20,20 @@ from ctrlrun.gateway.app import GatewayApp
 __all__ = ["mount"]
 
 
-def mount(application: Any, gateway: GatewayApp) -> Any:
-    """An ASGI application: ``gateway`` at ``gateway.path``, ``application`` everywhere else."""
+def mount(application: Any, gateway: GatewayApp, *, otel: bool = False, otel_arguments: bool = False,
+          tracer_provider: Any = None) -> Any:
+    """An ASGI application: ``gateway`` at ``gateway.path``, ``application`` everywhere else.
+
+    ``otel=True`` traces the gateway's calls (``GatewayApp.trace``: a span per ``tools/call``, through
+    ``tracer_provider`` or OpenTelemetry's global one), ``otel_arguments=True`` with argument values."""
     if not isinstance(gateway, GatewayApp):
         raise InvalidArgument(f"mount(application, gateway): gateway must be a ctrlrun.gateway.GatewayApp, not "
                               f"{type(gateway).__name__}")
     if not callable(application):
         raise InvalidArgument("mount(application, gateway): application must be an ASGI application (e.g. "
                               "django.core.asgi.get_asgi_application())")
+    if otel or otel_arguments:
+        gateway.trace(otel=otel, arguments=otel_arguments, tracer_provider=tracer_provider)
     path = gateway.path
 
     async def dispatch(scope: dict[str, Any], receive: Any, send: Any) -> None:

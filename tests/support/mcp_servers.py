@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -23,8 +24,8 @@ from pathlib import Path
 
 from .base import REPO, script_environment
 
-__all__ = ["sdk_client_calls", "free_port", "wait_for_port", "start_upstream", "start_gateway", "start_hosted",
-           "Misbehaving", "Proc",
+__all__ = ["sdk_client_calls", "free_port", "Served", "wait_for_port", "start_upstream", "start_gateway",
+           "start_hosted", "Misbehaving", "Proc",
            "mcp_post", "executions", "tools_call"]
 
 
@@ -64,13 +65,16 @@ class Proc:
         self.proc.wait(timeout=30)
 
 
-def start_upstream(folder: Path, tool_name: str = "refund", port: int | None = None, variant: str = "") -> Proc:
-    """``variant="reschemed"``: the same tool names, ``refund`` with another description."""
+def start_upstream(folder: Path, tool_name: str = "refund", port: int | None = None, variant: str = "",
+                   spans: Path | None = None) -> Proc:
+    """``variant="reschemed"``: the same tool names, ``refund`` with another description. ``spans``: a
+    file the upstream writes its OpenTelemetry server spans and the ``traceparent`` headers it got to."""
     port = port or free_port()
     log = folder / "executions.log"
+    env = {**os.environ, **({"CTRLRUN_TEST_SPANS": str(spans)} if spans is not None else {})}
     proc = subprocess.Popen([sys.executable, "-m", "tests.support.mcp_upstream", str(port), str(log), tool_name,
                              *([variant] if variant else [])],
-                            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                            cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     wait_for_port(port, proc)
     return Proc(proc, port, log)
 
@@ -100,6 +104,29 @@ def start_hosted(folder: Path, policy: str, mode: str = "fixed") -> Proc:
                             cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     wait_for_port(port, proc)
     return Proc(proc, port, log)
+
+
+class Served:
+    """An ASGI application (a ``GatewayApp``) served by uvicorn on loopback in a thread of this process,
+    so the test reads what it keeps in memory (spans); ``stop()`` ends it."""
+
+    def __init__(self, app: object) -> None:
+        import uvicorn
+
+        self.port = free_port()
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
+                                                    lifespan="off"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        wait_for_port(self.port)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/mcp"
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
 
 
 def mcp_post(url: str, body: object | bytes, *, headers: dict[str, str] | None = None, timeout: float = 60):

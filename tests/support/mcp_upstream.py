@@ -4,7 +4,8 @@ described differently, so its ``tools/list`` entry changes).
 
 ``refund`` (or ``TOOL_NAME``: the tool renamed) appends one line per execution to LOG, so a test
 counts how often each key really ran; ``slow_refund`` writes its line and then waits, so a test can
-kill this process in the middle of a call; ``broken`` answers ``isError``.
+kill this process in the middle of a call; ``broken`` answers ``isError``. ``CTRLRUN_TEST_SPANS=FILE``
+records the SDK's server spans and the ``traceparent`` headers it was sent (``traced``).
 """
 from __future__ import annotations
 
@@ -48,8 +49,45 @@ def build(log: str, tool_name: str = "refund", variant: str = "") -> MCPServer:
     return server
 
 
+def traced(app, spans: str):
+    """With ``CTRLRUN_TEST_SPANS=FILE``: the SDK's own server spans (it continues ``params._meta.traceparent``)
+    exported to FILE as JSON lines, and each request's ``traceparent`` header written there too."""
+    import json
+
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+
+    def write(record: dict) -> None:
+        with open(spans, "a", encoding="utf-8") as out:
+            out.write(json.dumps(record) + "\n")
+
+    class ToFile(SpanExporter):
+        def export(self, finished):
+            for span in finished:
+                write({"span": span.name, "trace_id": f"{span.context.trace_id:032x}",
+                       "span_id": f"{span.context.span_id:016x}",
+                       "parent_id": f"{span.parent.span_id:016x}" if span.parent else None})
+            return SpanExportResult.SUCCESS
+
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(ToFile()))
+    trace.set_tracer_provider(provider)
+
+    async def recording(scope, receive, send):
+        if scope["type"] == "http" and scope.get("method") == "POST":
+            headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+            write({"header": headers.get("traceparent"), "mcp_name": headers.get("mcp-name")})
+        await app(scope, receive, send)
+
+    return recording
+
+
 if __name__ == "__main__":
     port, log = int(sys.argv[1]), sys.argv[2]
     name = sys.argv[3] if len(sys.argv) > 3 else "refund"
     variant = sys.argv[4] if len(sys.argv) > 4 else ""
-    uvicorn.run(build(log, name, variant).streamable_http_app(), host="127.0.0.1", port=port, log_level="warning")
+    app = build(log, name, variant).streamable_http_app()
+    if os.environ.get("CTRLRUN_TEST_SPANS"):
+        app = traced(app, os.environ["CTRLRUN_TEST_SPANS"])
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")

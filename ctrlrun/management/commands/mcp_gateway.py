@@ -8,6 +8,7 @@ from typing import Any
 from ...errors import CTRLRunError
 from ..base import CtrlrunCommand, Error, positive_int
 from ._gateway_identity import add_identity_arguments, identity_from
+from ._gateway_otel import add_otel_arguments, otel_from, otel_stop
 
 
 def _listen(value: str) -> tuple[str, int]:
@@ -46,9 +47,11 @@ class Command(CtrlrunCommand):
                             help="the largest upstream answer read (default 16 MiB)")
         parser.add_argument("--allow-origin", action="append", default=[],
                             help="a browser Origin allowed besides loopback (repeatable)")
+        add_otel_arguments(parser)
 
     def run(self, **options: Any) -> None:
         principal, provider, private, identity_lines = identity_from(options)
+        tracer_provider, otel_lines = otel_from(options)
         host, port = _listen(options["listen"])
         if not _loopback(host) and not options["allow_remote"]:
             raise Error(f"--listen {options['listen']} is not a loopback address: anyone who reaches it can call "
@@ -66,14 +69,18 @@ class Command(CtrlrunCommand):
             app = GatewayApp(upstream=options["upstream"], alias=options["alias"], principal=principal,
                              control=control, private_headers=private, path=options["path"], upstream_timeout=options["upstream_timeout"],
                              max_body_bytes=options["max_body_bytes"], max_response_bytes=options["max_response_bytes"],
-                             allow_origins=tuple(options["allow_origin"]))
+                             allow_origins=tuple(options["allow_origin"]), otel=options["otel"],
+                             otel_arguments=options["otel_arguments"], tracer_provider=tracer_provider)
         except CTRLRunError as exc:
             raise Error(str(exc)) from None
-        self.stdout.write(self.banner(control, policy, options, host, port, identity_lines))
+        self.stdout.write(self.banner(control, policy, options, host, port, identity_lines + otel_lines))
         self.stdout.flush()
         import uvicorn
 
-        uvicorn.run(app, host=host, port=port, log_level="warning", lifespan="off")
+        try:
+            uvicorn.run(app, host=host, port=port, log_level="warning", lifespan="off")
+        finally:
+            otel_stop(tracer_provider)  # the spans still batched are exported
 
     def banner(self, control: Any, policy: Any, options: dict[str, Any], host: str, port: int,
                identity_lines: list[str]) -> str:
