@@ -20,6 +20,40 @@ from tests.support import (REFUND_POLICY, Remote, evidence_guard, protected_refu
                            script_environment)
 
 
+#: Set by .ci/run for its second pass (DATABASE_URL a PostgreSQL database): only the tests whose outcome
+#: can depend on the configured database run again there. See ``pytest_collection_modifyitems``.
+SECOND_PASS = "CTRLRUN_TESTS_SECOND_PASS"
+#: Tests that never read the configured database unless they ask pytest-django for it: the unit tests
+#: (pure logic) and the docs' examples (each runs in a scratch folder on SQLite, DATABASE_URL removed).
+_CONFIGURED_DATABASE_UNREAD = ("tests/unit/", "tests/integration/test_docs_examples.py")
+
+
+def _reads_configured_database(item: pytest.Item) -> bool:
+    return "_django_db_helper" in getattr(item, "fixturenames", ()) or item.get_closest_marker("django_db") is not None
+
+
+def _runs_both_vendors(item: pytest.Item) -> bool:
+    """A test parametrized over both databases (its own scratch stores): the first pass ran both halves."""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    return any(value in ("sqlite", "postgresql") for value in params.values())
+
+
+def pytest_collection_modifyitems(config, items):
+    """In CI's second pass, deselect what the first pass already ran to the same end: a test that never
+    reads the configured database (a unit test, a docs example) or that runs its SQLite and PostgreSQL
+    halves itself, unless it uses pytest-django's database (then DATABASE_URL decides what it reads)."""
+    import os
+
+    if not os.environ.get(SECOND_PASS):
+        return
+    repeat = [item for item in items if not _reads_configured_database(item) and (
+        item.nodeid.startswith(_CONFIGURED_DATABASE_UNREAD) or _runs_both_vendors(item))]
+    if repeat:
+        chosen = set(map(id, repeat))
+        config.hook.pytest_deselected(items=repeat)
+        items[:] = [item for item in items if id(item) not in chosen]
+
+
 @pytest.fixture(autouse=True)
 def _evidence_guard_lifted_for_flush(request):
     """Tests on a committed database end with a flush, which the append-only triggers refuse.

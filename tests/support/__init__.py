@@ -30,3 +30,4 @@ from .tokens import *  # noqa: F401,F403
 from .smtp import *  # noqa: F401,F403
 from .mcp_servers import *  # noqa: F401,F403
 from .scratch import *  # noqa: F401,F403
+from .hanging import *  # noqa: F401,F403
