@@ -100,6 +100,8 @@ class SourceReport:
     head_hash: str
     schemas: dict[str, int]
     unchained: int
+    #: Where the chain starts: the genesis (0), or the reference's prune checkpoint (seq, hash).
+    start: tuple[int, str] = (0, GENESIS_HASH)
     verified: int = 0
     breaks: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     pending_approvals: int = 0
@@ -113,6 +115,7 @@ class SourceReport:
         return {"path": self.path, "written_by": self.versions, "receipts": len(self.receipts),
                 "chained": len(self.receipts) - self.unchained, "unchained": self.unchained,
                 "verified": self.verified, "head_seq": self.head_seq, "head_hash": self.head_hash,
+                "checkpoint": None if self.start[0] == 0 else {"seq": self.start[0], "hash": self.start[1]},
                 "schemas": dict(sorted(self.schemas.items())), "effects": dict(sorted(states.items())),
                 "breaks": self.breaks, "left_behind": {"pending_approvals": self.pending_approvals,
                                                        "live_delegations": self.live_delegations,
@@ -185,8 +188,10 @@ def _read(connection: sqlite3.Connection, path: Path) -> SourceReport:
                            f"read ({type(exc).__name__})"})
         schemas[schema] = schemas.get(schema, 0) + 1
         receipts.append(SourceReceipt(seq, str(receipt_id), schema, hash_, prev, text if isinstance(text, str) else ""))
+    checkpoint = _rows(connection, "SELECT seq, hash FROM prune_checkpoint WHERE id = 1")
     report = SourceReport(str(path), versions, receipts, [], head_seq, head_hash, schemas,
-                          unchained=sum(r.seq is None for r in receipts), breaks=breaks)
+                          unchained=sum(r.seq is None for r in receipts), breaks=breaks,
+                          start=(int(checkpoint[0][0]), str(checkpoint[0][1])) if checkpoint else (0, GENESIS_HASH))
     _walk(report)
     report.effects = _effects(connection, names, report)
     report.pending_approvals = len(_rows(connection, "SELECT 1 FROM approvals WHERE status IN ('pending', 'granted')"))
@@ -196,15 +201,17 @@ def _read(connection: sqlite3.Connection, path: Path) -> SourceReport:
 
 
 def _walk(report: SourceReport) -> None:
-    report.verified, breaks = check_chain(report.receipts, report.head_seq, report.head_hash)
+    report.verified, breaks = check_chain(report.receipts, report.head_seq, report.head_hash, report.start)
     report.breaks += breaks
 
 
-def check_chain(receipts: list[SourceReceipt], head_seq: int, head_hash: str) -> tuple[int, list[dict[str, Any]]]:
-    """The chain by ``seq`` from the genesis: each document re-hashed under its own keys, each link,
-    every seq present, and the head at the last one. (verified, breaks); unchained rows are skipped."""
+def check_chain(receipts: list[SourceReceipt], head_seq: int, head_hash: str,
+                start: tuple[int, str] = (0, GENESIS_HASH)) -> tuple[int, list[dict[str, Any]]]:
+    """The chain by ``seq`` from ``start`` (the genesis, or a prune checkpoint's seq and hash): each
+    document re-hashed under its own keys, each link, every seq present, and the head at the last
+    one. (verified, breaks); unchained rows are skipped."""
     breaks: list[dict[str, Any]] = []
-    verified, previous, expected = 0, GENESIS_HASH, 1
+    verified, previous, expected = 0, start[1], start[0] + 1
     for receipt in (r for r in receipts if r.seq is not None):
         def broken(name: str, detail: str) -> None:
             breaks.append({"name": name, "seq": receipt.seq, "detail": detail})
@@ -260,6 +267,8 @@ def _effects(connection: sqlite3.Connection, names: dict[str, str], report: Sour
             problem = f"its key is empty or longer than {MAX_KEY} characters"
         elif not isinstance(action_id, str) or not action_id or len(action_id) > MAX_ID:
             problem = f"its action id {str(action_id)[:60]!r} is not the reference's act_<32 hex>"
+        elif result is not None and not _json_text(result):
+            problem = "its result is not JSON text"
         if problem:
             report.breaks.append({"name": "effect_unreadable", "seq": None,
                                   "detail": f"effect {str(key)[:80]!r}: {problem}"})
@@ -267,6 +276,14 @@ def _effects(connection: sqlite3.Connection, names: dict[str, str], report: Sour
         effects.append(SourceEffect(key, state, names.get(action_id), action_id, int(attempt or 1), lease,
                                     result, error, resolved_by))
     return effects
+
+
+def _json_text(value: Any) -> bool:
+    try:
+        json.loads(value)
+    except (TypeError, ValueError):
+        return False
+    return True
 
 
 def lease_live(effect: SourceEffect, now: dt.datetime) -> bool:

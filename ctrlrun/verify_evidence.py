@@ -92,6 +92,7 @@ def _holds(facts: Any, checkpoint: Any, result: Any) -> Any:
 def _imported(facts: Any, result: Any) -> Any:
     """Every receipt an import brought in still re-hashes under its own schema's keys and chains to the
     source head its STORE_IMPORTED names (and the event chain holding them verifies)."""
+    from .canonical import GENESIS_HASH
     from .reference_store import SourceReceipt, check_chain
     from .store.imports import imported
 
@@ -110,7 +111,9 @@ def _imported(facts: Any, result: Any) -> Any:
                                   d.get("prev_hash"), d.get("document", "")) for d in documents]
         schemas.update(r.schema for r in receipts)
         count += len(receipts)
-        _, breaks = check_chain(receipts, source.get("head_seq", 0), source.get("head_hash", ""))
+        start = source.get("checkpoint") or {"seq": 0, "hash": GENESIS_HASH}
+        _, breaks = check_chain(receipts, source.get("head_seq", 0), source.get("head_hash", ""),
+                                (start.get("seq", 0), start.get("hash", "")))
         failures += [{**b, "source": source.get("path")} for b in breaks]
     if failures:
         return result("G31", "fail", f"{len(failures)} break(s) in the imported receipts", counterexample=failures[:10])

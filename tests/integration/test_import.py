@@ -149,6 +149,26 @@ def test_an_import_keeps_every_key_the_reference_ran_and_its_receipts(vendor, tm
         assert len(_events(store, "STORE_IMPORTED")) == 1
 
 
+def test_a_store_the_reference_pruned_verifies_from_its_checkpoint(tmp_path):
+    """Its chain starts after its prune checkpoint (seq 10), not at the genesis: that is no break."""
+    source = tmp_path / "pruned.db"
+    shutil.copy(SOURCE.with_name("pruned.db"), source)
+    with scratch_store("sqlite", tmp_path, POLICY, tag="import") as store:
+        done = store.command("import", str(source), "--json")
+        assert done.returncode == 0, done.stderr
+        report = json.loads(done.stdout)
+        assert report["checkpoint"]["seq"] == 10 and report["breaks"] == [] and report["imported"], report
+        assert report["verified"] == report["chained"] == 12, report
+        graded = json.loads(store.command("verify", "--json", "--only", "G31").stdout)["guarantees"][30]
+        assert graded["status"] == "pass", graded
+    with sqlite3.connect(source) as connection:  # its checkpoint moved: the first receipt no longer links
+        connection.execute("UPDATE prune_checkpoint SET seq = 9")
+    (tmp_path / "again").mkdir()
+    with scratch_store("sqlite", tmp_path / "again", POLICY, tag="import") as store:
+        done = store.command("import", str(source))
+        assert done.returncode == 1 and "missing" in done.stdout, done.stdout
+
+
 TAMPERINGS = {
     "content_altered": "UPDATE receipts SET json = replace(json, '\"attempt\":1', '\"attempt\":2') WHERE seq = 5",
     "missing": "DELETE FROM receipts WHERE seq = 7",

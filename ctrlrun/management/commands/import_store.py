@@ -50,7 +50,7 @@ class Command(CtrlrunCommand):
         written = None
         if problem is None and not dry_run:
             source = {"path": str(report.path), "written_by": report.versions, "head_seq": report.head_seq,
-                      "head_hash": report.head_hash, "first_receipt": report.receipts[0].receipt_id
+                      "head_hash": report.head_hash, "checkpoint": summary["checkpoint"], "first_receipt": report.receipts[0].receipt_id
                       if report.receipts else None, "receipts": len(report.receipts),
                       "chained": summary["chained"], "unchained": report.unchained, "schemas": summary["schemas"]}
             from ...store import imports
@@ -71,8 +71,9 @@ class Command(CtrlrunCommand):
         out = self.stdout.write
         out(f"reference store {reveal(summary['path'])}, written by ctrlrun "
             f"{', '.join(summary['written_by']) or '(version not recorded)'}")
+        start = f"its prune checkpoint at seq {summary['checkpoint']['seq']}" if summary["checkpoint"] else "the genesis"
         out(f"receipts: {summary['receipts']}: {summary['verified']} of {summary['chained']} chained verified from "
-            f"the genesis to head seq {summary['head_seq']}" + (
+            f"{start} to head seq {summary['head_seq']}" + (
                 f"; {summary['unchained']} written before the chain existed (read, not verifiable)"
                 if summary["unchained"] else ""))
         out("schemas: " + (", ".join(f"{k.rsplit('/', 1)[-1]} {n}" for k, n in summary["schemas"].items()) or "none"))
