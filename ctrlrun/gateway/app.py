@@ -20,7 +20,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from ctrlrun.canonical import Principal
-from ctrlrun.errors import InvalidArgument
+from ctrlrun.errors import CTRLRunError, InvalidArgument
 from ctrlrun.gateway import upstream as wire_upstream
 from ctrlrun.gateway.calls import intercept
 from ctrlrun.gateway.wire import (
@@ -128,17 +128,17 @@ class GatewayApp:
         headers = wire_upstream.forward_headers(request.headers, drop=self._not_forwarded)
         request_id = message.get("id")
 
-        async def send() -> Any:
+        async def send(pins: Any) -> Any:
             return await wire_upstream.exchange(self.upstream, body, headers, request_id,
                                                 timeout=self.upstream_timeout, max_bytes=self.max_response_bytes,
-                                                revision=revision)
+                                                revision=revision, pins=pins)
 
         params = message.get("params") if isinstance(message.get("params"), dict) else {}
 
-        async def tools() -> Any:
+        async def tools(pins: Any) -> Any:
             return await wire_upstream.list_tools(self.upstream, headers, params.get("_meta"),
                                                   timeout=self.upstream_timeout, max_bytes=self.max_response_bytes,
-                                                  revision=revision)
+                                                  revision=revision, pins=pins)
 
         try:
             # With a principal callable it says who acts; without one the Control's identity
@@ -160,6 +160,18 @@ class GatewayApp:
                                                              f"({type(exc).__name__}: {exc}); do not retry blindly: "
                                                              f"look the call up in the console"))
         return _json(status, answer, extra)
+
+    def _pinned_files(self) -> list[str]:
+        """The certificates this alias's entries pin as files (``tls_cert_file``): the relay trusts
+        them besides the usual anchors, so an upstream with a self-signed pinned certificate can be
+        initialized and listed through the gateway."""
+        try:
+            policy = self.control.read_policy()  # in memory; read again only when its file changed
+        except CTRLRunError:  # a policy that cannot be read: the relay trusts the usual anchors only
+            return []
+        prefix = f"mcp.{self.alias}."
+        return [pem for name in policy.actions if name.startswith(prefix)
+                for pem in ((policy.entry(name).upstream or {}).get("tls_cert_pem") or ())]
 
     def _origin_ok(self, origin: str) -> bool:
         if origin in self.allow_origins:
@@ -209,7 +221,8 @@ class GatewayApp:
         response bound for a POST's answer)."""
         headers = wire_upstream.forward_headers(request.headers, drop=self._not_forwarded)
         client = httpx.AsyncClient(timeout=httpx.Timeout(self.upstream_timeout, read=None if request.method == "GET"
-                                                          else self.upstream_timeout), trust_env=False)
+                                                          else self.upstream_timeout), trust_env=False,
+                                   verify=wire_upstream.relay_verify(self._pinned_files()))
         try:
             upstream = await client.send(client.build_request(request.method, self.upstream, content=body,
                                                               headers=headers, params=request.query_params),

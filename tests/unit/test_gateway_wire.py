@@ -14,6 +14,7 @@ def answer(result=None, error=None, status=200, revision="2026-07-28", headers=N
 
 @pytest.mark.parametrize("observed, flag, result, synthesized", [
     (Observed("never_connected", "refused"), False, "failed", "upstream_not_executed"),
+    (Observed("unpinned", "not a pinned certificate"), False, "failed", "upstream_unpinned"),
     (Observed("lost", "reset"), False, "ambiguous", "upstream_ambiguous"),
     (Observed("client_disconnected"), False, "ambiguous", None),
     (answer({"resultType": "complete", "content": []}), False, "committed", None),
