@@ -85,11 +85,30 @@ class _PinnedConnection:
             raise Unpinned(certificate_refusal(self.pins, None) or "the connection was not checked")
 
 
-def _verify(pins: Mapping[str, Any] | None) -> ssl.SSLContext | bool:
+def _verify(pins: Mapping[str, Any] | None) -> ssl.SSLContext:
     """httpx's ``verify`` for a call under ``pins``: the pinned files as the only trust anchors, or
     the usual verification."""
-    pems = (pins or {}).get("tls_cert_pem") or ()
-    return pinned_context(pems) if pems else True
+    pems = tuple((pins or {}).get("tls_cert_pem") or ())
+    if not pems:
+        return _usual()
+    if pems not in _pinned_contexts:
+        _pinned_contexts[pems] = pinned_context(pems)
+    return _pinned_contexts[pems]
+
+
+_pinned_contexts: dict[tuple[str, ...], ssl.SSLContext] = {}
+_usual_context: list[ssl.SSLContext] = []
+
+
+def _usual() -> ssl.SSLContext:
+    """httpx's own default verification (certifi's anchors), made once: an httpx client left to make
+    its own loads the bundle again each time, and the gateway makes a client per exchange (a fresh
+    connection per call)."""
+    if not _usual_context:
+        import certifi
+
+        _usual_context.append(ssl.create_default_context(cafile=certifi.where()))
+    return _usual_context[0]
 
 
 def _untrusted(exc: BaseException) -> str | None:
@@ -105,12 +124,12 @@ def _untrusted(exc: BaseException) -> str | None:
 _relay_contexts: dict[tuple[str, ...], ssl.SSLContext] = {}
 
 
-def relay_verify(pems: Iterable[str]) -> ssl.SSLContext | bool:
-    """httpx's ``verify`` for the messages the gateway relays (initialize, tools/list ...) to an
-    upstream some of whose tools pin certificate files: the usual trust anchors and those files."""
+def relay_verify(pems: Iterable[str]) -> ssl.SSLContext:
+    """httpx's ``verify`` for the messages the gateway relays (initialize, tools/list ...): the usual
+    trust anchors, and the certificate files some of the alias's tools pin."""
     pems = tuple(sorted(set(pems)))
     if not pems:
-        return True
+        return _usual()
     if pems not in _relay_contexts:
         import certifi
 

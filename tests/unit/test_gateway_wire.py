@@ -70,3 +70,12 @@ def test_mirror_headers_must_agree_with_the_body():
         with pytest.raises(GatewayError) as refused:
             check_mirror_headers(headers, message, revision)
         assert refused.value.code == -32020
+
+
+def test_the_upstream_tls_contexts_are_made_once_not_per_exchange():
+    # An httpx client left to make its own context loads certifi's bundle each time; the gateway
+    # makes a client per exchange (a fresh connection per call), so it hands them one made once.
+    from ctrlrun.gateway import upstream
+
+    assert upstream._verify(None) is upstream._verify({"tool_schema_sha256": "sha256:" + "0" * 64})
+    assert upstream.relay_verify([]) is upstream._verify(None)
