@@ -17,6 +17,7 @@ library only.
 """
 from __future__ import annotations
 
+import base64
 import contextlib
 import hashlib
 import re
@@ -69,12 +70,24 @@ def cert_hash(der: bytes) -> str:
 
 def pem_cert_hash(pem: str) -> str:
     """The pin of a PEM certificate (its first certificate)."""
-    return cert_hash(ssl.PEM_cert_to_DER_cert(pem))
+    return cert_hash(_first_der(pem))
+
+
+_PEM_CERTIFICATE = re.compile(r"-----BEGIN CERTIFICATE-----(.*?)-----END CERTIFICATE-----", re.S)
+
+
+def _first_der(pem: str) -> bytes:
+    """The DER bytes of the first certificate of a PEM text (a file may hold a chain: the stdlib's
+    ``PEM_cert_to_DER_cert`` reads one certificate only). ``ValueError`` when there is none."""
+    found = _PEM_CERTIFICATE.search(pem)
+    if found is None:
+        raise ValueError("no -----BEGIN CERTIFICATE----- block")
+    return base64.b64decode("".join(found.group(1).split()), validate=True)
 
 
 def pem_first_certificate(pem: str) -> str:
     """The first certificate of a PEM text, alone (the one ``pem_cert_hash`` hashes)."""
-    return ssl.DER_cert_to_PEM_cert(ssl.PEM_cert_to_DER_cert(pem))
+    return ssl.DER_cert_to_PEM_cert(_first_der(pem))
 
 
 def pinned_context(pems: Iterable[str]) -> ssl.SSLContext:
