@@ -7,6 +7,10 @@ unchanged, its answer streamed back. Refused before anything else: a body over t
 a batch (``-32600``), JSON that does not parse (``-32700``) or nests deeper than ``MAX_DEPTH``
 (``-32600``), an unsupported protocol revision (``-32022``), mirror headers that contradict the
 body (``-32020``).
+
+With ``webhook_secret`` (``--webhook-url``) the gateway also takes the signed answers to webhook
+approval requests at ``POST /ctrlrun/approvals/<request_id>`` (``ctrlrun.webhook.handle_inbound``,
+on the store's threads): the ``respond_to`` of the requests it delivers under ``--public-url``.
 """
 from __future__ import annotations
 
@@ -20,7 +24,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from ctrlrun.canonical import Principal
-from ctrlrun.errors import InvalidArgument
+from ctrlrun.errors import CTRLRunError, InvalidArgument
 from ctrlrun.gateway import upstream as wire_upstream
 from ctrlrun.gateway.calls import intercept
 from ctrlrun.gateway.tracing import traced
@@ -47,6 +51,9 @@ DEFAULT_MAX_BODY_BYTES = 1024 * 1024
 DEFAULT_MAX_RESPONSE_BYTES = 16 * 1024 * 1024
 DEFAULT_UPSTREAM_TIMEOUT = 30.0
 
+#: Where the gateway takes signed webhook answers (the ``respond_to`` path, as ``ctrlrun.urls`` serves it).
+_ANSWERS = "/ctrlrun/approvals/"
+
 #: Request headers the gateway keeps to itself (identity headers are for the gateway, not the tool).
 _NOT_FORWARDED = frozenset({"origin", "cookie"})
 
@@ -64,7 +71,8 @@ class GatewayApp:
                  control: Any = None, private_headers: tuple[str, ...] = (), path: str = "/mcp", upstream_timeout: float = DEFAULT_UPSTREAM_TIMEOUT,
                  max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
                  allow_origins: tuple[str, ...] = (), otel: bool = False, otel_arguments: bool = False,
-                 tracer_provider: Any = None) -> None:
+                 tracer_provider: Any = None, webhook_secret: bytes | None = None,
+                 webhook_replay_window: float = 300) -> None:
         if not isinstance(upstream, str) or not upstream.startswith(("http://", "https://")):
             raise InvalidArgument(f"the upstream must be an http:// or https:// URL of an MCP server, not {upstream!r}")
         if not isinstance(alias, str) or not ALIAS_PATTERN.match(alias):
@@ -84,6 +92,13 @@ class GatewayApp:
         self.upstream_timeout, self.max_body_bytes = float(upstream_timeout), max_body_bytes
         self.max_response_bytes, self.allow_origins = max_response_bytes, tuple(allow_origins)
         self._control = control
+        if webhook_secret is not None:
+            from ctrlrun.webhook import MIN_SECRET_BYTES
+
+            if not isinstance(webhook_secret, bytes) or len(webhook_secret) < MIN_SECRET_BYTES:
+                raise InvalidArgument(f"webhook_secret must be bytes, at least {MIN_SECRET_BYTES} of them "
+                                      f"(ctrlrun.webhook.webhook_secret reads one)")
+        self.webhook_secret, self.webhook_replay_window = webhook_secret, float(webhook_replay_window)
         # Headers an identity provider reads are the gateway's: never passed on to the tool.
         self._not_forwarded = _NOT_FORWARDED | {name.strip().lower() for name in private_headers}
         self._tracing: Any = None
@@ -136,6 +151,8 @@ class GatewayApp:
     # ------------------------------------------------------------------ one HTTP request
 
     async def handle(self, request: Request) -> Response:
+        if self.webhook_secret is not None and request.url.path.startswith(_ANSWERS):
+            return await self._webhook_answer(request)
         if (request.url.path.rstrip("/") or "/") != self.path:
             return Response(f"not found: the MCP endpoint is {self.path}\n", status_code=404, media_type="text/plain")
         origin = request.headers.get("origin")
@@ -161,18 +178,18 @@ class GatewayApp:
         headers = wire_upstream.forward_headers(request.headers, drop=self._not_forwarded)
         request_id = message.get("id")
 
-        async def send() -> Any:
+        async def send(pins: Any) -> Any:
             sent, sent_headers = call.outgoing(body, message, headers) if call is not None else (body, headers)
             return await wire_upstream.exchange(self.upstream, sent, sent_headers, request_id,
                                                 timeout=self.upstream_timeout, max_bytes=self.max_response_bytes,
-                                                revision=revision)
+                                                revision=revision, pins=pins)
 
         params = message.get("params") if isinstance(message.get("params"), dict) else {}
 
-        async def tools() -> Any:
+        async def tools(pins: Any) -> Any:
             return await wire_upstream.list_tools(self.upstream, headers, params.get("_meta"),
                                                   timeout=self.upstream_timeout, max_bytes=self.max_response_bytes,
-                                                  revision=revision)
+                                                  revision=revision, pins=pins)
 
         try:
             # With a principal callable it says who acts; without one the Control's identity
@@ -194,6 +211,40 @@ class GatewayApp:
                                                        f"({type(exc).__name__}: {exc}); do not retry blindly: "
                                                        f"look the call up in the console"), None
         return status, answer, extra
+
+    async def _webhook_answer(self, request: Request) -> Response:
+        """One signed answer to a webhook approval request (``ctrlrun.webhook.handle_inbound``)."""
+        from ctrlrun.webhook import MAX_INBOUND_BYTES, SIGNATURE_HEADER, handle_inbound
+
+        request_id = request.url.path[len(_ANSWERS):]
+        if not request_id or "/" in request_id:
+            return _text(404, "not found: answers go to /ctrlrun/approvals/<request_id>")
+        if request.method != "POST":
+            return _text(405, "an answer is a POST")
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > MAX_INBOUND_BYTES:
+                return _text(400, f"the answer is larger than {MAX_INBOUND_BYTES} bytes")
+            chunks.append(chunk)
+        status, text = await self.control.aread(handle_inbound, request_id, b"".join(chunks),
+                                                request.headers.get(SIGNATURE_HEADER), secret=self.webhook_secret,
+                                                replay_window=self.webhook_replay_window)
+        if status != 200:
+            logger.warning("webhook answer to %s refused: %s", request_id, text)
+        return _text(status, text)
+
+    def _pinned_files(self) -> list[str]:
+        """The certificates this alias's entries pin as files (``tls_cert_file``): the relay trusts
+        them besides the usual anchors, so an upstream with a self-signed pinned certificate can be
+        initialized and listed through the gateway."""
+        try:
+            policy = self.control.read_policy()  # in memory; read again only when its file changed
+        except CTRLRunError:  # a policy that cannot be read: the relay trusts the usual anchors only
+            return []
+        prefix = f"mcp.{self.alias}."
+        return [pem for name in policy.actions if name.startswith(prefix)
+                for pem in ((policy.entry(name).upstream or {}).get("tls_cert_pem") or ())]
 
     def _origin_ok(self, origin: str) -> bool:
         if origin in self.allow_origins:
@@ -243,7 +294,8 @@ class GatewayApp:
         response bound for a POST's answer)."""
         headers = wire_upstream.forward_headers(request.headers, drop=self._not_forwarded)
         client = httpx.AsyncClient(timeout=httpx.Timeout(self.upstream_timeout, read=None if request.method == "GET"
-                                                          else self.upstream_timeout), trust_env=False)
+                                                          else self.upstream_timeout), trust_env=False,
+                                   verify=wire_upstream.relay_verify(self._pinned_files()))
         try:
             upstream = await client.send(client.build_request(request.method, self.upstream, content=body,
                                                               headers=headers, params=request.query_params),
@@ -269,6 +321,10 @@ class GatewayApp:
 
         kept = wire_upstream.forward_headers(upstream.headers)
         return StreamingResponse(stream(), status_code=upstream.status_code, headers=kept)
+
+
+def _text(status: int, text: str) -> Response:
+    return Response(text + "\n", status_code=status, media_type="text/plain; charset=utf-8")
 
 
 def _json(status: int, body: Any, headers: dict[str, str] | None = None) -> Response:

@@ -28,11 +28,12 @@ class UpstreamAmbiguous(Ambiguous):
 
 
 async def intercept(control: Any, *, alias: str, request_id: Any, params: dict[str, Any], principal: Principal | None,
-                    send: Callable[[], Awaitable[Observed]], headers: dict[str, str] | None = None,
-                    upstream: str | None = None, tools: Callable[[], Awaitable[Any]] | None = None,
+                    send: Callable[[Any], Awaitable[Observed]], headers: dict[str, str] | None = None,
+                    upstream: str | None = None, tools: Callable[[Any], Awaitable[Any]] | None = None,
                     ) -> tuple[int, dict[str, Any], dict[str, str]]:
     """Decide and run one ``tools/call``; the HTTP status, the JSON-RPC answer and extra headers.
-    ``headers``, ``upstream`` and ``tools`` are ``protected_tool_call``'s."""
+    ``headers``, ``upstream`` and ``tools(pins)`` are ``protected_tool_call``'s; ``send(pins)`` is the
+    call's own exchange, its connection held to the entry's certificate pins."""
     tool = params.get("name")
     if not isinstance(tool, str) or not tool:
         raise GatewayError(-32602, "tools/call needs params.name, the tool's name (a string)", 400, None, request_id)
@@ -43,8 +44,12 @@ async def intercept(control: Any, *, alias: str, request_id: Any, params: dict[s
         raise GatewayError(-32602, "tools/call params.arguments must be an object of argument names to values",
                            400, None, request_id)
 
+    policy = control.loaded_policy or await control.aread(control.load)
+    entry = policy.entry(f"mcp.{alias}.{tool}")
+    pins = entry.upstream if entry is not None and entry.upstream else None
+
     async def run(not_executed_on_error: bool) -> dict[str, Any]:
-        outcome = classify(await send(), not_executed_on_error=not_executed_on_error)
+        outcome = classify(await send(pins), not_executed_on_error=not_executed_on_error)
         if outcome.result == COMMITTED:
             return outcome.relay["result"]  # type: ignore[index]
         if outcome.result == AMBIGUOUS:
@@ -63,8 +68,9 @@ async def intercept(control: Any, *, alias: str, request_id: Any, params: dict[s
 
 def _answered(outcome: Outcome, request_id: Any, meta: dict[str, Any]) -> tuple[int, dict[str, Any], dict[str, str]]:
     if outcome.synthesized is not None:
+        reason = {"reason": outcome.reason} if outcome.reason else {}
         error = GatewayError.of(outcome.synthesized, outcome.error, request_id, effect_key=meta["effect_key"],
-                                action_id=meta["action_id"], _meta={RECEIPT_META: meta})
+                                action_id=meta["action_id"], **reason, _meta={RECEIPT_META: meta})
         return error.status, error.body(), {}
     message = dict(outcome.relay or {"jsonrpc": "2.0", "id": request_id, "result": {}})
     if "result" in message and isinstance(message["result"], dict):

@@ -26,7 +26,9 @@ class Observed:
     """One upstream exchange as seen by the gateway.
 
     ``transport`` is ``None`` when an HTTP answer arrived, else ``never_connected`` (the TCP
-    connection was refused: no byte of the call left), ``client_disconnected`` or ``lost``
+    connection was refused: no byte of the call left), ``unpinned`` (the connection presented a
+    certificate the entry's pins refuse, found before a byte of the call was written),
+    ``client_disconnected`` or ``lost``
     (the connection failed after the request was sent, a timeout, an oversized or unreadable
     answer)."""
 
@@ -49,6 +51,8 @@ class Outcome:
     headers: dict[str, str] = field(default_factory=dict)
     #: ``input_required`` with a ``requestState``: the call is suspended, not finished (§E2, §A5).
     request_state: str | None = None
+    #: ``data.reason`` of a synthesized error that has one (``upstream_mismatch`` for ``-41016``).
+    reason: str | None = None
 
 
 def classify(observed: Observed, *, not_executed_on_error: bool = False) -> Outcome:
@@ -56,6 +60,10 @@ def classify(observed: Observed, *, not_executed_on_error: bool = False) -> Outc
     if observed.transport == "never_connected":
         return Outcome(FAILED, synthesized="upstream_not_executed",
                        error=f"the upstream could not be reached, so the call never left: {observed.detail}")
+    if observed.transport == "unpinned":
+        return Outcome(FAILED, synthesized="upstream_unpinned", reason="upstream_mismatch",
+                       error=f"the upstream's connection did not present a pinned certificate, so the call was "
+                             f"never written: {observed.detail}")
     if observed.transport is not None:
         return Outcome(AMBIGUOUS, synthesized=None if observed.transport == "client_disconnected" else
                        "upstream_ambiguous", error=f"the upstream's answer was lost ({observed.detail}): the tool "

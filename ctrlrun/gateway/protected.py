@@ -44,7 +44,7 @@ from ctrlrun.resent import bound as _bound
 from ctrlrun.resent import settled as _settled
 from ctrlrun.states import Decision
 from ctrlrun.upstream import check as pin_check
-from ctrlrun.upstream import observe_certificate, observe_tool_schema, verified
+from ctrlrun.upstream import MISMATCH, observe_certificate, observe_tool_schema, verified
 
 __all__ = ["Ambiguous", "NotRun", "Finished", "protected_tool_call", "receipt_meta", "refusal"]
 
@@ -106,7 +106,7 @@ def receipt_meta(receipt: dict[str, Any] | None, effect_key: str | None = None) 
 async def protected_tool_call(control: Any, *, alias: str, tool: str, arguments: dict[str, Any],
                               principal: Principal | None, run: Callable[[bool], Awaitable[Any]],
                               request_id: Any = None, headers: dict[str, str] | None = None,
-                              upstream: str | None = None, tools: Callable[[], Awaitable[Any]] | None = None,
+                              upstream: str | None = None, tools: Callable[[Any], Awaitable[Any]] | None = None,
                               ) -> Finished:
     """Decide and run ``mcp.<alias>.<tool>``; a refusal is raised as a ``GatewayError``.
 
@@ -117,7 +117,7 @@ async def protected_tool_call(control: Any, *, alias: str, tool: str, arguments:
     here, so an approval re-sent on the wire is matched to the hash of that principal's call, and
     the kernel asks it again with the same headers (``Control.acall(headers=...)``).
 
-    ``tools()`` reads the upstream's ``tools/list`` now (and its certificate), for a pinned entry
+    ``tools(pins)`` reads the upstream's ``tools/list`` now (and its certificate), for a pinned entry
     (``upstream:``, ``ctrlrun.upstream``): checked before anyone is asked to approve. Without an
     upstream (in-process) a pinned entry is refused ``upstream_unverified``."""
     name = f"mcp.{alias}.{tool}"
@@ -188,12 +188,15 @@ async def protected_tool_call(control: Any, *, alias: str, tool: str, arguments:
 
 
 async def _pinned(pins: Any, upstream: str | None, name: str, tool: str,
-                  tools: Callable[[], Awaitable[Any]] | None) -> str | None:
+                  tools: Callable[[Any], Awaitable[Any]] | None) -> str | None:
     """Observe the upstream as it is now (its tool's ``tools/list`` entry, its certificate) under the
     action name, then check the pins: the refusal's reason, or None."""
     if upstream is None or tools is None:
         return pin_check(pins, None, name)
-    listed, certificate = await tools()
+    listed, certificate, untrusted = await tools(pins)
+    if untrusted is not None:  # the handshake refused the certificate under the pinned trust anchors
+        observe_certificate(upstream, None)
+        return MISMATCH
     observe_certificate(upstream, certificate)
     found = next((item for item in listed if item.get("name") == tool), None) if listed is not None else None
     try:

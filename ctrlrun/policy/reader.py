@@ -530,7 +530,7 @@ class Reader:
     def read_upstream(self, value: Any, line: int, where: str) -> types.MappingProxyType:
         """``upstream: {tls_cert_sha256: [pins], tls_cert_file: path|[paths], tool_schema_sha256: pin}``
         (v8, ``ctrlrun.upstream``): each pin ``sha256:<64 hex>``; each PEM file must hash to a listed pin."""
-        from ..upstream import PIN_PATTERN, pem_cert_hash
+        from ..upstream import PIN_PATTERN, pem_cert_hash, pem_first_certificate
 
         where = f"{where} upstream"
         if not isinstance(value, dict) or not value:
@@ -562,15 +562,21 @@ class Reader:
             if not digests:
                 self.fail(file_line, where, "'tls_cert_file' needs 'tls_cert_sha256' listing the digest each file "
                                             "must hash to (a file alone could be swapped)")
+            pems = []
             for path in files:
                 try:
                     with open(path, encoding="ascii") as handle:
-                        digest = pem_cert_hash(handle.read())
+                        pem = handle.read()
+                    digest = pem_cert_hash(pem)
                 except (OSError, ValueError, UnicodeError) as exc:
                     self.fail(file_line, where, f"'tls_cert_file' {path!r} is not a readable PEM certificate ({exc})")
                 if digest not in digests:
                     self.fail(file_line, where, f"'tls_cert_file' {path!r} hashes to {digest}, which "
                                                 f"'tls_cert_sha256' does not list")
+                pems.append(pem_first_certificate(pem))
+            # The certificate read and checked now is what the gateway trusts (pinned_context), not the
+            # file as it is later; only the certificate that was hashed (a file's first).
+            pins["tls_cert_pem"] = tuple(pems)
         if digests:
             pins["tls_cert_sha256"] = tuple(digests)
         return types.MappingProxyType(pins)

@@ -14,6 +14,8 @@ concern. ``from tests.support import X`` finds X in whichever module holds it.
 - ``smtp``: a real SMTP server on loopback (aiosmtpd), a refusing one, a closed port.
 - ``mcp_servers``: MCP upstreams (SDK-built and misbehaving) and the gateway as a process.
 - ``operator``: ``ctrlrun mcp-operator`` as a process and the SDK's client calling its tools.
+- ``hooks``: a webhook receiver on loopback.
+- ``tls``: self-signed certificates and a TLS-terminating proxy on loopback (certificate pins).
 - ``scratch``: scratch stores for ``verify`` and clock skew, and an agent under a clock that moves.
 
 The fixtures built on these live in ``tests/conftest.py`` and ``tests/*/conftest.py``.
@@ -31,3 +33,5 @@ from .smtp import *  # noqa: F401,F403
 from .mcp_servers import *  # noqa: F401,F403
 from .scratch import *  # noqa: F401,F403
 from .hanging import *  # noqa: F401,F403
+from .tls import *  # noqa: F401,F403
+from .hooks import *  # noqa: F401,F403

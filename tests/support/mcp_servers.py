@@ -84,10 +84,12 @@ def executions(upstream: Proc) -> list[str]:
 
 
 def start_gateway(folder: Path, upstream_url: str, policy: str, *extra: str, alias: str = "pay",
-                  identity: tuple[str, ...] = ("--principal", "agent-1")) -> Proc:
-    """``identity``: the flags saying who acts (default ``--principal agent-1``)."""
-    port = free_port()
-    env = script_environment(folder, policy)
+                  identity: tuple[str, ...] = ("--principal", "agent-1"), port: int | None = None,
+                  env: dict[str, str] | None = None) -> Proc:
+    """``identity``: the flags saying who acts (default ``--principal agent-1``); ``port`` to listen
+    on (default a free one); ``env`` added to the process's environment."""
+    port = port or free_port()
+    env = {**script_environment(folder, policy), **(env or {})}
     proc = subprocess.Popen([sys.executable, "-m", "ctrlrun", "gateway", "--upstream", upstream_url, "--alias", alias,
                              *identity, "--listen", f"127.0.0.1:{port}", *extra],
                             cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

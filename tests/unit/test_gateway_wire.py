@@ -14,6 +14,7 @@ def answer(result=None, error=None, status=200, revision="2026-07-28", headers=N
 
 @pytest.mark.parametrize("observed, flag, result, synthesized", [
     (Observed("never_connected", "refused"), False, "failed", "upstream_not_executed"),
+    (Observed("unpinned", "not a pinned certificate"), False, "failed", "upstream_unpinned"),
     (Observed("lost", "reset"), False, "ambiguous", "upstream_ambiguous"),
     (Observed("client_disconnected"), False, "ambiguous", None),
     (answer({"resultType": "complete", "content": []}), False, "committed", None),
@@ -69,3 +70,12 @@ def test_mirror_headers_must_agree_with_the_body():
         with pytest.raises(GatewayError) as refused:
             check_mirror_headers(headers, message, revision)
         assert refused.value.code == -32020
+
+
+def test_the_upstream_tls_contexts_are_made_once_not_per_exchange():
+    # An httpx client left to make its own context loads certifi's bundle each time; the gateway
+    # makes a client per exchange (a fresh connection per call), so it hands them one made once.
+    from ctrlrun.gateway import upstream
+
+    assert upstream._verify(None) is upstream._verify({"tool_schema_sha256": "sha256:" + "0" * 64})
+    assert upstream.relay_verify([]) is upstream._verify(None)

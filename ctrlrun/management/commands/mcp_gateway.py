@@ -7,6 +7,7 @@ from typing import Any
 
 from ...errors import CTRLRunError
 from ..base import CtrlrunCommand, Error, positive_int
+from ._gateway_approvals import add_approval_arguments, approvals_line, authority_from, authority_line, webhook_from
 from ._gateway_identity import add_identity_arguments, identity_from
 from ._gateway_otel import add_otel_arguments, otel_from, otel_stop
 
@@ -48,6 +49,7 @@ class Command(CtrlrunCommand):
         parser.add_argument("--allow-origin", action="append", default=[],
                             help="a browser Origin allowed besides loopback (repeatable)")
         add_otel_arguments(parser)
+        add_approval_arguments(parser)
 
     def run(self, **options: Any) -> None:
         principal, provider, private, identity_lines = identity_from(options)
@@ -56,11 +58,14 @@ class Command(CtrlrunCommand):
         if not _loopback(host) and not options["allow_remote"]:
             raise Error(f"--listen {options['listen']} is not a loopback address: anyone who reaches it can call "
                         f"the upstream's tools. Add --allow-remote if that is meant")
+        authority = authority_from(options)
+        webhook, secret, window = webhook_from(options)
         from ...control import Control, default_control
 
         try:
-            if provider is not None or options["environment"]:
-                control = Control(environment=options["environment"], identity=provider)
+            if provider is not None or options["environment"] or authority is not None or webhook is not None:
+                control = Control(environment=options["environment"], identity=provider, authority=authority,
+                                  approvals=webhook)
             else:
                 control = default_control()
             policy = control.read_policy()
@@ -70,9 +75,11 @@ class Command(CtrlrunCommand):
                              control=control, private_headers=private, path=options["path"], upstream_timeout=options["upstream_timeout"],
                              max_body_bytes=options["max_body_bytes"], max_response_bytes=options["max_response_bytes"],
                              allow_origins=tuple(options["allow_origin"]), otel=options["otel"],
-                             otel_arguments=options["otel_arguments"], tracer_provider=tracer_provider)
+                             otel_arguments=options["otel_arguments"], tracer_provider=tracer_provider,
+                             webhook_secret=secret, webhook_replay_window=window)
         except CTRLRunError as exc:
             raise Error(str(exc)) from None
+        identity_lines = [*identity_lines, approvals_line(webhook)]
         self.stdout.write(self.banner(control, policy, options, host, port, identity_lines + otel_lines))
         self.stdout.flush()
         import uvicorn
@@ -89,10 +96,7 @@ class Command(CtrlrunCommand):
         unkeyed = [name for name in actions if policy.entry(name).effect is None]
         lines = [f"ctrlrun gateway on http://{host}:{port}{options['path']} -> {options['upstream']}",
                  f"environment {policy.environment}", *identity_lines]
-        if policy.authority is None:
-            lines.append("authority: none (the policy has no authority: section, so every principal is unrestricted)")
-        else:
-            lines.append("authority: the policy's authority: section applies")
+        lines.append(authority_line(policy))
         lines.append(f"actions: {', '.join(actions) if actions else f'none named {prefix}* (every tool is denied)'}")
         if unkeyed:
             lines.append(f"no effect: template (not deduplicated): {', '.join(unkeyed)}")
