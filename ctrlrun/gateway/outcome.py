@@ -49,6 +49,8 @@ class Outcome:
     headers: dict[str, str] = field(default_factory=dict)
     #: ``input_required`` with a ``requestState``: the call is suspended, not finished (§E2, §A5).
     request_state: str | None = None
+    #: A synthesized error's ``data.reason`` (``max_elicitation_rounds`` ...), when it has one.
+    reason: str | None = None
 
 
 def classify(observed: Observed, *, not_executed_on_error: bool = False) -> Outcome:
