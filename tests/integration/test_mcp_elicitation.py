@@ -22,13 +22,23 @@ import pytest
 
 from ctrlrun.gateway.elicitation import PREFIX, issue
 from ctrlrun.models import Continuation, EffectRecord, Event
-from tests.support import Misbehaving, executions, mcp_post, receipts, start_gateway, start_upstream, tools_call
+from tests.support import (
+    Misbehaving,
+    executions,
+    mcp_post,
+    receipts,
+    run_command,
+    start_gateway,
+    start_upstream,
+    tools_call,
+)
 
 pytestmark = pytest.mark.slow
 
 TOOLS = ("elicit", "elicit_no_state", "elicit_then_drop", "elicit_then_refuse")
 POLICY = "schema: ctrlrun.policy/v2\nactions:\n" + "".join(
-    f'  mcp.bad.{tool}:\n    effect: "{tool}:{{key}}"\n    decision: allow\n' for tool in TOOLS)
+    f'  mcp.bad.{tool}:\n    effect: "{tool}:{{key}}"\n    decision: allow\n' for tool in TOOLS) + (
+    '  mcp.bad.elicit_gated:\n    effect: "elicit_gated:{key}"\n    decision: approve\n')
 
 
 @pytest.fixture
@@ -110,6 +120,22 @@ def test_a_two_round_elicitation_commits_one_action_once(gateway, bad):
     assert again[0] == 409 and again[1]["error"]["data"]["state"] == "committed"
     assert bad.calls.count("elicit") == 3  # three legs reached the upstream; the refusals did not
     assert [r["result"] for r in receipts_of("elicit")].count("committed") == 1
+
+
+def test_an_approved_call_that_asks_for_input_is_approved_once_and_commits(gateway, bad):
+    arguments = {"key": "k9"}
+    waiting = mcp_post(gateway.url, tools_call("elicit_gated", arguments))
+    assert waiting[0] == 403 and waiting[1]["error"]["code"] == -41002, waiting
+    run_command("approve", waiting[1]["error"]["data"]["request_id"], "--by", "ana")
+    asked = mcp_post(gateway.url, tools_call("elicit_gated", arguments))  # re-sent: the approval is presented
+    assert asked[0] == 200 and stamp(asked[1])["result"] == "suspended", asked
+    done = mcp_post(gateway.url, answering("elicit_gated", arguments, asked[1]["result"]["requestState"]))
+    assert done[0] == 200 and stamp(done[1])["result"] == "committed", done  # no second approval asked for
+    again = mcp_post(gateway.url, tools_call("elicit_gated", arguments))
+    assert again[0] == 409 and again[1]["error"]["data"]["state"] == "committed", again
+    assert bad.calls.count("elicit_gated") == 2
+    [receipt] = [r for r in receipts() if r["action_id"] == stamp(done[1])["action_id"]]
+    assert receipt["result"] == "committed"
 
 
 def test_unknown_forged_tampered_and_foreign_continuations_are_refused(gateway, bad):
