@@ -6,7 +6,9 @@ Every ``tools/call`` is a protected call (``ctrlrun.gateway.calls``); every othe
 unchanged, its answer streamed back. Refused before anything else: a body over the limit (413),
 a batch (``-32600``), JSON that does not parse (``-32700``) or nests deeper than ``MAX_DEPTH``
 (``-32600``), an unsupported protocol revision (``-32022``), mirror headers that contradict the
-body (``-32020``).
+body (``-32020``). An upstream's ``input_required`` suspends the call until the client answers it
+(``ctrlrun.gateway.elicitation``): the suspension lasts the Control's ``suspend_timeout`` (the
+``elicitation_timeout``), at most ``max_elicitation_rounds`` times per call.
 
 With ``webhook_secret`` (``--webhook-url``) the gateway also takes the signed answers to webhook
 approval requests at ``POST /ctrlrun/approvals/<request_id>`` (``ctrlrun.webhook.handle_inbound``,
@@ -27,6 +29,7 @@ from ctrlrun.canonical import Principal
 from ctrlrun.errors import CTRLRunError, InvalidArgument
 from ctrlrun.gateway import upstream as wire_upstream
 from ctrlrun.gateway.calls import intercept
+from ctrlrun.gateway.elicitation import MAX_ELICITATION_ROUNDS
 from ctrlrun.gateway.tracing import traced
 from ctrlrun.gateway.wire import (
     ALIAS_PATTERN,
@@ -72,7 +75,7 @@ class GatewayApp:
                  max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
                  allow_origins: tuple[str, ...] = (), otel: bool = False, otel_arguments: bool = False,
                  tracer_provider: Any = None, webhook_secret: bytes | None = None,
-                 webhook_replay_window: float = 300) -> None:
+                 webhook_replay_window: float = 300, max_elicitation_rounds: int = MAX_ELICITATION_ROUNDS) -> None:
         if not isinstance(upstream, str) or not upstream.startswith(("http://", "https://")):
             raise InvalidArgument(f"the upstream must be an http:// or https:// URL of an MCP server, not {upstream!r}")
         if not isinstance(alias, str) or not ALIAS_PATTERN.match(alias):
@@ -85,12 +88,17 @@ class GatewayApp:
         for name, value in (("max_body_bytes", max_body_bytes), ("max_response_bytes", max_response_bytes)):
             if not isinstance(value, int) or value < 1024:
                 raise InvalidArgument(f"{name} must be an integer of at least 1024 bytes, got {value!r}")
+        if isinstance(max_elicitation_rounds, bool) or not isinstance(max_elicitation_rounds, int) \
+                or max_elicitation_rounds < 1:
+            raise InvalidArgument(f"max_elicitation_rounds must be a whole number of at least 1, got "
+                                  f"{max_elicitation_rounds!r}")
         if not upstream_timeout or upstream_timeout <= 0:
             raise InvalidArgument(f"the upstream timeout must be a positive number of seconds, got {upstream_timeout!r}")
         self.upstream, self.alias, self.principal = upstream, alias, principal
         self.path = path.rstrip("/") or "/"
         self.upstream_timeout, self.max_body_bytes = float(upstream_timeout), max_body_bytes
         self.max_response_bytes, self.allow_origins = max_response_bytes, tuple(allow_origins)
+        self.max_elicitation_rounds = max_elicitation_rounds
         self._control = control
         if webhook_secret is not None:
             from ctrlrun.webhook import MIN_SECRET_BYTES
@@ -178,8 +186,11 @@ class GatewayApp:
         headers = wire_upstream.forward_headers(request.headers, drop=self._not_forwarded)
         request_id = message.get("id")
 
-        async def send(pins: Any) -> Any:
-            sent, sent_headers = call.outgoing(body, message, headers) if call is not None else (body, headers)
+        async def send(pins: Any, params: dict[str, Any] | None = None) -> Any:
+            # A continuation leg sends the client's message with the upstream's own requestState.
+            outgoing = message if params is None else {**message, "params": params}
+            raw = body if params is None else dumps(outgoing)
+            sent, sent_headers = call.outgoing(raw, outgoing, headers) if call is not None else (raw, headers)
             return await wire_upstream.exchange(self.upstream, sent, sent_headers, request_id,
                                                 timeout=self.upstream_timeout, max_bytes=self.max_response_bytes,
                                                 revision=revision, pins=pins)
@@ -200,7 +211,7 @@ class GatewayApp:
             status, answer, extra = await intercept(self.control, alias=self.alias, request_id=request_id,
                                                     params=params, principal=principal, send=send,
                                                     headers=identity_headers, upstream=self.upstream,
-                                                    tools=tools)
+                                                    tools=tools, max_elicitation_rounds=self.max_elicitation_rounds)
         except GatewayError as refused:
             if refused.request_id is None:
                 refused.request_id = request_id

@@ -51,7 +51,8 @@ class Outcome:
     headers: dict[str, str] = field(default_factory=dict)
     #: ``input_required`` with a ``requestState``: the call is suspended, not finished (§E2, §A5).
     request_state: str | None = None
-    #: ``data.reason`` of a synthesized error that has one (``upstream_mismatch`` for ``-41016``).
+    #: A synthesized error's ``data.reason`` (``upstream_mismatch`` for ``-41016``, ``max_elicitation_rounds``
+    #: ...), when it has one.
     reason: str | None = None
 
 

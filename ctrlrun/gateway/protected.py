@@ -34,7 +34,9 @@ from ctrlrun.errors import (
     CTRLRunError,
     DuplicateEffect,
     IdentityError,
+    InvalidArgument,
     NotExecuted,
+    Suspended,
 )
 from ctrlrun.gateway.wire import GatewayError, find_unrepresentable
 from ctrlrun.identity import IdentityContext, answer_of, wrapped
@@ -46,7 +48,12 @@ from ctrlrun.states import Decision
 from ctrlrun.upstream import check as pin_check
 from ctrlrun.upstream import MISMATCH, observe_certificate, observe_tool_schema, verified
 
-__all__ = ["Ambiguous", "NotRun", "Finished", "protected_tool_call", "receipt_meta", "refusal"]
+__all__ = ["Ambiguous", "NotRun", "Finished", "protected_tool_call", "resumed_tool_call", "receipt_meta", "refusal",
+           "CALL_BINDING"]
+
+#: While a ``run`` runs: the (action hash, effect key) of its call, for a run that suspends it
+#: (the gateway's elicitation binds its continuation to them).
+CALL_BINDING: ContextVar[tuple[str, str | None] | None] = ContextVar("ctrlrun_gateway_binding", default=None)
 
 
 class Ambiguous(Exception):
@@ -67,11 +74,12 @@ class NotRun(NotExecuted):
 
 @dataclass(frozen=True)
 class Finished:
-    """A call the kernel let through: ``result`` when it committed, else ``unfinished`` (the payload
-    of the ``Ambiguous`` or ``NotRun`` its run raised); ``meta`` is its receipt's stamp."""
+    """A call the kernel let through: ``result`` when it committed, else ``unfinished`` (the
+    ``Ambiguous`` or ``NotRun`` its run raised, or the ``Suspended``: held, no outcome yet);
+    ``meta`` is its receipt's stamp (a suspended call's: ``result: "suspended"``, its round)."""
 
     result: Any
-    unfinished: Ambiguous | NotRun | None
+    unfinished: Ambiguous | NotRun | Suspended | None
     meta: dict[str, Any]
 
 
@@ -169,22 +177,97 @@ async def protected_tool_call(control: Any, *, alias: str, tool: str, arguments:
     async def executor() -> Any:
         return await run(not_executed_on_error)
 
-    caught: list[dict[str, Any]] = []
-    token = _capture.set(caught)
-    result: Any = None
-    unfinished: Ambiguous | NotRun | None = None
-    try:
+    async def start() -> Any:
         with with_approval(presented) if presented else contextlib.nullcontext(), \
                 verified(name) if entry is not None and entry.upstream else contextlib.nullcontext():
-            try:
-                result = await control.acall(name, arguments, executor, principal=principal, headers=headers)
-            except (Ambiguous, NotRun) as exc:
-                unfinished = exc
-            except CTRLRunError as exc:
+            return await control.acall(name, arguments, executor, principal=principal, headers=headers)
+
+    return await _finished(control, name, request_id, bound, start)
+
+
+async def resumed_tool_call(control: Any, *, alias: str, tool: str, arguments: dict[str, Any],
+                            principal: Principal | None, continuation: str, action_hash: str,
+                            run: Callable[[bool], Awaitable[Any]], request_id: Any = None,
+                            headers: dict[str, str] | None = None, upstream: str | None = None,
+                            tools: Callable[[Any], Awaitable[Any]] | None = None) -> Finished:
+    """Finish the call suspended under ``continuation`` (``Control.aresume``), whose action hash the
+    continuation says is ``action_hash``: refused ``-41009`` unless this very call (tool, arguments,
+    principal) has that hash, and when no held suspension matches (resumed already, never issued,
+    lapsed). The policy is not evaluated again and no approval is asked for; authority is (the
+    kernel's resume), and a pinned entry's upstream is checked again (``-41016``, left suspended)."""
+    name = f"mcp.{alias}.{tool}"
+    policy = control.loaded_policy or await control.aread(control.load)
+    if principal is None and headers is not None and control.identity is not None:
+        principal = await _identified(control, name, policy, headers, request_id)
+    if principal is None:
+        raise GatewayError.of("no_principal", f"{name}: the identity named nobody for this request", request_id)
+    if not observers._process.count(_CATCHER):
+        observers.register(_CATCHER)
+    bound = _bound(policy, name, arguments, principal)
+    if bound is None or bound[0] != action_hash:
+        raise GatewayError.of("unknown_continuation", f"{name}: this continuation belongs to another call (the tool, "
+                              f"its arguments or who acts differ from the suspended call's); it is left as it was",
+                              request_id)
+    entry = policy.entry(name)
+    not_executed_on_error = bool((entry.mcp or {}).get("not_executed_on_error")) if entry is not None else False
+    if entry is not None and entry.upstream:
+        reason = await _pinned(entry.upstream, upstream, name, tool, tools)
+        if reason is not None:
+            raise GatewayError.of("upstream_unpinned", f"{name}: the upstream no longer matches the policy's pin "
+                                  f"({reason}); the suspended call is not resumed (it is recorded ambiguous when "
+                                  f"its elicitation_timeout lapses)", request_id, reason=reason)
+    ran = False
+
+    async def executor() -> Any:
+        nonlocal ran
+        ran = True
+        return await run(not_executed_on_error)
+
+    async def start() -> Any:
+        try:
+            return await control.aresume(continuation, executor)
+        except InvalidArgument as exc:
+            if ran:
+                raise
+            raise GatewayError.of("unknown_continuation", f"{name}: {exc}", request_id) from None
+
+    return await _finished(control, name, request_id, bound, start)
+
+
+async def _finished(control: Any, name: str, request_id: Any, bound: tuple[str, str | None] | None,
+                    start: Callable[[], Awaitable[Any]]) -> Finished:
+    """Run one leg through the kernel (``start``) with its receipt caught: what it came to."""
+    caught: list[dict[str, Any]] = []
+    token = _capture.set(caught)
+    binding = CALL_BINDING.set(bound)
+    result: Any = None
+    unfinished: Ambiguous | NotRun | Suspended | None = None
+    try:
+        try:
+            result = await start()
+        except (Ambiguous, NotRun) as exc:
+            unfinished = exc
+        except Suspended as exc:
+            return Finished(None, exc, await _suspended_meta(control, exc))
+        except CTRLRunError as exc:
+            cause = exc.__cause__ or exc.__context__
+            if not isinstance(exc, InvalidArgument) or not isinstance(cause, Suspended):
                 raise await refusal(control, exc, name, request_id) from None
+            # The kernel would not hold the key (observe mode, a lease that lapsed): recorded ambiguous.
+            unfinished = Ambiguous(getattr(cause, "payload", None), str(exc))
     finally:
+        CALL_BINDING.reset(binding)
         _capture.reset(token)
     return Finished(result, unfinished, receipt_meta(caught[-1] if caught else None))
+
+
+async def _suspended_meta(control: Any, suspended: Suspended) -> dict[str, Any]:
+    """The stamp of a suspended call: its action and attempt (no receipt yet), ``result:
+    "suspended"`` and the round."""
+    key = suspended.effect_key
+    effect = await control.aread(control.store.get_effect, key) if key else None
+    return {"action_id": effect.action_id if effect else None, "receipt_id": None, "effect_key": key,
+            "result": "suspended", "attempt": effect.attempt if effect else None, "round": suspended.round}
 
 
 async def _pinned(pins: Any, upstream: str | None, name: str, tool: str,

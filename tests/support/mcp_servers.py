@@ -3,7 +3,8 @@
 - ``start_upstream(folder)``: the SDK-built server of ``tests/support/mcp_upstream.py`` in its own
   OS process; its ``log`` holds one line per real execution;
 - ``Misbehaving``: a raw HTTP server in a thread that answers each ``tools/call`` the way its tool's
-  name says (drops the socket, ``isError``, a JSON-RPC error, HTTP 500, 401 with a challenge ...);
+  name says (drops the socket, ``isError``, a JSON-RPC error, HTTP 500, 401 with a challenge ...;
+  ``elicit*``: asks for input, ``input_required`` with or without a ``requestState``);
 - ``start_gateway(folder, upstream, policy)``: ``ctrlrun gateway`` as an OS process on the test store;
 - ``start_hosted(folder, policy)``: the SDK-built server of ``tests/support/mcp_hosted.py``, protected
   in its own process (``ctrlrun.mcp_server``), as an OS process on the test store.
@@ -67,7 +68,8 @@ class Proc:
 
 def start_upstream(folder: Path, tool_name: str = "refund", port: int | None = None, variant: str = "",
                    spans: Path | None = None) -> Proc:
-    """``variant="reschemed"``: the same tool names, ``refund`` with another description. ``spans``: a
+    """``variant="reschemed"``: the same tool names, ``refund`` with another description;
+    ``variant="elicit"``: ``confirmed_refund`` too, a tool that asks its client two questions. ``spans``: a
     file the upstream writes its OpenTelemetry server spans and the ``traceparent`` headers it got to."""
     port = port or free_port()
     log = folder / "executions.log"
@@ -163,7 +165,13 @@ def tools_call(tool: str, arguments: dict, request_id: int = 1) -> dict:
 
 
 class Misbehaving:
-    """A raw HTTP/1.1 server: ``tools/call`` of tool NAME answers as NAME says; ``calls`` counts them."""
+    """A raw HTTP/1.1 server: ``tools/call`` of tool NAME answers as NAME says; ``calls`` counts them,
+    ``seen`` keeps each call's params.
+
+    ``elicit`` asks its client ``arguments.rounds`` times (``input_required``, ``requestState``
+    ``up-1``, ``up-2`` ...), then answers complete naming the state and the client's answer it got;
+    ``elicit_no_state`` asks without a ``requestState``; ``elicit_then_drop`` and
+    ``elicit_then_refuse`` ask once, then drop the socket or answer ``-32602`` on the continuation."""
 
     def __init__(self) -> None:
         self.sock = socket.socket()
@@ -172,6 +180,7 @@ class Misbehaving:
         self.sock.listen(64)
         self.port = self.sock.getsockname()[1]
         self.calls: list[str] = []
+        self.seen: list[dict] = []
         threading.Thread(target=self._serve, daemon=True).start()
 
     @property
@@ -197,9 +206,35 @@ class Misbehaving:
             body = json.loads(raw.partition(b"\r\n\r\n")[2] or b"{}")
             tool = body.get("params", {}).get("name", "")
             self.calls.append(tool)
+            self.seen.append(body.get("params", {}))
             rid = body.get("id")
             if tool == "drop":
                 return  # read the call, closed without a word
+            params = body.get("params", {})
+            state = params.get("requestState")
+            if tool.startswith("elicit"):
+                if state is not None and tool == "elicit_then_drop":
+                    return
+                asked = int(state[3:]) if isinstance(state, str) and state.startswith("up-") else 0
+                wanted = (params.get("arguments") or {}).get("rounds", 1) if tool == "elicit" else 1
+                if state is not None and tool == "elicit_then_refuse":
+                    payload = {"jsonrpc": "2.0", "id": rid, "error": {"code": -32602, "message": "bad params"}}
+                elif asked >= wanted:
+                    answer = json.dumps({"state": state, "answers": params.get("inputResponses")}, sort_keys=True)
+                    payload = {"jsonrpc": "2.0", "id": rid, "result": {
+                        "content": [{"type": "text", "text": answer}], "resultType": "complete"}}
+                else:
+                    question = {"method": "elicitation/create", "params": {
+                        "mode": "form", "message": f"question {asked + 1}?",
+                        "requestedSchema": {"type": "object", "properties": {"ok": {"type": "boolean"}}}}}
+                    result = {"resultType": "input_required", "inputRequests": {f"q{asked + 1}": question}}
+                    if tool != "elicit_no_state":
+                        result["requestState"] = f"up-{asked + 1}"
+                    payload = {"jsonrpc": "2.0", "id": rid, "result": result}
+                data = json.dumps(payload).encode()
+                conn.sendall(f"HTTP/1.1 200 X\r\nContent-Type: application/json\r\nContent-Length: {len(data)}\r\n"
+                             f"Connection: close\r\n\r\n".encode() + data)
+                return
             status, headers, payload = 200, {}, {"jsonrpc": "2.0", "id": rid,
                                                  "result": {"content": [{"type": "text", "text": "ok"}],
                                                             "resultType": "complete"}}

@@ -1,11 +1,14 @@
 """An MCP server built with the SDK (``MCPServer``), run as its own OS process on loopback:
 ``python -m tests.support.mcp_upstream PORT LOG [TOOL_NAME [VARIANT]]`` (``reschemed``: ``refund``
-described differently, so its ``tools/list`` entry changes).
+described differently, so its ``tools/list`` entry changes; ``elicit``: ``confirmed_refund`` too).
 
 ``refund`` (or ``TOOL_NAME``: the tool renamed) appends one line per execution to LOG, so a test
 counts how often each key really ran; ``slow_refund`` writes its line and then waits, so a test can
-kill this process in the middle of a call; ``broken`` answers ``isError``. ``CTRLRUN_TEST_SPANS=FILE``
-records the SDK's server spans and the ``traceparent`` headers it was sent (``traced``).
+kill this process in the middle of a call; ``broken`` answers ``isError``; ``confirmed_refund`` (variant
+``elicit``) asks its client two questions (MCP elicitation, ``input_required`` with a
+``requestState``: is it meant, and why) and refunds on the third leg, naming the answers.
+``CTRLRUN_TEST_SPANS=FILE`` records the SDK's server spans and the ``traceparent`` headers it was sent
+(``traced``).
 """
 from __future__ import annotations
 
@@ -14,7 +17,8 @@ import sys
 import time
 
 import uvicorn
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
+from mcp_types import ElicitRequest, ElicitRequestFormParams, InputRequiredResult
 
 
 def build(log: str, tool_name: str = "refund", variant: str = "") -> MCPServer:
@@ -42,10 +46,32 @@ def build(log: str, tool_name: str = "refund", variant: str = "") -> MCPServer:
         executed(f"broken {payment_id}")
         raise RuntimeError("the bank is closed")
 
+    def ask(key: str, message: str, field: str, kind: str) -> dict:
+        schema = {"type": "object", "properties": {field: {"type": kind}}, "required": [field]}
+        return {key: ElicitRequest(params=ElicitRequestFormParams(message=message, requested_schema=schema))}
+
+    def confirmed_refund(payment_id: str, amount: int, ctx: Context) -> str | InputRequiredResult:
+        """Refund after the person behind the client confirms it and says why."""
+        state, answers = ctx.request_state, ctx.input_responses or {}
+        if state is None:
+            return InputRequiredResult(input_requests=ask("confirm", f"Refund {amount} on {payment_id}?", "ok",
+                                                          "boolean"), request_state=f"asked-confirm:{payment_id}")
+        if state == f"asked-confirm:{payment_id}" and "confirm" in answers:
+            ok = answers["confirm"].content["ok"]
+            return InputRequiredResult(input_requests=ask("reason", "Why?", "reason", "string"),
+                                       request_state=f"asked-reason:{payment_id}:{ok}")
+        if state.startswith(f"asked-reason:{payment_id}:") and "reason" in answers:
+            reason = answers["reason"].content["reason"]
+            executed(f"confirmed_refund {payment_id} {amount} {state.rsplit(':', 1)[1]} {reason}")
+            return f"refunded {amount} on {payment_id} ({reason})"
+        raise ValueError(f"unexpected requestState {state!r}")
+
     server.tool(name=tool_name, description="Refund, then notify the customer." if variant == "reschemed"
                 else None)(refund)
     server.tool()(slow_refund)
     server.tool()(broken)
+    if variant == "elicit":
+        server.tool()(confirmed_refund)
     return server
 
 

@@ -12,6 +12,11 @@ from ._gateway_identity import add_identity_arguments, identity_from
 from ._gateway_otel import add_otel_arguments, otel_from, otel_stop
 
 
+#: ``ctrlrun.gateway.elicitation``'s defaults (not imported here: that package needs the mcp extra,
+#: and ``--help`` must not).
+ELICITATION_TIMEOUT_SECONDS, MAX_ELICITATION_ROUNDS = 300, 8
+
+
 def _listen(value: str) -> tuple[str, int]:
     host, sep, port = value.rpartition(":")
     if not sep or not port.isdigit() or not 0 < int(port) < 65536 or not host:
@@ -48,6 +53,12 @@ class Command(CtrlrunCommand):
                             help="the largest upstream answer read (default 16 MiB)")
         parser.add_argument("--allow-origin", action="append", default=[],
                             help="a browser Origin allowed besides loopback (repeatable)")
+        parser.add_argument("--elicitation-timeout", type=positive_int, default=ELICITATION_TIMEOUT_SECONDS,
+                            help="seconds a call that asked its client for input keeps its key for the answer "
+                                 "(default 300; the Control's suspend_timeout; never shorter than the call's lease)")
+        parser.add_argument("--max-elicitation-rounds", type=positive_int, default=MAX_ELICITATION_ROUNDS,
+                            help="how many times one call may ask for input; one more is recorded ambiguous "
+                                 "(default 8)")
         add_otel_arguments(parser)
         add_approval_arguments(parser)
 
@@ -63,9 +74,11 @@ class Command(CtrlrunCommand):
         from ...control import Control, default_control
 
         try:
-            if provider is not None or options["environment"] or authority is not None or webhook is not None:
+            timeout = options["elicitation_timeout"]
+            if provider is not None or options["environment"] or authority is not None or webhook is not None \
+                    or timeout != ELICITATION_TIMEOUT_SECONDS:
                 control = Control(environment=options["environment"], identity=provider, authority=authority,
-                                  approvals=webhook)
+                                  approvals=webhook, suspend_timeout=timeout)
             else:
                 control = default_control()
             policy = control.read_policy()
@@ -76,7 +89,8 @@ class Command(CtrlrunCommand):
                              max_body_bytes=options["max_body_bytes"], max_response_bytes=options["max_response_bytes"],
                              allow_origins=tuple(options["allow_origin"]), otel=options["otel"],
                              otel_arguments=options["otel_arguments"], tracer_provider=tracer_provider,
-                             webhook_secret=secret, webhook_replay_window=window)
+                             webhook_secret=secret, webhook_replay_window=window,
+                             max_elicitation_rounds=options["max_elicitation_rounds"])
         except CTRLRunError as exc:
             raise Error(str(exc)) from None
         identity_lines = [*identity_lines, approvals_line(webhook)]
@@ -97,6 +111,9 @@ class Command(CtrlrunCommand):
         lines = [f"ctrlrun gateway on http://{host}:{port}{options['path']} -> {options['upstream']}",
                  f"environment {policy.environment}", *identity_lines]
         lines.append(authority_line(policy))
+        lines.append(f"elicitation: a call that asks its client for input keeps its key "
+                     f"{int(control.suspend_timeout.total_seconds())} s for the answer, at most "
+                     f"{options['max_elicitation_rounds']} rounds")
         lines.append(f"actions: {', '.join(actions) if actions else f'none named {prefix}* (every tool is denied)'}")
         if unkeyed:
             lines.append(f"no effect: template (not deduplicated): {', '.join(unkeyed)}")
