@@ -23,6 +23,7 @@ from ctrlrun.canonical import Principal
 from ctrlrun.errors import InvalidArgument
 from ctrlrun.gateway import upstream as wire_upstream
 from ctrlrun.gateway.calls import intercept
+from ctrlrun.gateway.listing import Malformed, without_hidden
 from ctrlrun.gateway.wire import (
     ALIAS_PATTERN,
     DEFAULT_REVISION,
@@ -62,7 +63,7 @@ class GatewayApp:
     def __init__(self, *, upstream: str, alias: str, principal: Callable[[Request], Principal | None] | None = None,
                  control: Any = None, private_headers: tuple[str, ...] = (), path: str = "/mcp", upstream_timeout: float = DEFAULT_UPSTREAM_TIMEOUT,
                  max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
-                 allow_origins: tuple[str, ...] = ()) -> None:
+                 allow_origins: tuple[str, ...] = (), hide_denied_tools: bool = False) -> None:
         if not isinstance(upstream, str) or not upstream.startswith(("http://", "https://")):
             raise InvalidArgument(f"the upstream must be an http:// or https:// URL of an MCP server, not {upstream!r}")
         if not isinstance(alias, str) or not ALIAS_PATTERN.match(alias):
@@ -75,6 +76,8 @@ class GatewayApp:
         for name, value in (("max_body_bytes", max_body_bytes), ("max_response_bytes", max_response_bytes)):
             if not isinstance(value, int) or value < 1024:
                 raise InvalidArgument(f"{name} must be an integer of at least 1024 bytes, got {value!r}")
+        if not isinstance(hide_denied_tools, bool):
+            raise InvalidArgument(f"hide_denied_tools must be True or False, got {hide_denied_tools!r}")
         if not upstream_timeout or upstream_timeout <= 0:
             raise InvalidArgument(f"the upstream timeout must be a positive number of seconds, got {upstream_timeout!r}")
         self.upstream, self.alias, self.principal = upstream, alias, principal
@@ -82,6 +85,8 @@ class GatewayApp:
         self.upstream_timeout, self.max_body_bytes = float(upstream_timeout), max_body_bytes
         self.max_response_bytes, self.allow_origins = max_response_bytes, tuple(allow_origins)
         self._control = control
+        #: ``--hide-denied-tools``: tools/list answers leave out what the policy denies outright.
+        self.hide_denied_tools = hide_denied_tools
         # Headers an identity provider reads are the gateway's: never passed on to the tool.
         self._not_forwarded = _NOT_FORWARDED | {name.strip().lower() for name in private_headers}
 
@@ -123,6 +128,8 @@ class GatewayApp:
             message, revision = self._message(request, body)
         except GatewayError as refused:
             return _json(refused.status, refused.body())
+        if message.get("method") == "tools/list" and "id" in message and self.hide_denied_tools:
+            return await self._listed(request, body, message["id"])
         if message.get("method") != "tools/call" or "id" not in message:
             return await self._relay(request, body)
         headers = wire_upstream.forward_headers(request.headers, drop=self._not_forwarded)
@@ -203,6 +210,50 @@ class GatewayApp:
         headers = {k.lower(): v for k, v in request.headers.items()}
         check_mirror_headers(headers, message, revision)
         return message, revision
+
+    async def _listed(self, request: Request, body: bytes, request_id: Any) -> Response:
+        """A ``tools/list`` under ``hide_denied_tools``: relayed, its answer read whole (within the
+        response bound) and sent back without the tools the policy in force denies outright. The
+        policy is the one the next call would be decided by (read again when its file changed), so
+        the list follows it. An answer that is not a readable list is relayed unchanged."""
+        headers = wire_upstream.forward_headers(request.headers, drop=self._not_forwarded)
+        try:
+            async with httpx.AsyncClient(timeout=self.upstream_timeout, trust_env=False,
+                                         follow_redirects=False) as client:
+                async with client.stream("POST", self.upstream, content=body, headers=headers,
+                                         params=request.query_params) as upstream:
+                    chunks, size = [], 0
+                    async for chunk in upstream.aiter_bytes():
+                        size += len(chunk)
+                        if size > self.max_response_bytes:
+                            logger.warning("the upstream's tools/list answer exceeded %d bytes; not relayed",
+                                           self.max_response_bytes)
+                            return _json(502, error_body(request_id, -32603, f"the upstream's tools/list answer is "
+                                                         f"larger than {self.max_response_bytes} bytes "
+                                                         f"(--max-response-bytes)"))
+                        chunks.append(chunk)
+        except httpx.HTTPError as exc:
+            return _json(502, error_body(None, -32603, f"the upstream {self.upstream} could not be reached: "
+                                                       f"{type(exc).__name__}"))
+        raw, kept = b"".join(chunks), wire_upstream.forward_headers(upstream.headers)
+        if upstream.status_code != 200:
+            return Response(raw, status_code=upstream.status_code, headers=kept)
+        kind = upstream.headers.get("content-type", "").split(";")[0].strip().lower()
+        prefix = f"mcp.{self.alias}."
+        try:
+            control = self.control
+            policy = control.loaded_policy or await control.aread(control.load)
+            raw, hidden = without_hidden(raw, kind, request_id, lambda tool: policy.denies_outright(prefix + tool))
+        except Malformed as exc:
+            logger.warning("the upstream's tools/list answer is relayed unchanged (nothing hidden): %s", exc)
+        except Exception as exc:  # the policy cannot be read: the list is a courtesy, each call still decides
+            logger.warning("the upstream's tools/list answer is relayed unchanged (nothing hidden): the policy "
+                           "could not be read (%s: %s)", type(exc).__name__, exc)
+        else:
+            if hidden:
+                logger.info("tools/list: %d tool(s) the policy denies outright left out: %s", len(hidden),
+                            ", ".join(repr(name[:64]) for name in hidden[:20]))
+        return Response(raw, status_code=upstream.status_code, headers=kept)
 
     async def _relay(self, request: Request, body: bytes) -> Response:
         """Any message but a tools/call: sent on, its answer streamed back unchanged (within the

@@ -46,6 +46,9 @@ class Command(CtrlrunCommand):
                             help="the largest upstream answer read (default 16 MiB)")
         parser.add_argument("--allow-origin", action="append", default=[],
                             help="a browser Origin allowed besides loopback (repeatable)")
+        parser.add_argument("--hide-denied-tools", action="store_true",
+                            help="leave out of tools/list the tools the policy denies outright (unlisted, a bare "
+                                 "decision: deny, or rules that all deny); calling one is still refused")
 
     def run(self, **options: Any) -> None:
         principal, provider, private, identity_lines = identity_from(options)
@@ -66,7 +69,8 @@ class Command(CtrlrunCommand):
             app = GatewayApp(upstream=options["upstream"], alias=options["alias"], principal=principal,
                              control=control, private_headers=private, path=options["path"], upstream_timeout=options["upstream_timeout"],
                              max_body_bytes=options["max_body_bytes"], max_response_bytes=options["max_response_bytes"],
-                             allow_origins=tuple(options["allow_origin"]))
+                             allow_origins=tuple(options["allow_origin"]),
+                             hide_denied_tools=options["hide_denied_tools"])
         except CTRLRunError as exc:
             raise Error(str(exc)) from None
         self.stdout.write(self.banner(control, policy, options, host, port, identity_lines))
@@ -89,4 +93,8 @@ class Command(CtrlrunCommand):
         lines.append(f"actions: {', '.join(actions) if actions else f'none named {prefix}* (every tool is denied)'}")
         if unkeyed:
             lines.append(f"no effect: template (not deduplicated): {', '.join(unkeyed)}")
+        if options.get("hide_denied_tools"):
+            lines.append("hide-denied-tools: on (tools/list leaves out the tools the policy in force denies outright; "
+                         "calling one is still refused)" + (" - the policy is in observe mode, so none is"
+                                                            if policy.observing else ""))
         return "\n".join(lines)
