@@ -21,9 +21,12 @@ from starlette.responses import Response, StreamingResponse
 
 from ctrlrun.canonical import Principal
 from ctrlrun.errors import InvalidArgument
+from ctrlrun.kernel.context import call_origin
 from ctrlrun.gateway import upstream as wire_upstream
 from ctrlrun.gateway.calls import intercept
 from ctrlrun.gateway.listing import Malformed, without_hidden
+from ctrlrun.gateway.origin import Sessions, client_info
+from ctrlrun.gateway.origin import origin as origin_of
 from ctrlrun.gateway.wire import (
     ALIAS_PATTERN,
     DEFAULT_REVISION,
@@ -87,6 +90,8 @@ class GatewayApp:
         self._control = control
         #: ``--hide-denied-tools``: tools/list answers leave out what the policy denies outright.
         self.hide_denied_tools = hide_denied_tools
+        #: The clientInfo of the sessions whose initialize this gateway relayed (for each call's origin).
+        self.sessions = Sessions()
         # Headers an identity provider reads are the gateway's: never passed on to the tool.
         self._not_forwarded = _NOT_FORWARDED | {name.strip().lower() for name in private_headers}
 
@@ -121,6 +126,8 @@ class GatewayApp:
         origin = request.headers.get("origin")
         if origin is not None and not self._origin_ok(origin):
             return _json(403, error_body(None, INVALID_REQUEST, f"origin {origin!r} is not allowed (--allow-origin)"))
+        if request.method == "DELETE":  # the client ends its session
+            self.sessions.forget(request.headers.get("mcp-session-id"))
         if request.method != "POST":
             return await self._relay(request, b"")
         try:
@@ -128,6 +135,12 @@ class GatewayApp:
             message, revision = self._message(request, body)
         except GatewayError as refused:
             return _json(refused.status, refused.body())
+        if message.get("method") == "initialize":  # its clientInfo names the session's later calls
+            params = message.get("params")
+            response = await self._relay(request, body)
+            self.sessions.remember(response.headers.get("mcp-session-id"),
+                                   client_info(params.get("clientInfo")) if isinstance(params, dict) else None)
+            return response
         if message.get("method") == "tools/list" and "id" in message and self.hide_denied_tools:
             return await self._listed(request, body, message["id"])
         if message.get("method") != "tools/call" or "id" not in message:
@@ -153,10 +166,14 @@ class GatewayApp:
             principal = self.principal(request) if self.principal is not None else None
             identity_headers = None if self.principal is not None else {
                 name.lower(): value for name, value in request.headers.items()}
-            status, answer, extra = await intercept(self.control, alias=self.alias, request_id=request_id,
-                                                    params=params, principal=principal, send=send,
-                                                    headers=identity_headers, upstream=self.upstream,
-                                                    tools=tools)
+            came_from = origin_of(alias=self.alias, upstream=self.upstream, meta=params.get("_meta"),
+                               session_id=request.headers.get("mcp-session-id"),
+                               user_agent=request.headers.get("user-agent"), sessions=self.sessions)
+            with call_origin(came_from):  # recorded in the call's ACTION_PROPOSED event
+                status, answer, extra = await intercept(self.control, alias=self.alias, request_id=request_id,
+                                                        params=params, principal=principal, send=send,
+                                                        headers=identity_headers, upstream=self.upstream,
+                                                        tools=tools)
         except GatewayError as refused:
             if refused.request_id is None:
                 refused.request_id = request_id

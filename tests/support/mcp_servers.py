@@ -207,7 +207,7 @@ def sdk_client_calls(url: str, *calls: tuple[str, dict]) -> list:
 
 
 def session_calls(url: str, *calls: tuple[str, dict], client_name: str = "ctrlrun-tests",
-                  headers: dict[str, str] | None = None) -> list:
+                  client_version: str = "7.1", headers: dict[str, str] | None = None) -> list:
     """The SDK's ``ClientSession`` over its streamable-HTTP transport (the initialize handshake, a
     session id): the names ``tools/list`` gives (every page, following ``nextCursor``), then each
     call's CallToolResult or the MCPError it raised."""
@@ -220,7 +220,7 @@ def session_calls(url: str, *calls: tuple[str, dict], client_name: str = "ctrlru
         answers: list = []
         async with create_mcp_http_client(headers=headers) as http, \
                 streamable_http_client(url, http_client=http) as (read, write), \
-                ClientSession(read, write, client_info=types.Implementation(name=client_name, version="7.1")) as session:
+                ClientSession(read, write, client_info=types.Implementation(name=client_name, version=client_version)) as session:
             await session.initialize()
             names, cursor = [], None
             for _ in range(50):
