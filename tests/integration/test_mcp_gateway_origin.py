@@ -5,10 +5,13 @@ call's ACTION_PROPOSED event carries its origin (client, session, upstream), bou
 hash-chained events; the call's and the receipt's pages show it escaped."""
 from __future__ import annotations
 
+import json
+
 import pytest
 from django.test import Client
 
 from tests.support import (
+    evidence_unguarded,
     make_user,
     mcp_post,
     receipt_url,
@@ -58,13 +61,16 @@ def calls(tmp_path, store_db):
         raw = tools_call("refund", {"payment_id": "o3", "amount": 7})
         del raw["params"]["_meta"]["io.modelcontextprotocol/clientInfo"]
         status, answer = mcp_post(gateway.url, raw, headers={"user-agent": "probe/1.0 " + "x" * 3000})
+        # The current revision names its client in each request's _meta (tools_call sends "raw-test").
+        _, modern = mcp_post(gateway.url, tools_call("refund", {"payment_id": "o4", "amount": 8}))
     finally:
         gateway.stop()
         upstream.stop()
     assert allowed.meta["com.ctrlrun/receipt"]["result"] == "committed" and denied.error.code == -41001
     assert status == 200
     return {"allowed": allowed.meta["com.ctrlrun/receipt"], "denied": denied.error.data["action_id"],
-            "raw": answer["result"]["_meta"]["com.ctrlrun/receipt"], "upstream": upstream.url}
+            "raw": answer["result"]["_meta"]["com.ctrlrun/receipt"], "upstream": upstream.url,
+            "modern": modern["result"]["_meta"]["com.ctrlrun/receipt"]["action_id"]}
 
 
 def test_each_gateway_call_records_its_client_session_and_upstream_bounded_and_chained(calls):
@@ -79,6 +85,7 @@ def test_each_gateway_call_records_its_client_session_and_upstream_bounded_and_c
     raw = _origin_of(calls["raw"]["action_id"])
     assert raw["client"] is None and raw["session_id"] is None
     assert raw["user_agent"] == ("probe/1.0 " + "x" * 3000)[:256] + "…"
+    assert _origin_of(calls["modern"])["client"] == {"name": "raw-test", "version": "1"}
     # The origin is in the event chain, which still verifies whole.
     assert any("intact" in line for line in run_command("receipts", "--verify-chain")), \
         run_command("receipts", "--verify-chain")
@@ -115,3 +122,20 @@ def test_a_call_not_through_the_gateway_shows_no_origin(store_db, refund, agent)
     client.force_login(make_user("auditor"))
     assert 'id="ctrlrun-call-origin"' not in client.get(url("ctrlrun_call", doc["action_id"])).content.decode()
     assert "Through the MCP gateway" not in text(client.get(receipt_url(doc["receipt_id"])))
+
+
+def test_an_origin_rewritten_afterwards_breaks_the_event_chain(calls):
+    """The origin is evidence: an attacker who drops the guard and renames the client is named."""
+    from django.db import connection
+
+    from ctrlrun import store
+    from ctrlrun.models import Event
+
+    event = Event.objects.get(action_id=calls["allowed"]["action_id"], type="ACTION_PROPOSED")
+    assert store.verify().ok
+    forged = event.data | {"origin": event.data["origin"] | {"client": {"name": "trusted-ide", "version": "1"}}}
+    with evidence_unguarded(), connection.cursor() as cursor:
+        cursor.execute('UPDATE "ctrlrun_event" SET "data" = %s WHERE "id" = %s', [json.dumps(forged), event.id])
+    report = store.verify()
+    first = report.breaks[0]
+    assert not report.ok and (first.name, first.kind, first.seq) == ("content_altered", "event", event.seq), first
