@@ -143,6 +143,10 @@ class Call:
     required_roles: tuple[Any, ...] = ()
     approvals_required: int = 1
     approvers: tuple[Any, ...] = ()
+    #: Where the call came from, when a surface said (``kernel.context.call_origin``: the MCP gateway's
+    #: client, session and upstream): kept in ACTION_PROPOSED's data, so the event chain covers it. Not
+    #: in the action or its hash (an approval binds what runs, not who relayed it).
+    origin: Mapping[str, Any] | None = field(default=None, compare=False)
 
     @property
     def authority_grant_id(self) -> str | None:

@@ -125,6 +125,14 @@ def _proposed(events: list[Any]) -> dict[str, Any] | None:
     return None
 
 
+def _origin(events: list[Any]) -> Any:
+    """Where the call came from: the ``origin`` of the last ACTION_PROPOSED among ``events`` that has one."""
+    for event in reversed(events):
+        if event.type == "ACTION_PROPOSED" and isinstance(event.data, dict) and "origin" in event.data:
+            return event.data["origin"]
+    return None
+
+
 def _policy_document(policy_hash: str | None) -> PolicyDocumentView | None:
     """The stored policy text pages explain decisions with: only one ctrlrun stored (a row written
     under a policy's hash outside ctrlrun is never shown as the rules that decided)."""

@@ -242,6 +242,35 @@ def _value_html(value: Any) -> SafeString:
     return mark_safe(dumps_html(value, sort_keys=True))
 
 
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def origin_html(origin: Any) -> SafeString | None:
+    """Where a call came from (ACTION_PROPOSED's ``origin``, ``ctrlrun.gateway.origin``) as rows: the
+    MCP client as it names itself (else its User-Agent), the MCP session, the upstream. Every value
+    is the client's own text, shown escaped. None when the call did not come through the gateway."""
+    if not isinstance(origin, Mapping) or origin.get("surface") != "mcp-gateway":
+        return None
+    client = origin.get("client") if isinstance(origin.get("client"), Mapping) else {}
+    name, version, agent = _text(client.get("name")), _text(client.get("version")), _text(origin.get("user_agent"))
+    if name is not None:
+        who = format_html('{} {} <span class="ctrlrun-note">({})</span>', shown(name), shown(version, empty=""),
+                          _g("MCP clientInfo, as the client names itself"))
+    elif agent is not None:
+        who = format_html('{} <span class="ctrlrun-note">({})</span>', shown(agent),
+                          _g("User-Agent: the gateway did not see the session's clientInfo"))
+    else:
+        who = format_html("{}", _g("not named (no clientInfo, no User-Agent)"))
+    upstream = origin.get("upstream") if isinstance(origin.get("upstream"), Mapping) else {}
+    rows = ((_g("client"), who),
+            (_g("MCP session"), shown(_text(origin.get("session_id")), empty=_g("none (a request without a session)"))),
+            (_g("upstream"), format_html("{} — {}", shown(_text(upstream.get("alias"))),
+                                         shown(_text(upstream.get("url"))))))
+    return format_html('<dl class="ctrlrun-kv" id="ctrlrun-origin">{}</dl>',
+                       format_html_join("", "<div><dt>{}</dt><dd>{}</dd></div>", rows))
+
+
 def data_rows(data: Mapping[str, Any] | Any) -> SafeString:
     """Event data as key/value rows; a nested value (the proposed action) as compact JSON."""
     if not isinstance(data, Mapping):

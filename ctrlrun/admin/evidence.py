@@ -19,8 +19,8 @@ from django.utils.translation import gettext_lazy as _
 
 from .. import conf, store
 from .console import (
-    approval_link, badge, call_link, changelist_url, controls_html, effect_link, link, policy_link, reason_html,
-    receipt_link, shown, tampered_badge, when,
+    approval_link, badge, call_link, changelist_url, controls_html, effect_link, link, origin_html, policy_link,
+    reason_html, receipt_link, shown, tampered_badge, when,
 )
 from ..display import dumps, reveal, reveal_html
 from ..errors import CTRLRunError
@@ -30,7 +30,7 @@ from ..report import chain_lines
 from ..states import EMITTED_EVENT_TYPES, EffectState, EventType, effective_approval_status
 from .base import (
     EvidenceAdmin, RevealedValuesFilter, WrittenFilter, _action_summary, _at, _now, _object_key, _policy_document,
-    _pre, _proposed, _receipt_rows, _timeline,
+    _origin, _pre, _proposed, _receipt_rows, _timeline,
 )
 
 
@@ -117,7 +117,7 @@ class ReceiptAdmin(EvidenceAdmin):
     ]
     readonly_fields = ("at_ts", "shown_action", "shown_agent", "decision_and_rule", "cited_controls", "outcome",
                        "observed_execution", "observed_would_have", "shown_key", "call", "approval", "shown_policy",
-                       "policy_version", "previous", "pretty_document")
+                       "policy_version", "through_gateway", "previous", "pretty_document")
     #: Shown on the page of an observe-mode receipt (``result: observed``), under the decision.
     observed_fieldset = (_("Observe mode: what ran, and what enforcement would have done"),
                          {"fields": ("observed_execution", "observed_would_have")})
@@ -220,7 +220,24 @@ class ReceiptAdmin(EvidenceAdmin):
             fields = list(first[1]["fields"])
             fields.insert(fields.index("shown_policy") + 1, "policy_version")
             fieldsets[0] = (first[0], {**first[1], "fields": tuple(fields)})
+        if obj is not None and self._came_from(obj) is not None:  # a call through the MCP gateway
+            first = fieldsets[0]
+            fields = list(first[1]["fields"])
+            fields.insert(fields.index("shown_agent") + 1, "through_gateway")
+            fieldsets[0] = (first[0], {**first[1], "fields": tuple(fields)})
         return fieldsets
+
+    @staticmethod
+    def _came_from(obj: Receipt) -> SafeString | None:
+        """Where the receipt's call came from (its ACTION_PROPOSED event's ``origin``), read once per page."""
+        if "_ctrlrun_origin" not in obj.__dict__:
+            obj.__dict__["_ctrlrun_origin"] = origin_html(_origin(store.events_for_action(obj.action_id))) \
+                if obj.action_id else None
+        return obj.__dict__["_ctrlrun_origin"]
+
+    @admin.display(description=_("through the MCP gateway"))
+    def through_gateway(self, obj: Receipt) -> SafeString:
+        return self._came_from(obj) or shown(None)
 
     @admin.display(description=_("controls cited"))
     def cited_controls(self, obj: Receipt) -> SafeString:
@@ -447,6 +464,7 @@ class EventAdmin(EvidenceAdmin):
             "title": _g("Call %(id)s") % {"id": action_id},
             "action_id": action_id,
             "proposed": _action_summary(proposed),
+            "origin": origin_html(_origin(events)),
             "decision": badge(evaluated.get("decision")) if evaluated else None,
             "reason": reason_html(_policy_document(policy_hash), name, evaluated.get("reason")) if evaluated else None,
             "policy": policy_link(self.site, policy_hash) if policy_hash else None,

@@ -30,7 +30,11 @@ from ctrlrun.errors import CTRLRunError, InvalidArgument
 from ctrlrun.gateway import upstream as wire_upstream
 from ctrlrun.gateway.calls import intercept
 from ctrlrun.gateway.elicitation import MAX_ELICITATION_ROUNDS
+from ctrlrun.gateway.listing import Malformed, without_hidden
+from ctrlrun.gateway.origin import Sessions, client_info
+from ctrlrun.gateway.origin import origin as origin_of
 from ctrlrun.gateway.tracing import traced
+from ctrlrun.kernel.context import call_origin
 from ctrlrun.gateway.wire import (
     ALIAS_PATTERN,
     DEFAULT_REVISION,
@@ -75,7 +79,8 @@ class GatewayApp:
                  max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
                  allow_origins: tuple[str, ...] = (), otel: bool = False, otel_arguments: bool = False,
                  tracer_provider: Any = None, webhook_secret: bytes | None = None,
-                 webhook_replay_window: float = 300, max_elicitation_rounds: int = MAX_ELICITATION_ROUNDS) -> None:
+                 webhook_replay_window: float = 300, max_elicitation_rounds: int = MAX_ELICITATION_ROUNDS,
+                 hide_denied_tools: bool = False) -> None:
         if not isinstance(upstream, str) or not upstream.startswith(("http://", "https://")):
             raise InvalidArgument(f"the upstream must be an http:// or https:// URL of an MCP server, not {upstream!r}")
         if not isinstance(alias, str) or not ALIAS_PATTERN.match(alias):
@@ -92,6 +97,8 @@ class GatewayApp:
                 or max_elicitation_rounds < 1:
             raise InvalidArgument(f"max_elicitation_rounds must be a whole number of at least 1, got "
                                   f"{max_elicitation_rounds!r}")
+        if not isinstance(hide_denied_tools, bool):
+            raise InvalidArgument(f"hide_denied_tools must be True or False, got {hide_denied_tools!r}")
         if not upstream_timeout or upstream_timeout <= 0:
             raise InvalidArgument(f"the upstream timeout must be a positive number of seconds, got {upstream_timeout!r}")
         self.upstream, self.alias, self.principal = upstream, alias, principal
@@ -107,6 +114,10 @@ class GatewayApp:
                 raise InvalidArgument(f"webhook_secret must be bytes, at least {MIN_SECRET_BYTES} of them "
                                       f"(ctrlrun.webhook.webhook_secret reads one)")
         self.webhook_secret, self.webhook_replay_window = webhook_secret, float(webhook_replay_window)
+        #: ``--hide-denied-tools``: tools/list answers leave out what the policy denies outright.
+        self.hide_denied_tools = hide_denied_tools
+        #: The clientInfo of the sessions whose initialize this gateway relayed (for each call's origin).
+        self.sessions = Sessions()
         # Headers an identity provider reads are the gateway's: never passed on to the tool.
         self._not_forwarded = _NOT_FORWARDED | {name.strip().lower() for name in private_headers}
         self._tracing: Any = None
@@ -166,6 +177,8 @@ class GatewayApp:
         origin = request.headers.get("origin")
         if origin is not None and not self._origin_ok(origin):
             return _json(403, error_body(None, INVALID_REQUEST, f"origin {origin!r} is not allowed (--allow-origin)"))
+        if request.method == "DELETE":  # the client ends its session
+            self.sessions.forget(request.headers.get("mcp-session-id"))
         if request.method != "POST":
             return await self._relay(request, b"")
         try:
@@ -173,6 +186,14 @@ class GatewayApp:
             message, revision = self._message(request, body)
         except GatewayError as refused:
             return _json(refused.status, refused.body())
+        if message.get("method") == "initialize":  # its clientInfo names the session's later calls
+            params = message.get("params")
+            response = await self._relay(request, body)
+            self.sessions.remember(response.headers.get("mcp-session-id"),
+                                   client_info(params.get("clientInfo")) if isinstance(params, dict) else None)
+            return response
+        if message.get("method") == "tools/list" and "id" in message and self.hide_denied_tools:
+            return await self._listed(request, body, message["id"])
         if message.get("method") != "tools/call" or "id" not in message:
             return await self._relay(request, body)
         with traced(self._tracing, request, message, revision, self.alias, self.upstream) as call:
@@ -208,10 +229,14 @@ class GatewayApp:
             principal = self.principal(request) if self.principal is not None else None
             identity_headers = None if self.principal is not None else {
                 name.lower(): value for name, value in request.headers.items()}
-            status, answer, extra = await intercept(self.control, alias=self.alias, request_id=request_id,
-                                                    params=params, principal=principal, send=send,
-                                                    headers=identity_headers, upstream=self.upstream,
-                                                    tools=tools, max_elicitation_rounds=self.max_elicitation_rounds)
+            came_from = origin_of(alias=self.alias, upstream=self.upstream, meta=params.get("_meta"),
+                                  session_id=request.headers.get("mcp-session-id"),
+                                  user_agent=request.headers.get("user-agent"), sessions=self.sessions)
+            with call_origin(came_from):  # recorded in the call's ACTION_PROPOSED event
+                status, answer, extra = await intercept(self.control, alias=self.alias, request_id=request_id,
+                                                        params=params, principal=principal, send=send,
+                                                        headers=identity_headers, upstream=self.upstream,
+                                                        tools=tools, max_elicitation_rounds=self.max_elicitation_rounds)
         except GatewayError as refused:
             if refused.request_id is None:
                 refused.request_id = request_id
@@ -299,6 +324,50 @@ class GatewayApp:
         headers = {k.lower(): v for k, v in request.headers.items()}
         check_mirror_headers(headers, message, revision)
         return message, revision
+
+    async def _listed(self, request: Request, body: bytes, request_id: Any) -> Response:
+        """A ``tools/list`` under ``hide_denied_tools``: relayed, its answer read whole (within the
+        response bound) and sent back without the tools the policy in force denies outright. The
+        policy is the one the next call would be decided by (read again when its file changed), so
+        the list follows it. An answer that is not a readable list is relayed unchanged."""
+        headers = wire_upstream.forward_headers(request.headers, drop=self._not_forwarded)
+        try:
+            async with httpx.AsyncClient(timeout=self.upstream_timeout, trust_env=False,
+                                         follow_redirects=False) as client:
+                async with client.stream("POST", self.upstream, content=body, headers=headers,
+                                         params=request.query_params) as upstream:
+                    chunks, size = [], 0
+                    async for chunk in upstream.aiter_bytes():
+                        size += len(chunk)
+                        if size > self.max_response_bytes:
+                            logger.warning("the upstream's tools/list answer exceeded %d bytes; not relayed",
+                                           self.max_response_bytes)
+                            return _json(502, error_body(request_id, -32603, f"the upstream's tools/list answer is "
+                                                         f"larger than {self.max_response_bytes} bytes "
+                                                         f"(--max-response-bytes)"))
+                        chunks.append(chunk)
+        except httpx.HTTPError as exc:
+            return _json(502, error_body(None, -32603, f"the upstream {self.upstream} could not be reached: "
+                                                       f"{type(exc).__name__}"))
+        raw, kept = b"".join(chunks), wire_upstream.forward_headers(upstream.headers)
+        if upstream.status_code != 200:
+            return Response(raw, status_code=upstream.status_code, headers=kept)
+        kind = upstream.headers.get("content-type", "").split(";")[0].strip().lower()
+        prefix = f"mcp.{self.alias}."
+        try:
+            control = self.control
+            policy = control.loaded_policy or await control.aread(control.load)
+            raw, hidden = without_hidden(raw, kind, request_id, lambda tool: policy.denies_outright(prefix + tool))
+        except Malformed as exc:
+            logger.warning("the upstream's tools/list answer is relayed unchanged (nothing hidden): %s", exc)
+        except Exception as exc:  # the policy cannot be read: the list is a courtesy, each call still decides
+            logger.warning("the upstream's tools/list answer is relayed unchanged (nothing hidden): the policy "
+                           "could not be read (%s: %s)", type(exc).__name__, exc)
+        else:
+            if hidden:
+                logger.info("tools/list: %d tool(s) the policy denies outright left out: %s", len(hidden),
+                            ", ".join(repr(name[:64]) for name in hidden[:20]))
+        return Response(raw, status_code=upstream.status_code, headers=kept)
 
     async def _relay(self, request: Request, body: bytes) -> Response:
         """Any message but a tools/call: sent on, its answer streamed back unchanged (within the

@@ -21,14 +21,20 @@ __all__ = ["mount"]
 
 
 def mount(application: Any, gateway: GatewayApp, *, otel: bool = False, otel_arguments: bool = False,
-          tracer_provider: Any = None) -> Any:
+          tracer_provider: Any = None, hide_denied_tools: bool | None = None) -> Any:
     """An ASGI application: ``gateway`` at ``gateway.path``, ``application`` everywhere else.
 
     ``otel=True`` traces the gateway's calls (``GatewayApp.trace``: a span per ``tools/call``, through
-    ``tracer_provider`` or OpenTelemetry's global one), ``otel_arguments=True`` with argument values."""
+    ``tracer_provider`` or OpenTelemetry's global one), ``otel_arguments=True`` with argument values.
+    ``hide_denied_tools=True`` is ``--hide-denied-tools`` (the same as ``GatewayApp(hide_denied_tools=True)``):
+    ``tools/list`` leaves out the tools the policy denies outright. None keeps the gateway's own setting."""
     if not isinstance(gateway, GatewayApp):
         raise InvalidArgument(f"mount(application, gateway): gateway must be a ctrlrun.gateway.GatewayApp, not "
                               f"{type(gateway).__name__}")
+    if hide_denied_tools is not None:
+        if not isinstance(hide_denied_tools, bool):
+            raise InvalidArgument(f"mount(..., hide_denied_tools=...) must be True or False, got {hide_denied_tools!r}")
+        gateway.hide_denied_tools = hide_denied_tools
     if not callable(application):
         raise InvalidArgument("mount(application, gateway): application must be an ASGI application (e.g. "
                               "django.core.asgi.get_asgi_application())")

@@ -40,7 +40,7 @@ from ctrlrun.errors import (
 )
 from ctrlrun.gateway.wire import GatewayError, find_unrepresentable
 from ctrlrun.identity import IdentityContext, answer_of, wrapped
-from ctrlrun.kernel.context import with_approval
+from ctrlrun.kernel.context import current_origin, with_approval
 from ctrlrun.resent import answered_for as _answered_for
 from ctrlrun.resent import bound as _bound
 from ctrlrun.resent import settled as _settled
@@ -326,7 +326,8 @@ async def _record_refusal(control: Any, policy: Any, name: str, arguments: dict[
         action = Action(name, canonical_arguments(arguments), principal, environment=policy.environment)
     except CTRLRunError:
         return None
-    call = store.Call(action, Decision.DENY, reason, policy.hash, None, policy_version=policy.version)
+    call = store.Call(action, Decision.DENY, reason, policy.hash, None, policy_version=policy.version,
+                      origin=current_origin())
     await control.aread(store.record_denial, call, {"reason": reason, "error": message})
     return action.action_id
 
@@ -342,7 +343,7 @@ async def _record_unrepresentable(control: Any, policy: Any, name: str, argument
     except CTRLRunError:
         return None
     call = store.Call(action, Decision.DENY, "unrepresentable_argument", policy.hash, None,
-                      policy_version=policy.version)
+                      policy_version=policy.version, origin=current_origin())
     await control.aread(store.record_denial, call, {"reason": "unrepresentable_argument", "pointer": pointer,
                                                      "error": message})
     return action.action_id

@@ -41,7 +41,7 @@ def gate(run: Any, presented: str | None) -> Steps:
         return
     store = control.store
     call = store.Call(run.action, Decision.DENY, REASON, policy.hash, run.effect_key,
-                      policy_version=policy.version, task=run.task, hop=run.hop)
+                      policy_version=policy.version, task=run.task, hop=run.hop, origin=run.origin)
     yield Record(store.record_denial, (replace(call, approval_id=presented), {"reason": REASON}),
                  {"with_policy": False})
     raise ActionDenied(unapproved_message(run.name, policy, governs=governs, command=control.policy_command),

@@ -8,19 +8,21 @@ carries them into the thread.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextvars import ContextVar
+from typing import Any
 
 from ..canonical import Principal, idempotency_token_for
 from ..errors import InvalidArgument
 
 __all__ = ["context", "with_approval", "idempotency_token", "current_principal", "presented_approval",
-           "running_attempt"]
+           "running_attempt", "call_origin", "current_origin"]
 
 _principal: ContextVar[Principal | None] = ContextVar("ctrlrun_principal", default=None)
 _approval: ContextVar[str | None] = ContextVar("ctrlrun_approval", default=None)
 #: (effect key, attempt) of the protected function running in this context, for idempotency_token().
 running_attempt: ContextVar[tuple[str, int] | None] = ContextVar("ctrlrun_attempt", default=None)
+_origin: ContextVar[Mapping[str, Any] | None] = ContextVar("ctrlrun_origin", default=None)
 
 
 def current_principal() -> Principal | None:
@@ -29,6 +31,25 @@ def current_principal() -> Principal | None:
 
 def presented_approval() -> str | None:
     return _approval.get()
+
+
+def current_origin() -> Mapping[str, Any] | None:
+    return _origin.get()
+
+
+@contextlib.contextmanager
+def call_origin(origin: Mapping[str, Any]) -> Iterator[None]:
+    """Say where the protected calls inside the block came from (a JSON object of short strings: the
+    MCP gateway's client, session and upstream). Recorded in each call's ACTION_PROPOSED event, so
+    it is hash-chained evidence; it is not part of the action or its hash. The surface that sets it
+    bounds what it holds."""
+    if not isinstance(origin, Mapping):
+        raise InvalidArgument(f"call_origin() takes a mapping, not {type(origin).__name__}")
+    token = _origin.set(dict(origin))
+    try:
+        yield
+    finally:
+        _origin.reset(token)
 
 
 @contextlib.contextmanager

@@ -75,7 +75,7 @@ from ..preconditions import described_failure, fingerprint
 from ..roles import required_roles
 from ..states import Decision, Result
 from ..policy.schema import POLICY_CHANGE_ACTION
-from .context import current_principal, presented_approval
+from .context import current_origin, current_principal, presented_approval
 from .runtime import Runtime
 
 logger = logging.getLogger("ctrlrun")
@@ -243,6 +243,7 @@ def call_steps(control: Runtime, plan: Plan, bind: Callable[[], Mapping[str, Any
     # identity provider does not replace them, or the requester rule would have nobody to exclude.
     proposer = principal if plan.name == POLICY_CHANGE_ACTION else None
     principal = principal or current_principal()
+    origin = current_origin()
     provider = control.identity if proposer is None else None
     if principal is None and provider is None:
         raise _no_principal(plan.name)
@@ -261,13 +262,13 @@ def call_steps(control: Runtime, plan: Plan, bind: Callable[[], Mapping[str, Any
     action = Action(plan.name, arguments, principal, resource=resource, environment=policy.environment)
     if principal.expires_at is not None and principal.expired((yield Phase(store.now))):
         yield Record(store.record_denial, (store.Call(action, Decision.DENY, "principal_expired", policy.hash, None,
-                                                      policy_version=policy.version),
+                                                      policy_version=policy.version, origin=origin),
                                            {"reason": "principal_expired"}), {"with_policy": False})
         raise IdentityError(expired_message(plan.name, principal))
     if entry is not None and entry.upstream and not upstream_pins.is_verified(plan.name):
         # A pinned action (``upstream:``) runs only through the gateway, which checked the server.
         yield Record(store.record_denial, (store.Call(action, Decision.DENY, upstream_pins.UNVERIFIED, policy.hash,
-                                                      None, policy_version=policy.version),
+                                                      None, policy_version=policy.version, origin=origin),
                                            {"reason": upstream_pins.UNVERIFIED}), {"with_policy": False})
         raise ActionDenied(f"{plan.name}: the policy pins its upstream server ('upstream:'), which only the MCP "
                            f"gateway can check; it is refused here (upstream_unverified)",
@@ -286,15 +287,16 @@ def call_steps(control: Runtime, plan: Plan, bind: Callable[[], Mapping[str, Any
     if problem is not None:
         exc, template = problem
         call = store.Call(action, Decision.DENY, "effect_key_error", policy.hash, None,
-                          policy_version=policy.version)
+                          policy_version=policy.version, origin=origin)
         if policy.observing:  # observe mode refuses nothing: it runs, with no key to take, and says why
             logger.warning("%s: %s; enforcing, this call would be denied (effect_key_error)", plan.name, exc)
-            unkeyed = _Running(control, plan, policy, action, None, invoke, awaitable)
+            unkeyed = _Running(control, plan, policy, action, None, invoke, awaitable, origin=origin)
             return (yield from unkeyed.observe(call, presented_approval(), None, with_policy=False))
         yield Record(store.record_denial, (call, {"reason": "effect_key_error", **template, "error": str(exc)}),
                      {"with_policy": False})
         raise exc
-    run = _Running(control, plan, policy, action, effect_key, invoke, awaitable, named["task"], named["hop"])
+    run = _Running(control, plan, policy, action, effect_key, invoke, awaitable, named["task"], named["hop"],
+                   origin=origin)
     return (yield from run.decide_and_run(presented_approval()))
 
 
@@ -340,6 +342,8 @@ class _Running:
     awaitable: bool
     task: str | None = None
     hop: str | None = None
+    #: Where the call came from (``context.call_origin``), for its ACTION_PROPOSED event.
+    origin: Mapping[str, Any] | None = None
 
     @property
     def name(self) -> str:
@@ -380,7 +384,7 @@ class _Running:
                           controls=evaluation.controls, policy_version=self.policy.version,
                           authority=judged.event_data() if judged is not None else None, task=self.task,
                           hop=self.hop,
-                          delegations=_delegations_of(judged))
+                          delegations=_delegations_of(judged), origin=self.origin)
         if evaluation.decision is Decision.APPROVE:
             entry = self.policy.entry(self.name)
             call = replace(call, required_roles=required_roles(self.policy, evaluation.controls),
@@ -435,7 +439,7 @@ class _Running:
         store = self.control.store
         call = store.Call(self.action, Decision.DENY, judged.reason, self.policy.hash, self.effect_key,
                           policy_version=self.policy.version, authority=judged.event_data(), task=self.task,
-                          hop=self.hop)
+                          hop=self.hop, origin=self.origin)
         if self.policy.observing:
             return (yield from self.observe(call, presented, None, with_policy=False))
         yield Record(store.record_denial, (replace(call, approval_id=presented), {"reason": judged.reason}),

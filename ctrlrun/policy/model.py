@@ -255,6 +255,20 @@ class Policy:
             if (entry.decision is Decision.APPROVE if entry.decision is not None else
                 bool(entry.rules) and all(rule.decision is Decision.APPROVE for rule in entry.rules)))
 
+    def denies_outright(self, name: str) -> bool:
+        """Whether every call of ``name`` is denied by the policy, whatever its arguments and whoever
+        makes it: the policy does not name it (``unknown_action``), its entry is a bare ``decision:
+        deny``, or every one of its rules decides ``deny`` (no matching rule denies too). Never in
+        observe mode, which refuses nothing. What the gateway's ``--hide-denied-tools`` leaves out."""
+        if self.observing:
+            return False
+        entry = self.actions.get(name)
+        if entry is None:
+            return True
+        if entry.decision is not None:
+            return Decision(entry.decision) is Decision.DENY
+        return all(Decision(rule.decision) is Decision.DENY for rule in entry.rules)
+
     def entry(self, name: str) -> ActionEntry | None:
         """The entry for ``name`` (matched exactly), or None when the policy does not name it."""
         return self.actions.get(name)

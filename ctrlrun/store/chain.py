@@ -197,9 +197,13 @@ def opening_events(call: Call, when: dt.datetime, *, with_policy: bool = True) -
     action = call.action
     # The data's text is built from the action's canonical JSON, already encoded for its hash.
     proposed_text = '{"action_hash":"%s","action":%s}' % (action.hash, action.canonical_json)
+    proposed = {"action_hash": action.hash, "action": action.canonical()}
+    if call.origin:  # where the call came from (the MCP gateway's client, session, upstream): chained with the rest
+        proposed["origin"] = dict(call.origin)
+        proposed_text = proposed_text[:-1] + ',"origin":%s}' % dumps_json(proposed["origin"])
     events = [
-        event_row(EventType.ACTION_PROPOSED, call, call.effect_key,
-                  {"action_hash": action.hash, "action": action.canonical()}, call.started_at or when, text=proposed_text),
+        event_row(EventType.ACTION_PROPOSED, call, call.effect_key, proposed, call.started_at or when,
+                  text=proposed_text),
     ]
     if call.authority is not None:  # authority (v3) is asked before the policy
         resolved = call.authority.get("reason") == "authority_grant"

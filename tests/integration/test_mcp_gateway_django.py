@@ -34,7 +34,8 @@ def test_a_django_project_serves_the_gateway_with_gunicorn_and_uvicorn_workers(t
         from ctrlrun.gateway import GatewayApp, fixed_principal, mount
 
         application = mount(get_asgi_application(),
-                            GatewayApp(upstream={upstream.url!r}, alias="pay", principal=fixed_principal("ide-agent")))
+                            GatewayApp(upstream={upstream.url!r}, alias="pay", principal=fixed_principal("ide-agent")),
+                            hide_denied_tools=True)
     """))
     port = free_port()
     env = {"PYTHONPATH": f"{tmp_path}:{REPO}", "PATH": "/usr/bin:/bin"}
@@ -47,6 +48,9 @@ def test_a_django_project_serves_the_gateway_with_gunicorn_and_uvicorn_workers(t
                               stderr=subprocess.PIPE, text=True)
     try:
         wait_for_port(port, server)
+        listing = {**tools_call("refund", {}), "method": "tools/list"}
+        listing["params"] = {"_meta": listing["params"]["_meta"]}
+        _, listed = mcp_post(f"http://127.0.0.1:{port}/mcp", listing)
         status, body = mcp_post(f"http://127.0.0.1:{port}/mcp", tools_call("refund", {"payment_id": "d1", "amount": 4}))
         again = mcp_post(f"http://127.0.0.1:{port}/mcp", tools_call("refund", {"payment_id": "d1", "amount": 4}))
         import httpx
@@ -56,6 +60,8 @@ def test_a_django_project_serves_the_gateway_with_gunicorn_and_uvicorn_workers(t
         server.terminate()  # the master stops its workers
         server.wait(timeout=60)
         upstream.stop()
+    # mount(..., hide_denied_tools=True): the upstream's slow_refund and broken are unlisted, so left out
+    assert [tool["name"] for tool in listed["result"]["tools"]] == ["refund"]
     assert status == 200 and body["result"]["_meta"]["com.ctrlrun/receipt"]["result"] == "committed"
     assert again[1]["error"]["code"] == -41004
     assert console.status_code == 302 and "/admin/login/" in console.headers["location"]  # the console, beside it

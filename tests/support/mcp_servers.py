@@ -25,8 +25,8 @@ from pathlib import Path
 
 from .base import REPO, script_environment
 
-__all__ = ["sdk_client_calls", "free_port", "Served", "wait_for_port", "start_upstream", "start_gateway",
-           "start_hosted", "Misbehaving", "Proc",
+__all__ = ["sdk_client_calls", "session_calls", "free_port", "Served", "wait_for_port", "start_upstream",
+           "start_gateway", "start_hosted", "Misbehaving", "Proc",
            "mcp_post", "executions", "tools_call"]
 
 
@@ -282,6 +282,40 @@ def sdk_client_calls(url: str, *calls: tuple[str, dict], headers: dict[str, str]
             for name, arguments in calls:
                 try:
                     answers.append(await client.call_tool(name, arguments))
+                except MCPError as exc:
+                    answers.append(exc)
+        return answers
+
+    return asyncio.run(run())
+
+
+def session_calls(url: str, *calls: tuple[str, dict], client_name: str = "ctrlrun-tests",
+                  client_version: str = "7.1", headers: dict[str, str] | None = None) -> list:
+    """The SDK's ``ClientSession`` over its streamable-HTTP transport (the initialize handshake, a
+    session id): the names ``tools/list`` gives (every page, following ``nextCursor``), then each
+    call's CallToolResult or the MCPError it raised."""
+    from mcp import ClientSession, types
+    from mcp.client.streamable_http import streamable_http_client
+    from mcp.shared._httpx_utils import create_mcp_http_client
+    from mcp.shared.exceptions import MCPError
+
+    async def run():
+        answers: list = []
+        async with create_mcp_http_client(headers=headers) as http, \
+                streamable_http_client(url, http_client=http) as (read, write), \
+                ClientSession(read, write, client_info=types.Implementation(name=client_name, version=client_version)) as session:
+            await session.initialize()
+            names, cursor = [], None
+            for _ in range(50):
+                page = await session.list_tools(params=types.PaginatedRequestParams(cursor=cursor) if cursor else None)
+                names += [tool.name for tool in page.tools]
+                cursor = page.next_cursor
+                if not cursor:
+                    break
+            answers.append(names)
+            for name, arguments in calls:
+                try:
+                    answers.append(await session.call_tool(name, arguments))
                 except MCPError as exc:
                     answers.append(exc)
         return answers

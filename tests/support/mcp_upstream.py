@@ -1,6 +1,7 @@
 """An MCP server built with the SDK (``MCPServer``), run as its own OS process on loopback:
 ``python -m tests.support.mcp_upstream PORT LOG [TOOL_NAME [VARIANT]]`` (``reschemed``: ``refund``
-described differently, so its ``tools/list`` entry changes; ``elicit``: ``confirmed_refund`` too).
+described differently, so its ``tools/list`` entry changes; ``elicit``: ``confirmed_refund`` too;
+``wide``: two more tools, ``lookup`` and ``purge``, for the tests of ``--hide-denied-tools``).
 
 ``refund`` (or ``TOOL_NAME``: the tool renamed) appends one line per execution to LOG, so a test
 counts how often each key really ran; ``slow_refund`` writes its line and then waits, so a test can
@@ -72,6 +73,19 @@ def build(log: str, tool_name: str = "refund", variant: str = "") -> MCPServer:
     server.tool()(broken)
     if variant == "elicit":
         server.tool()(confirmed_refund)
+    if variant == "wide":
+        def lookup(payment_id: str) -> str:
+            """Look a payment up."""
+            executed(f"lookup {payment_id}")
+            return f"payment {payment_id}"
+
+        def purge(customer_id: str) -> str:
+            """Delete a customer and their payments."""
+            executed(f"purge {customer_id}")
+            return f"purged {customer_id}"
+
+        server.tool()(lookup)
+        server.tool()(purge)
     return server
 
 

@@ -61,6 +61,9 @@ class Command(CtrlrunCommand):
                                  "(default 8)")
         add_otel_arguments(parser)
         add_approval_arguments(parser)
+        parser.add_argument("--hide-denied-tools", action="store_true",
+                            help="leave out of tools/list the tools the policy denies outright (unlisted, a bare "
+                                 "decision: deny, or rules that all deny); calling one is still refused")
 
     def run(self, **options: Any) -> None:
         principal, provider, private, identity_lines = identity_from(options)
@@ -90,7 +93,8 @@ class Command(CtrlrunCommand):
                              allow_origins=tuple(options["allow_origin"]), otel=options["otel"],
                              otel_arguments=options["otel_arguments"], tracer_provider=tracer_provider,
                              webhook_secret=secret, webhook_replay_window=window,
-                             max_elicitation_rounds=options["max_elicitation_rounds"])
+                             max_elicitation_rounds=options["max_elicitation_rounds"],
+                             hide_denied_tools=options["hide_denied_tools"])
         except CTRLRunError as exc:
             raise Error(str(exc)) from None
         identity_lines = [*identity_lines, approvals_line(webhook)]
@@ -117,4 +121,8 @@ class Command(CtrlrunCommand):
         lines.append(f"actions: {', '.join(actions) if actions else f'none named {prefix}* (every tool is denied)'}")
         if unkeyed:
             lines.append(f"no effect: template (not deduplicated): {', '.join(unkeyed)}")
+        if options.get("hide_denied_tools"):
+            lines.append("hide-denied-tools: on (tools/list leaves out the tools the policy in force denies outright; "
+                         "calling one is still refused)" + (" - the policy is in observe mode, so none is"
+                                                            if policy.observing else ""))
         return "\n".join(lines)
