@@ -112,15 +112,21 @@ RACER = textwrap.dedent("""
 """)
 
 
+#: Each racing client's calls, over as many keys.
+CALLS = 200
+
+
 def test_16_clients_racing_the_same_keys_execute_each_key_once(tmp_path, store_db):
+    """16 clients x 200 calls through one gateway, on the same 200 keys: each key runs once."""
     upstream = start_upstream(tmp_path)
     gateway = start_gateway(tmp_path, upstream.url, 'schema: ctrlrun.policy/v2\nactions:\n  mcp.pay.refund:\n'
                             '    effect: "refund:{payment_id}"\n    decision: allow\n')
     script = tmp_path / "racer.py"
     script.write_text(RACER)
-    keys = [f"race-{n}" for n in range(6)]
-    try:
-        procs = [subprocess.Popen([sys.executable, str(script), gateway.url, *(keys[n % 6:] + keys[:n % 6])],
+    keys = [f"race-{n}" for n in range(CALLS)]
+    try:  # four groups of four clients in lockstep on the same keys, each group from another start
+        procs = [subprocess.Popen([sys.executable, str(script), gateway.url,
+                                   *(keys[(n % 4) * 50:] + keys[:(n % 4) * 50])],
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for n in range(16)]
         outputs = [p.communicate(timeout=300) for p in procs]
     finally:
@@ -131,7 +137,7 @@ def test_16_clients_racing_the_same_keys_execute_each_key_once(tmp_path, store_d
     for proc, (out, err) in zip(procs, outputs):
         assert proc.returncode == 0, err
     seen = [answer for out, _ in outputs for answer in json.loads(out)]
-    assert len(seen) == 16 * 6
+    assert len(seen) == 16 * CALLS
     for key in keys:
         answers = [a for k, a in seen if k == key]
         assert answers.count("committed") == 1, (key, answers)
