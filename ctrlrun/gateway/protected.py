@@ -129,13 +129,7 @@ async def protected_tool_call(control: Any, *, alias: str, tool: str, arguments:
     (``upstream:``, ``ctrlrun.upstream``): checked before anyone is asked to approve. Without an
     upstream (in-process) a pinned entry is refused ``upstream_unverified``."""
     name = f"mcp.{alias}.{tool}"
-    policy = control.loaded_policy or await control.aread(control.load)
-    if principal is None and headers is not None and control.identity is not None:
-        principal = await _identified(control, name, policy, headers, request_id)
-    if principal is None:
-        raise GatewayError.of("no_principal", f"{name}: the identity named nobody for this request", request_id)
-    if not observers._process.count(_CATCHER):
-        observers.register(_CATCHER)
+    policy, principal = await _opened(control, name, principal, headers, request_id)
     pointer = find_unrepresentable(arguments)
     if pointer is not None:
         message = (f"the argument at {pointer} is a float, which ctrlrun cannot key or hash exactly: send an "
@@ -196,13 +190,7 @@ async def resumed_tool_call(control: Any, *, alias: str, tool: str, arguments: d
     lapsed). The policy is not evaluated again and no approval is asked for; authority is (the
     kernel's resume), and a pinned entry's upstream is checked again (``-41016``, left suspended)."""
     name = f"mcp.{alias}.{tool}"
-    policy = control.loaded_policy or await control.aread(control.load)
-    if principal is None and headers is not None and control.identity is not None:
-        principal = await _identified(control, name, policy, headers, request_id)
-    if principal is None:
-        raise GatewayError.of("no_principal", f"{name}: the identity named nobody for this request", request_id)
-    if not observers._process.count(_CATCHER):
-        observers.register(_CATCHER)
+    policy, principal = await _opened(control, name, principal, headers, request_id)
     bound = _bound(policy, name, arguments, principal)
     if bound is None or bound[0] != action_hash:
         raise GatewayError.of("unknown_continuation", f"{name}: this continuation belongs to another call (the tool, "
@@ -268,6 +256,20 @@ async def _suspended_meta(control: Any, suspended: Suspended) -> dict[str, Any]:
     effect = await control.aread(control.store.get_effect, key) if key else None
     return {"action_id": effect.action_id if effect else None, "receipt_id": None, "effect_key": key,
             "result": "suspended", "attempt": effect.attempt if effect else None, "round": suspended.round}
+
+
+async def _opened(control: Any, name: str, principal: Principal | None, headers: dict[str, str] | None,
+                  request_id: Any) -> tuple[Any, Principal]:
+    """The policy in force and who acts (the given principal, else the identity provider's answer for
+    these headers; nobody is ``-41007``), with this process's receipt catcher registered."""
+    policy = control.loaded_policy or await control.aread(control.load)
+    if principal is None and headers is not None and control.identity is not None:
+        principal = await _identified(control, name, policy, headers, request_id)
+    if principal is None:
+        raise GatewayError.of("no_principal", f"{name}: the identity named nobody for this request", request_id)
+    if not observers._process.count(_CATCHER):
+        observers.register(_CATCHER)
+    return policy, principal
 
 
 async def _pinned(pins: Any, upstream: str | None, name: str, tool: str,
