@@ -159,10 +159,29 @@ def _ledger_chained() -> str:
     chain has no gap, no fork and never goes back in time, and a budget's window is a prefix of it
     (docs/budgets.md). The predecessor is found by its place alone (the unique index: one row, however
     long the chain) and only then compared: a comparison on consumed_at in the lookup would let a
-    cached plan range over the chain's index instead."""
+    cached plan range over the chain's index instead. SQLite's form (a unique index matched on every
+    column is one row to it); PostgreSQL's is ``_pg_ledger_chained``."""
     return (f'(NEW."n" = 1 AND NEW."cum" = NEW."amount") OR COALESCE((SELECT NEW."cum" - "p"."cum" = NEW."amount" '
             f'AND NEW."consumed_at" >= "p"."consumed_at" FROM "{LEDGER_TABLE}" AS "p" WHERE "p"."grant_id" = '
             f'NEW."grant_id" AND "p"."metric" = NEW."metric" AND "p"."n" = NEW."n" - 1), FALSE)')
+
+
+def _pg_ledger_chained() -> str:
+    """``_ledger_chained`` as PostgreSQL plans it at a constant cost, statistics or none (guard v14).
+
+    With no statistics (a server without autovacuum never analyses the ledger) the planner rates the
+    chain index ``(grant, metric, consumed_at, cum)``, its rows filtered on ``n``, as cheap as the
+    unique index of the places: equality on all three columns of the one or on two of the other are
+    each estimated one row, and the tie went to the chain index, a walk of the whole chain on every
+    insert. Here the predecessor is the last row at or before its place in the order of the places
+    (``ctrlrun_ledger_one_place``, read backwards from ``(grant, metric, n - 1)``, one row): only
+    that index yields the order, any other plan sorts every row the comparison leaves, so no estimate
+    makes another plan cheaper. The row found is then checked to be that place of that chain."""
+    return (f'(NEW."n" = 1 AND NEW."cum" = NEW."amount") OR COALESCE((SELECT "p"."grant_id" = NEW."grant_id" '
+            f'AND "p"."metric" = NEW."metric" AND "p"."n" = NEW."n" - 1 AND NEW."cum" - "p"."cum" = NEW."amount" '
+            f'AND NEW."consumed_at" >= "p"."consumed_at" FROM "{LEDGER_TABLE}" AS "p" WHERE ("p"."grant_id", '
+            f'"p"."metric", "p"."n") <= (NEW."grant_id", NEW."metric", NEW."n" - 1) ORDER BY "p"."grant_id" DESC, '
+            f'"p"."metric" DESC, "p"."n" DESC LIMIT 1), FALSE)')
 
 
 #: What a delegation keeps for life; only revoked_at/revoked_by change, once.
@@ -442,7 +461,7 @@ def _postgresql_statements() -> list[str]:
         ])),
         _pg_function("ctrlrun_guard_budgetledger", "\n".join([
             "IF TG_OP IN ('DELETE', 'TRUNCATE') THEN " + _pg_raise(LEDGER_MESSAGE) + " END IF;",
-            f"IF TG_OP = 'INSERT' THEN IF NOT ({_ledger_chained()}) THEN " + _pg_raise(LEDGER_CHAIN_MESSAGE)
+            f"IF TG_OP = 'INSERT' THEN IF NOT ({_pg_ledger_chained()}) THEN " + _pg_raise(LEDGER_CHAIN_MESSAGE)
             + " END IF; RETURN NEW; END IF;",
             f"IF NOT ({_ledger_release_only('IS NOT DISTINCT FROM')}) THEN "
             + _pg_raise(LEDGER_RELEASE_MESSAGE) + " END IF;",

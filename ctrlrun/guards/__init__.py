@@ -1,6 +1,6 @@
 """The guard's versions: each migration that installs the guard installs a frozen one, never today's.
 
-``v1`` … ``v13`` hold each version's statements (SQLite and PostgreSQL) as the migration that
+``v1`` … ``v14`` hold each version's statements (SQLite and PostgreSQL) as the migration that
 installs it was written: generated once by ``freeze.py`` from ``ctrlrun/guard.py`` as it stood at
 that migration's commit, then never edited (``tests/unit/test_guard_versions.py`` pins each one's
 digest, and that the newest equals what ``guard.py`` builds today, so a change to the guard is a new
@@ -33,6 +33,9 @@ version  installed by                    what it adds
 12       0027_retention                  receipts deleted only by a prune (the retention
                                           lock), checkpoints, holds
 13       0031_suspended_continuations    a continuation keeps its key, is never deleted
+14       0032_ledger_predecessor         PostgreSQL: a new ledger row's predecessor found
+                                          through the unique index of the places, with or
+                                          without statistics (the same checks)
 =======  ==============================  ===============================================
 """
 from __future__ import annotations
@@ -46,7 +49,7 @@ __all__ = ["CURRENT", "VERSIONS", "install", "remove", "installed", "missing_tri
            "repair"]
 
 #: The version this code expects installed (the newest; the one ``guard.py`` builds).
-CURRENT = 13
+CURRENT = 14
 VERSIONS = tuple(range(1, CURRENT + 1))
 #: Where the version is recorded (a PostgreSQL function, a SQLite view).
 RECORD = "ctrlrun_guard_version"

@@ -62,7 +62,7 @@ print(json.dumps(out))
 '''
 
 #: Where to step, newest first, and the guard version each leaves in place.
-STEPS = {"0027_retention": 12, "0026_ledger_chains": 11, "0025_verified_approvers": 10, "0024_notifications": 9, "0022_approval_preconditions": 8, "0019_drop_unread_indexes": 7,
+STEPS = {"0031_suspended_continuations": 13, "0027_retention": 12, "0026_ledger_chains": 11, "0025_verified_approvers": 10, "0024_notifications": 9, "0022_approval_preconditions": 8, "0019_drop_unread_indexes": 7,
          "0017_approval_returned": 7, "0016_signed_rows": 6, "0015_ledger_release_only": 5, "0014_delegations": 4,
          "0013_budget_ledger": 3, "0012_paused_run_release": 2, "0009_chain_checks": 2,
          "0008_event_chain_and_signatures": 1}
