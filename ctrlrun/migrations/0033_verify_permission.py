@@ -6,7 +6,7 @@ from django.db import migrations
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('ctrlrun', '0031_suspended_continuations'),
+        ('ctrlrun', '0032_ledger_predecessor'),
     ]
 
     operations = [
