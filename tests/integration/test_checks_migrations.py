@@ -59,3 +59,16 @@ def test_a_database_it_cannot_reach_is_said_in_one_line(site):
     assert "Traceback" not in out and "ctrlrun.W004" in out, out
     assert "could not read which ctrlrun migrations are applied" in out, out
     assert "ctrlrun.W005" not in out, out  # the guard is not judged on a database it cannot read
+
+
+def test_the_models_need_no_migration_that_is_not_written(db):
+    """Every model change has its migration (new event types change Event.type's choices, say)."""
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    out = StringIO()
+    try:
+        call_command("makemigrations", "ctrlrun", "--check", "--dry-run", stdout=out, stderr=out)
+    except SystemExit as exc:
+        raise AssertionError(f"a migration is missing (makemigrations ctrlrun):\n{out.getvalue()}") from exc
