@@ -265,7 +265,7 @@ class AcsControlHook:
         try:
             if parsed.method == TOOL_CALL_REQUEST:
                 return (yield from self._request_steps(parsed, headers))
-            return (yield from self._result_steps(parsed))
+            return (yield from self._result_steps(parsed, headers))
         except _Malformed as refused:
             return _error(parsed.rpc_id, refused.code, str(refused))
         except CTRLRunError as exc:  # the store or the policy could not answer
@@ -352,7 +352,7 @@ class AcsControlHook:
             return answer.refused(exc)
         return answer.allow(f"{name} is allowed (it has no effect key to hold: nothing is reserved)", held=False)
 
-    def _result_steps(self, envelope: _Envelope) -> _Steps:
+    def _result_steps(self, envelope: _Envelope, headers: Mapping[str, str] | None = None) -> _Steps:
         payload = envelope.payload
         claimed, provider, operation = self._name(payload, partial=True)
         status = payload.get("exit_status")
@@ -372,6 +372,11 @@ class AcsControlHook:
         policy = self.control.loaded_policy
         if policy is None:
             policy = yield _Read(self.control.load)
+
+        if self.identity is not None:  # the result is the held call's principal's to give, no one else's
+            refused = yield from self._not_the_holder(envelope, claimed, policy, headers, reference)
+            if refused is not None:
+                return refused
 
         def invoke(action: Any) -> None:
             current = running_attempt.get()
@@ -408,6 +413,27 @@ class AcsControlHook:
             return _error(envelope.rpc_id, NOT_ANSWERED, f"request_id_ref {reference!r}: {exc}")
         return answer.allow(f"{seen.get('name', claimed)} is recorded {result} (exit_status {status})",
                             effect_key=seen.get("effect_key"), result=result)
+
+
+    def _not_the_holder(self, envelope: _Envelope, claimed: str, policy: Any, headers: Mapping[str, str] | None,
+                        reference: str) -> _Steps:
+        """With an identity provider: ``-32001`` unless this result's credential names the principal the
+        held call acts for (checked before the call is taken, so a refused result leaves it held)."""
+        metadata = envelope.metadata if isinstance(envelope.metadata, Mapping) else {}
+        agent = metadata.get("agent_id") if isinstance(metadata.get("agent_id"), str) else None
+        context = IdentityContext(action=claimed, environment=policy.environment, headers=headers or {}, agent=agent)
+        try:
+            principal = answer_of(self.identity, claimed, (yield _Resolve(self.identity, context)))
+        except Exception as exc:  # noqa: BLE001 - a rejected or failing credential closes nothing
+            logger.warning("ACS result for %r refused: %s", reference, exc)
+            principal = None
+        held = yield _Read(self.control.store.held_principal, (CONTINUATION_PREFIX + reference,))
+        if held is None:
+            return None  # nothing held under it: the resume says so (-32001)
+        if principal is None or (principal.agent, principal.user) != (held.agent, held.user):
+            return _error(envelope.rpc_id, NOT_ANSWERED, f"request_id_ref {reference!r}: this result's credential "
+                          "does not name the principal the held call acts for; the call stays held")
+        return None
 
 
 def _resent_call(store: Any, policy: Any, name: str, arguments: dict[str, Any], principal: Principal) -> Any:

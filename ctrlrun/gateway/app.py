@@ -332,8 +332,8 @@ class GatewayApp:
         the list follows it. An answer that is not a readable list is relayed unchanged."""
         headers = wire_upstream.forward_headers(request.headers, drop=self._not_forwarded)
         try:
-            async with httpx.AsyncClient(timeout=self.upstream_timeout, trust_env=False,
-                                         follow_redirects=False) as client:
+            async with httpx.AsyncClient(timeout=self.upstream_timeout, trust_env=False, follow_redirects=False,
+                                         verify=wire_upstream.relay_verify(self._pinned_files())) as client:
                 async with client.stream("POST", self.upstream, content=body, headers=headers,
                                          params=request.query_params) as upstream:
                     chunks, size = [], 0

@@ -20,6 +20,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from typing import Any
+from ctrlrun.gateway.wire import shown_url
 
 __all__ = ["CLIENT_INFO_META", "MAX_TEXT", "MAX_URL", "Sessions", "bounded", "client_info", "origin"]
 
@@ -92,4 +93,5 @@ def origin(*, alias: str, upstream: str, meta: Any, session_id: str | None, user
     if client is None:
         client = sessions.client(session_id)
     return {"surface": "mcp-gateway", "client": client, "user_agent": bounded(user_agent),
-            "session_id": bounded(session_id), "upstream": {"alias": alias, "url": bounded(upstream, MAX_URL)}}
+            "session_id": bounded(session_id),
+            "upstream": {"alias": alias, "url": bounded(shown_url(upstream), MAX_URL)}}

@@ -31,6 +31,7 @@ from typing import Any
 
 from ctrlrun import observers
 from ctrlrun.otel import SPAN_NAME, MissingDependency, OTelEventSink
+from ctrlrun.gateway.wire import shown_url
 
 logger = logging.getLogger("ctrlrun.otel")
 
@@ -183,7 +184,7 @@ class GatewaySpans(OTelEventSink):
         attributes: dict[str, Any] = {
             MCP_METHOD_NAME: "tools/call", GEN_AI_OPERATION_NAME: "execute_tool", MCP_PROTOCOL_VERSION: revision,
             NETWORK_TRANSPORT: "tcp", NETWORK_PROTOCOL_NAME: "http",
-            "ctrlrun.gateway.alias": alias, "ctrlrun.gateway.upstream": _shown(upstream),
+            "ctrlrun.gateway.alias": alias, "ctrlrun.gateway.upstream": shown_url(upstream),
         }
         if isinstance(tool, str):
             attributes[GEN_AI_TOOL_NAME] = tool
@@ -241,16 +242,6 @@ class GatewaySpans(OTelEventSink):
             super()._end(span, receipt, end_time)
         else:  # ended by the gateway once the client's answer is known (CallTrace.answered)
             call.held.append((span, receipt, end_time))
-
-
-def _shown(url: str) -> str:
-    """The upstream's URL without credentials or a query (a token there is not for the tracing backend)."""
-    from urllib.parse import urlsplit, urlunsplit
-
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    host = f"[{host}]" if ":" in host else host
-    return urlunsplit((parts.scheme, host + (f":{parts.port}" if parts.port else ""), parts.path, "", ""))
 
 
 def _valid(context: Any, trace: Any) -> Any:

@@ -179,3 +179,18 @@ def check_mirror_headers(headers: dict[str, str], message: dict[str, Any], revis
 
 def dumps(body: Any) -> bytes:
     return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def shown_url(url: str) -> str:
+    """An upstream's URL as evidence and traces show it: without credentials or a query (a token
+    there is for the upstream, not for the event chain or a tracing backend)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        port = parts.port
+    except ValueError:  # a port that is not a number: keep the scheme, say nothing more
+        return url.split(":", 1)[0] + "://"
+    host = f"[{host}]" if ":" in host else host
+    return urlunsplit((parts.scheme, host + (f":{port}" if port else ""), parts.path, "", ""))

@@ -143,7 +143,7 @@ from .evidence import (
     verify,
     verify_incremental,
 )
-from .continuations import continuation_rounds, hold_continuation, take_continuation
+from .continuations import continuation_rounds, held_principal, hold_continuation, take_continuation
 from .paused import (
     claim_paused_run,
     finish_paused_run,
@@ -208,7 +208,7 @@ __all__ = [
     "request_approval", "answer_approval", "expire_if_due", "get_approval", "list_approvals", "approvals_for_hash",
     "approvals_of_call",
     # suspended attempts (spec A5): a continuation held with its key, taken once
-    "hold_continuation", "take_continuation", "continuation_rounds",
+    "hold_continuation", "take_continuation", "continuation_rounds", "held_principal",
     # paused runs of agent frameworks (ctrlrun.resumption): mutable, not evidence
     "save_paused_run", "get_paused_run", "paused_run_for", "list_paused_runs", "ready_paused_runs",
     "claim_paused_run", "finish_paused_run", "release_paused_run",

@@ -113,6 +113,20 @@ def take_continuation(continuation: str | bytes) -> tuple[Call, int, int]:
         return call, row.attempt, row.rounds
 
 
+def held_principal(continuation: str | bytes) -> Any:
+    """Who the call suspended under ``continuation`` acts for (its action's principal), read without
+    taking it; None when no signed suspension has that name."""
+    from .base import reading
+
+    name = digest(continuation)
+    with reading():
+        row = objects(Continuation).filter(continuation=name).first()
+    if row is None or not continuation_ok(row):
+        return None
+    call, _, _ = unstash(row.action_json)
+    return call.action.principal
+
+
 def replace_continuation(row: Continuation, continuation: str | None) -> Any:
     copy = Continuation(**{f.attname: getattr(row, f.attname) for f in Continuation._meta.concrete_fields})
     copy.continuation = continuation

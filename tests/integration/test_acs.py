@@ -316,8 +316,26 @@ def test_with_an_authority_the_hook_needs_an_identity_provider(tmp_path):
     ok = acs_result(hook.handle(tool_call(payment_id="txn_ok", request_id=request_id, agent="spoofed"),
                                 headers={"x-agent": "refund-agent"}))
     assert ok["decision"] == "allow", ok
-    acs_result(hook.handle(tool_result(request_id)))
+    acs_result(hook.handle(tool_result(request_id), headers={"x-agent": "refund-agent"}))
     assert receipts()[-1]["principal"]["agent"] == "refund-agent"
+
+
+def test_with_an_identity_provider_only_the_held_calls_principal_closes_it(tmp_path):
+    """A result without a credential, or with another agent's, closes nothing: the call stays held
+    (a forged 'blocked' would record it failed and let the key run twice)."""
+    path = tmp_path / "authority.yaml"
+    path.write_text(AUTHORITY_POLICY)
+    hook = AcsControlHook(Control.from_file(path), identity=ctrlrun.HeaderIdentityProvider("x-agent"))
+    request_id = str(uuid.uuid4())
+    ok = acs_result(hook.handle(tool_call(payment_id="txn_h", request_id=request_id),
+                                headers={"x-agent": "refund-agent"}))
+    assert ok["decision"] == "allow", ok
+    for headers in ({}, {"x-agent": "stranger"}):
+        refused = hook.handle(tool_result(request_id, "blocked"), headers=headers)
+        assert acs_error(refused)["code"] == -32001, refused
+        assert state("refund:txn_h") == "executing"
+    done = acs_result(hook.handle(tool_result(request_id), headers={"x-agent": "refund-agent"}))
+    assert done["decision"] == "allow" and state("refund:txn_h") == "committed", done
 
 
 def test_an_expired_principal_is_denied_principal_expired(policy_path):

@@ -22,7 +22,7 @@ from ctrlrun.gateway import GatewayApp, fixed_principal, mount
 from ctrlrun.gateway import tracing
 from tests.support import (
     Misbehaving,
-    Served,
+    ServedApp,
     executions,
     free_port,
     mcp_post,
@@ -80,7 +80,7 @@ def gateway(store_db, use_policy):
         provider.add_span_processor(SimpleSpanProcessor(exporter))
         app = GatewayApp(upstream=upstream_url, alias="pay", principal=fixed_principal("agent-1"),
                          control=Control(path), tracer_provider=provider, **options)
-        served = Served(app)
+        served = ServedApp(app)
         made.append((served, app))
         return served, exporter
 
@@ -288,7 +288,7 @@ def test_mount_traces_the_gateway_it_mounts(gateway, upstream, use_policy):
     async def django(scope, receive, send):  # the project's own application, for every other path
         raise AssertionError("the gateway's path reached the project's application")
 
-    served = Served(mount(django, app, otel=True, otel_arguments=True, tracer_provider=provider))
+    served = ServedApp(mount(django, app, otel=True, otel_arguments=True, tracer_provider=provider))
     try:
         assert mcp_post(served.url, tools_call("refund", {"payment_id": "m1", "amount": 5}))[0] == 200
     finally:

@@ -126,6 +126,20 @@ def test_observers_of_async_calls():
     assert recorder.receipts == ["committed"] and not any(inside for _, inside in recorder.events)
 
 
-def test_nobody_listening_costs_nothing():
-    """With no observer and no receiver, the store registers no commit callback."""
-    assert observers.wanted() is None
+def test_nobody_listening_costs_nothing(tmp_path):
+    """With no observer and no receiver, the store registers no commit callback: asked of a fresh
+    process that made a protected call (this test process may have served a gateway, whose receipt
+    catcher stays registered for the process's life)."""
+    import subprocess
+    import sys
+
+    from tests.support import script_env
+
+    (tmp_path / "ctrlrun.yaml").write_text("schema: ctrlrun.policy/v2\nactions:\n  note.add:\n    decision: allow\n")
+    code = ("import ctrlrun\nfrom ctrlrun import observers\n"
+            "ctrlrun.protect('note.add')(lambda text: text)\n"
+            "with ctrlrun.context(agent='a'):\n    ctrlrun.protect('note.add')(lambda text: text)(text='x')\n"
+            "print(observers.wanted())\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=script_env(), capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "None", done.stderr

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from .base import REPO, script_environment
 
-__all__ = ["sdk_client_calls", "session_calls", "free_port", "Served", "wait_for_port", "start_upstream",
+__all__ = ["sdk_client_calls", "session_calls", "free_port", "ServedApp", "wait_for_port", "start_upstream",
            "start_gateway", "start_hosted", "Misbehaving", "Proc",
            "mcp_post", "executions", "tools_call"]
 
@@ -110,7 +110,7 @@ def start_hosted(folder: Path, policy: str, mode: str = "fixed") -> Proc:
     return Proc(proc, port, log)
 
 
-class Served:
+class ServedApp:
     """An ASGI application (a ``GatewayApp``) served by uvicorn on loopback in a thread of this process,
     so the test reads what it keeps in memory (spans); ``stop()`` ends it."""
 

@@ -33,3 +33,10 @@ def test_the_sessions_remembered_are_bounded_oldest_first():
     for n in range(5):
         sessions.remember(f"s{n}", {"name": f"c{n}", "version": None})
     assert [sessions.client(f"s{n}") is not None for n in range(5)] == [False, False, True, True, True]
+
+
+def test_the_upstream_url_is_recorded_without_credentials_or_a_query():
+    """The origin joins the event chain for good: a password or a token in the URL must never be in it."""
+    recorded = origin(alias="pay", upstream="https://user:s3cret@tools.example:8443/mcp?token=abc", meta=None,
+                      session_id=None, user_agent=None, sessions=Sessions())["upstream"]["url"]
+    assert recorded == "https://tools.example:8443/mcp", recorded
