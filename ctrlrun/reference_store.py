@@ -45,6 +45,8 @@ KNOWN_RECEIPT_SCHEMAS: dict[str, frozenset[str]] = _key_sets()
 STATES = {"committed": "committed", "failed": "failed", "ambiguous": "ambiguous", "executing": "ambiguous"}
 #: Ours hold an effect key of at most this many characters, an action id of at most this many.
 MAX_KEY, MAX_ID = 1024, 36
+#: The highest attempt number imported (a record is brought to its attempt one retry at a time).
+MAX_ATTEMPT = 1000
 
 
 #: Tables only a store written by the reference has, together (``effects`` holding ``effect_key``).
@@ -160,6 +162,7 @@ def read(path: str | Path) -> SourceReport:
 
 
 def _read(connection: sqlite3.Connection, path: Path) -> SourceReport:
+    connection.execute("BEGIN")  # one snapshot: a reference still writing is seen before or after a write
     versions = sorted({str(v) for (v,) in _rows(connection, "SELECT ctrlrun_version FROM schema_version")},
                       key=lambda v: [int(p) if p.isdigit() else 0 for p in v.split(".")])
     columns = {c[1] for c in connection.execute("PRAGMA table_info(receipts)")}
@@ -174,6 +177,8 @@ def _read(connection: sqlite3.Connection, path: Path) -> SourceReport:
     for receipt_id, text, seq, hash_, prev in rows:
         schema = "UNREADABLE"
         try:
+            if not isinstance(text, str):
+                raise TypeError(f"stored as {type(text).__name__}, not text")
             document = json.loads(text)
             schema = document.get("schema") if isinstance(document, dict) else None
             if schema not in KNOWN_RECEIPT_SCHEMAS or set(document) != KNOWN_RECEIPT_SCHEMAS[schema]:
@@ -181,11 +186,14 @@ def _read(connection: sqlite3.Connection, path: Path) -> SourceReport:
                                f"{str(schema)[:60]!r} with {len(document) if isinstance(document, dict) else 0} keys "
                                "is not a receipt schema the reference wrote (v1-v7, each with its own keys)"})
                 schema = "UNKNOWN"
+            elif seq is None and "seq" in document:
+                breaks.append({"name": "unchained_after_chain", "seq": None, "detail": f"receipt {receipt_id} is "
+                               f"{schema}, written with the chain, but its row has no seq: it was taken out of it"})
             elif isinstance(document.get("action"), str) and isinstance(document.get("action_id"), str):
                 names.setdefault(document["action_id"], document["action"])
         except (TypeError, ValueError) as exc:
             breaks.append({"name": "unreadable", "seq": seq, "detail": f"receipt {receipt_id}: this row could not be "
-                           f"read ({type(exc).__name__})"})
+                           f"read ({type(exc).__name__}: {str(exc)[:80]})"})
         schemas[schema] = schemas.get(schema, 0) + 1
         receipts.append(SourceReceipt(seq, str(receipt_id), schema, hash_, prev, text if isinstance(text, str) else ""))
     checkpoint = _rows(connection, "SELECT seq, hash FROM prune_checkpoint WHERE id = 1")
@@ -194,6 +202,7 @@ def _read(connection: sqlite3.Connection, path: Path) -> SourceReport:
                           start=(int(checkpoint[0][0]), str(checkpoint[0][1])) if checkpoint else (0, GENESIS_HASH))
     _walk(report)
     report.effects = _effects(connection, names, report)
+    _against_receipts(report)
     report.pending_approvals = len(_rows(connection, "SELECT 1 FROM approvals WHERE status IN ('pending', 'granted')"))
     report.live_delegations = len(_rows(connection, "SELECT 1 FROM delegations WHERE revoked_at IS NULL"))
     report.ledger_rows = len(_rows(connection, "SELECT 1 FROM budget_ledger"))
@@ -228,7 +237,12 @@ def check_chain(receipts: list[SourceReceipt], head_seq: int, head_hash: str,
         if not known:  # named when it was read
             previous = receipt.hash or ""
             continue
-        recomputed = sha256_hash(canonical_bytes({k: v for k, v in document.items() if k != "hash"}))
+        try:
+            recomputed = sha256_hash(canonical_bytes({k: v for k, v in document.items() if k != "hash"}))
+        except Exception as exc:  # noqa: BLE001 - a value no receipt of the reference can hold (a float ...)
+            broken("content_altered", f"the document cannot be hashed as the reference hashes it: {str(exc)[:120]}")
+            previous = receipt.hash or ""
+            continue
         if not receipt.hash:
             broken("hash_missing", "the stored hash is gone")
         elif recomputed != receipt.hash:
@@ -269,13 +283,55 @@ def _effects(connection: sqlite3.Connection, names: dict[str, str], report: Sour
             problem = f"its action id {str(action_id)[:60]!r} is not the reference's act_<32 hex>"
         elif result is not None and not _json_text(result):
             problem = "its result is not JSON text"
+        elif not isinstance(attempt, int) or isinstance(attempt, bool) or not 1 <= attempt <= MAX_ATTEMPT:
+            problem = f"its attempt {str(attempt)[:20]!r} is not a whole number from 1 to {MAX_ATTEMPT}"
+        elif lease is not None and not isinstance(lease, str):
+            problem = "its lease is not a time"
+        elif not all(v is None or isinstance(v, str) for v in (error, resolved_by)):
+            problem = "its error or resolver is not text"
         if problem:
             report.breaks.append({"name": "effect_unreadable", "seq": None,
                                   "detail": f"effect {str(key)[:80]!r}: {problem}"})
             continue
-        effects.append(SourceEffect(key, state, names.get(action_id), action_id, int(attempt or 1), lease,
+        effects.append(SourceEffect(key, state, names.get(action_id), action_id, attempt, lease,
                                     result, error, resolved_by))
     return effects
+
+
+#: What the newest verified receipt of a key allows its effect record to be (the reference's states).
+_CONSISTENT = {"committed": {"committed"}, "ambiguous": {"ambiguous", "committed", "failed", "executing"},
+               "failed": {"failed", "executing"}}
+
+
+def _against_receipts(report: SourceReport) -> None:
+    """The effect records have no hash of their own: each is held to the newest verified receipt of its
+    key. A key whose last recorded outcome is committed must still be committed; one left ambiguous
+    may since have been resolved by a person (its resolver kept) or retried; a failed one may be
+    being retried. A record missing for a receipted key, or contradicting it, is a break: imported,
+    it would let a key that ran run again."""
+    if report.breaks:
+        return  # the receipts themselves do not verify: nothing to hold the records to
+    newest: dict[str, tuple[str, int]] = {}
+    for receipt in report.receipts:
+        if receipt.seq is None:
+            continue  # unchained: nothing about it is verified
+        document = json.loads(receipt.text)
+        key, result = document.get("effect_key"), document.get("result")
+        if isinstance(key, str) and result in _CONSISTENT:
+            newest[key] = (result, document.get("attempt") if isinstance(document.get("attempt"), int) else 1)
+    records = {e.effect_key: e for e in report.effects}
+    for key, (result, attempt) in sorted(newest.items()):
+        record = records.get(key)
+        if record is None:
+            report.breaks.append({"name": "effect_missing", "seq": None, "detail": (
+                f"effect {key!r}: its newest verified receipt is {result}, and the store has no record of it")})
+            continue
+        allowed = _CONSISTENT[result]
+        resolved = result == "ambiguous" and record.state in ("committed", "failed")
+        if record.state not in allowed or (resolved and not record.resolved_by) or record.attempt < attempt:
+            report.breaks.append({"name": "effect_contradicts_receipt", "seq": None, "detail": (
+                f"effect {key!r} is {record.state} at attempt {record.attempt}, but its newest verified receipt "
+                f"is {result} at attempt {attempt}" + (" and nobody is named as resolving it" if resolved else ""))})
 
 
 def _json_text(value: Any) -> bool:

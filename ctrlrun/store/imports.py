@@ -22,7 +22,7 @@ from django.db import connections
 
 from ..canonical import canonical_bytes, sha256_hash
 from ..errors import InvalidArgument
-from ..models import EffectRecord, Event
+from ..models import ChainHead, EffectRecord, Event
 from ..states import EffectState, EventType
 from . import sql
 from .base import alias, objects, reading, statements, time_param, write_phase
@@ -84,33 +84,45 @@ def existing_keys(keys: Sequence[str]) -> list[str]:
 
 
 def _insert(cursor: Any, effect: Any, action: str, when: dt.datetime) -> None:
+    """The record, executing at the source's attempt: in at attempt 1 (the guard's only way in), then one
+    retry at a time (executing -> failed -> executing at the next attempt), so an attempt's token
+    (``idempotency_token_for(key, attempt)``) means the same attempt here as there."""
     adapt = time_param(connections[alias()])
     lease = when + dt.timedelta(minutes=1)  # executing only inside this transaction: no one else sees it
+    key, action_id = effect.effect_key, effect.action_id
     move_effect(cursor, sql.EFFECT_INSERT, S.NEW, S.EXECUTING, [
-        effect.effect_key, action, effect.action_id, adapt(lease), adapt(when), adapt(when), None,
-        effect_mac(effect.effect_key, action, S.EXECUTING, effect.action_id, 1, lease, None, None)])
+        key, action, action_id, adapt(lease), adapt(when), adapt(when), None,
+        effect_mac(key, action, S.EXECUTING, action_id, 1, lease, None, None)])
     if cursor.fetchone() is None:
-        raise InvalidArgument(f"effect {effect.effect_key!r} appeared in this store while importing; nothing was "
+        raise InvalidArgument(f"effect {key!r} appeared in this store while importing; nothing was "
                               "imported (run import again)")
+    for attempt in range(2, effect.attempt + 1):
+        move_effect(cursor, sql.OUTCOME_UPDATE_AT, S.EXECUTING, S.FAILED, [
+            f"attempt {attempt - 1} in the reference store (imported)", None, adapt(when),
+            effect_mac(key, action, S.FAILED, action_id, attempt - 1, None, None, None), key, action_id, attempt - 1])
+        move_effect(cursor, sql.EFFECT_RENEW, S.FAILED, S.EXECUTING, [
+            action, action_id, attempt, adapt(lease), adapt(when), None,
+            effect_mac(key, action, S.EXECUTING, action_id, attempt, lease, None, None), key, attempt - 1])
 
 
 def _finish(cursor: Any, effect: Any, action: str, target: EffectState, when: dt.datetime) -> str | None:
-    """executing -> the source's state (through ambiguous when a person resolved it there)."""
+    """executing -> the source's state (through ambiguous when a person resolved it there), at its attempt."""
     adapt = time_param(connections[alias()])
+    attempt = effect.attempt
     resolver = f"{effect.resolved_by} (reference)" if effect.resolved_by and target is not S.AMBIGUOUS else None
     first = S.AMBIGUOUS if resolver else target
-    result = effect.result_json if first is S.COMMITTED else None
+    result = effect.result_json if target is S.COMMITTED else None  # kept through a resolution too
     error = effect.error if target is not S.COMMITTED or resolver else None
     if effect.state == "executing":
         error = "executing in the reference store when it was imported: its worker never finished here"
     move_effect(cursor, sql.OUTCOME_UPDATE_AT, S.EXECUTING, first, [
         error, result, adapt(when),
-        effect_mac(effect.effect_key, action, first, effect.action_id, 1, None, None, None),
-        effect.effect_key, effect.action_id, 1])
+        effect_mac(effect.effect_key, action, first, effect.action_id, attempt, None, None, None),
+        effect.effect_key, effect.action_id, attempt])
     if resolver:
         move_effect(cursor, sql.EFFECT_RESOLVE, S.AMBIGUOUS, target, [
             effect.error, resolver, adapt(when),
-            effect_mac(effect.effect_key, action, target, effect.action_id, 1, None, resolver, None),
+            effect_mac(effect.effect_key, action, target, effect.action_id, attempt, None, resolver, None),
             effect.effect_key])
     return resolver
 
@@ -121,6 +133,9 @@ def write(report: Any, source: dict[str, Any], *, by: str) -> Imported:
 
     keys = [e.effect_key for e in report.effects]
     with write_phase() as when:
+        # The chain head first: two imports (or an import and a call) wait for each other here, so the
+        # already-imported check below sees the other's commit (PostgreSQL; SQLite's BEGIN IMMEDIATE does).
+        objects(ChainHead).select_for_update().filter(pk=1).first()
         earlier = already_imported(report.head_hash, source.get("first_receipt"))
         if earlier is not None:
             raise InvalidArgument(f"this reference store (head seq {report.head_seq}, {report.head_hash}) was already "
