@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 from django.contrib.auth.models import Permission
+from django.db import connection
 from django.db.models import F
 
 import ctrlrun
@@ -35,7 +36,11 @@ def test_an_operator_grades_the_deployment_from_the_console(console, use_policy,
     console.shot("before")
     console.click(console.by_id("ctrlrun-run-verify"))
     summary = console.by_id("ctrlrun-verify-summary").text
-    assert "declared guarantees pass" in summary and "not recorded" in summary, summary
+    assert "not recorded" in summary, summary
+    # the test database is reached as its owner, a superuser on PostgreSQL: X3 says so, and only X3
+    superuser = connection.vendor == "postgresql"
+    assert ("1 guarantee FAILED" if superuser else "declared guarantees pass") in summary, summary
+    assert ("FAIL" if superuser else "not applicable") in console.by_id("ctrlrun-verify-X3").text
     assert "pass" in console.by_id("ctrlrun-verify-G3").text and "duplicate effect refused" in \
         console.by_id("ctrlrun-verify-G3").text
     assert "not applicable" in console.by_id("ctrlrun-verify-G30").text
@@ -50,5 +55,5 @@ def test_an_operator_grades_the_deployment_from_the_console(console, use_policy,
     console.click(console.by_id("ctrlrun-run-verify"))
     row = console.by_id("ctrlrun-verify-G30").text
     assert "FAIL" in row and "case-<9>" in row and "changed outside ctrlrun" in row, row
-    assert "FAILED" in console.by_id("ctrlrun-verify-summary").text
+    assert ("2 guarantees FAILED" if superuser else "1 guarantee FAILED") in console.by_id("ctrlrun-verify-summary").text
     console.shot("a-hold-edited")
