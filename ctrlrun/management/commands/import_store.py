@@ -43,6 +43,9 @@ class Command(CtrlrunCommand):
         if report.breaks:
             problem = (f"its chain does not verify ({len(report.breaks)} break(s)): nothing was imported. Keep the "
                        "file as it is and compare it with a backup")
+        elif summary["verified"] != summary["chained"]:  # every chained receipt re-hashed, or none is trusted
+            problem = (f"only {summary['verified']} of {summary['chained']} chained receipts verify: nothing was "
+                       "imported")
         elif live:
             problem = (f"{len(live)} effect(s) are executing in it with a live lease ({reveal(live[0].effect_key)}, "
                        "...): a reference worker may still be running; stop it, and import again once the leases "
