@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -48,9 +47,8 @@ class Imported:
 def already_imported(head_hash: str, first_receipt: str | None) -> dict[str, Any] | None:
     """The STORE_IMPORTED event's data of an earlier import of this source (same head, same first receipt)."""
     for data in objects(Event).filter(type=EventType.STORE_IMPORTED.value).values_list("data", flat=True):
-        try:
-            source = (json.loads(data) if isinstance(data, str) else data)["source"]
-        except (TypeError, ValueError, KeyError):
+        source = data.get("source") if isinstance(data, dict) else None  # the field parses the stored JSON
+        if not isinstance(source, dict):
             continue
         if source.get("head_hash") == head_hash and source.get("first_receipt") == first_receipt:
             return source
@@ -65,8 +63,7 @@ def imported() -> list[tuple[dict[str, Any], list[dict[str, Any]]]]:
         rows = list(objects(Event).filter(type__in=[EventType.RECEIPT_IMPORTED.value, EventType.STORE_IMPORTED.value])
                     .order_by("seq").values_list("type", "data"))
     for type_, data in rows:
-        data = json.loads(data) if isinstance(data, str) else data
-        if not isinstance(data, dict):
+        if not isinstance(data, dict):  # (the field parsed it; an unreadable row is named by the chain check)
             continue
         if type_ == EventType.RECEIPT_IMPORTED.value:
             documents.append(data)
